@@ -1,0 +1,35 @@
+# Everything runs from a local virtual environment; a fresh machine needs only Python 3.11 + pip.
+PYTHON ?= python3.11
+VENV := .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+
+.PHONY: setup test test-all check train bench clean
+
+$(STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	# The CPU build of torch: a looser range would pull a multi-GB CUDA build.
+	$(PY) -m pip install --quiet "torch==2.13.0"
+	$(PY) -m pip install --quiet -e ".[torch,check,ssh,mlx,dev]"
+	touch $(STAMP)
+
+setup: $(STAMP)
+
+test: $(STAMP)
+	$(PY) -m pytest -m "not slow"
+
+test-all: $(STAMP)
+	$(PY) -m pytest
+
+check: $(STAMP)
+	$(VENV)/bin/invar-check
+
+train: $(STAMP)
+	$(VENV)/bin/invar train
+
+bench: $(STAMP)
+	$(PY) -m pytest benchmarks --benchmark-enable -p no:cacheprovider
+
+clean:
+	rm -rf $(VENV) runs

@@ -1,0 +1,686 @@
+"""`step(state, event)`: the one transition function of Invar. No I/O of any kind.
+
+It returns `(new_state, commands)` or a `ProtocolError` value (the state is then unchanged).
+A duplicate or late reply is not an error: it returns the same logical state, with the no-op
+counted, and no commands. Every decision — which version generates a request, which update
+consumes it, the minibatch of each step, the cotangent, when to commit and publish, what a
+restart redoes — is made here or in `schedule`, from logical identities only.
+
+After handling an event, `_reconcile` derives the follow-up commands from the state alone
+(admission, assignment, loads, the learner's next request, publication, retention, the retry
+timer), so the same state always leads to the same commands whatever the history's timing.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+import struct
+from dataclasses import replace
+from typing import Any, Callable
+
+import numpy as np
+
+from invar.model import schedule
+from invar.model.errors import ProtocolError, Reason
+from invar.model.messages import (
+    ApplyCotangent,
+    Checkpoint,
+    Command,
+    Commit,
+    Evaluate,
+    Event,
+    ForwardObserved,
+    LaunchRequest,
+    LearnerStarted,
+    LoadWeights,
+    Matrix,
+    ObservationId,
+    ProbabilitiesReported,
+    Publish,
+    ReleaseVersion,
+    RequestCompleted,
+    RetainVersion,
+    RunForward,
+    ScoreProbabilities,
+    SetTimer,
+    StepFinished,
+    TimerFired,
+    UpdateCommitted,
+    VersionPublished,
+    WeightsLoaded,
+    WorkerConnected,
+    WorkerLost,
+)
+from invar.model.objective import group_advantages, objective, pad, unpad
+from invar.model.state import (
+    Assigned,
+    BatchState,
+    Consumption,
+    LearnerPhase,
+    LearnerState,
+    NoOps,
+    Sample,
+    Scores,
+    State,
+    WorkerPhase,
+    WorkerState,
+)
+from invar.model.transitions import learner_accepts
+
+Result = tuple[State, tuple[Command, ...]] | ProtocolError
+
+
+def step(state: State, event: Event) -> Result:
+    """Apply one event. Pure: `state` is never mutated; equal inputs give equal outputs."""
+    handler = _HANDLERS.get(type(event))
+    if handler is None:
+        return ProtocolError(state, event, Reason.MALFORMED_PAYLOAD,
+                             f"not an event: {type(event).__name__}")
+    outcome = handler(state, event)
+    if isinstance(outcome, (ProtocolError, _NoOp)):
+        if isinstance(outcome, ProtocolError):
+            return outcome
+        return _count(state, outcome), ()
+    new_state, commands = outcome
+    return _reconcile(new_state, commands)
+
+
+def run_complete(state: State) -> bool:
+    """Every update committed and the final version published."""
+    n = state.config.total_updates
+    return state.committed == n and bool(state.published) and state.published[-1] == n
+
+
+def logical_projection(state: State) -> tuple:
+    """What must not depend on timing: consumed samples and plan per update, publications."""
+    ledger = tuple((r.update, r.version, r.requests, r.sample_digests, r.plan)
+                   for r in state.ledger)
+    return ledger, state.published
+
+
+def outstanding_commands(state: State) -> tuple[Command, ...]:
+    """Every command whose reply the core still awaits: what a retry (or a restart) re-sends."""
+    out: list[Command] = []
+    for batch in state.batches:
+        if batch.pending + batch.completed == len(batch.slots):
+            continue
+        for position, slot in enumerate(batch.slots):
+            if isinstance(slot, Assigned):
+                out.append(_launch(state, batch.batch, position, slot))
+    for w in state.workers:
+        if w.phase is WorkerPhase.LOADING:
+            out.append(_load(state, w))
+    learner_command = _learner_command(state)
+    if learner_command is not None:
+        out.append(learner_command)
+    if state.publishing is not None:
+        out.append(Publish(state.publishing, state.commit_digests[state.publishing]))
+    return tuple(out)
+
+
+# ---------------------------------------------------------------------------------------------
+# Event handlers: each returns (state, commands), a _NoOp, or a ProtocolError.
+
+
+class _NoOp:
+    def __init__(self, kind: str) -> None:
+        self.kind = kind
+
+
+_DUPLICATE = _NoOp("duplicates")
+_LATE = _NoOp("late")
+Handled = tuple[State, list[Command]] | _NoOp | ProtocolError
+
+
+def _count(state: State, noop: _NoOp) -> State:
+    counts = state.noops
+    return replace(state, noops=replace(counts, **{noop.kind: getattr(counts, noop.kind) + 1}))
+
+
+def _on_worker_connected(state: State, event: WorkerConnected) -> Handled:
+    known = state.worker(event.worker)
+    if known is not None and event.incarnation <= known.incarnation:
+        same = event.incarnation == known.incarnation and known.phase is not WorkerPhase.LOST
+        return _DUPLICATE if same else _LATE
+    fresh = WorkerState(event.worker, event.incarnation, WorkerPhase.IDLE, None, 0, 0)
+    if known is not None:
+        state = _requeue(state, known)
+    return _put_worker(state, fresh), []
+
+
+def _on_worker_lost(state: State, event: WorkerLost) -> Handled:
+    known = state.worker(event.worker)
+    if known is None:
+        return ProtocolError(state, event, Reason.UNKNOWN_WORKER,
+                             f"worker {event.worker!r} never connected")
+    if event.incarnation < known.incarnation:
+        return _LATE
+    if event.incarnation > known.incarnation:
+        return ProtocolError(state, event, Reason.UNKNOWN_WORKER,
+                             f"worker {event.worker!r} incarnation {event.incarnation} never "
+                             f"connected (current {known.incarnation})")
+    if known.phase is WorkerPhase.LOST:
+        return _DUPLICATE
+    state = _requeue(state, known)
+    lost = replace(known, phase=WorkerPhase.LOST, version=None, assigned=0)
+    return _put_worker(state, lost), []
+
+
+def _on_weights_loaded(state: State, event: WeightsLoaded) -> Handled:
+    known = state.worker(event.worker)
+    if known is None:
+        return ProtocolError(state, event, Reason.UNKNOWN_WORKER,
+                             f"worker {event.worker!r} never connected")
+    if (event.incarnation < known.incarnation or known.phase is WorkerPhase.LOST
+            or event.load < known.load):
+        return _LATE
+    if event.incarnation > known.incarnation or event.load > known.load:
+        return ProtocolError(state, event, Reason.UNREQUESTED_LOAD,
+                             f"load {event.load} of {event.worker!r}#{event.incarnation} was "
+                             f"never requested (last: load {known.load} of #{known.incarnation})")
+    if event.version != known.version:
+        return ProtocolError(state, event, Reason.UNREQUESTED_LOAD,
+                             f"load {event.load} was for version {known.version}, "
+                             f"not {event.version}")
+    if known.phase is not WorkerPhase.LOADING:
+        return _DUPLICATE
+    return _put_worker(state, replace(known, phase=WorkerPhase.READY)), []
+
+
+def _on_request_completed(state: State, event: RequestCompleted) -> Handled:
+    config = state.config
+    request = event.request
+    if not (0 <= request.batch < state.admitted and 0 <= request.prompt < config.prompts_per_batch
+            and 0 <= request.sample < config.group_size):
+        return ProtocolError(state, event, Reason.UNKNOWN_REQUEST,
+                             f"request {tuple(request)} was never launched "
+                             f"(admitted batches: {state.admitted})")
+    expected = schedule.gen_version(config, request.batch)
+    if event.version != expected:
+        return ProtocolError(state, event, Reason.WRONG_VERSION,
+                             f"request {tuple(request)} is assigned version {expected}, "
+                             f"reply claims {event.version}")
+    problem = _sample_problem(event)
+    if problem:
+        return ProtocolError(state, event, Reason.MALFORMED_PAYLOAD, problem)
+    batch = state.batch(request.batch)
+    position = request.prompt * config.group_size + request.sample
+    if batch is None or isinstance(batch.slots[position], Sample):
+        return _DUPLICATE
+    slot = batch.slots[position]
+    sample = Sample(_sample_digest(event), event.tokens, event.behavior_logprobs, event.reward)
+    updated = replace(batch, slots=_set(batch.slots, position, sample),
+                      pending=batch.pending - (slot is None), completed=batch.completed + 1)
+    state = _put_batch(state, updated)
+    if isinstance(slot, Assigned):
+        holder = state.worker(slot.worker)
+        if holder is not None and holder.incarnation == slot.incarnation:
+            state = _put_worker(state, replace(holder, assigned=holder.assigned - 1))
+    return state, []
+
+
+def _on_learner_started(state: State, event: LearnerStarted) -> Handled:
+    learner = state.learner
+    if event.incarnation <= learner.attempt:
+        return _DUPLICATE if event.incarnation == learner.attempt else _LATE
+    if learner.phase is LearnerPhase.OFFLINE:
+        if event.committed_version != 0:
+            return ProtocolError(state, event, Reason.UNKNOWN_COMMIT,
+                                 f"first start must be from version 0, not "
+                                 f"{event.committed_version}")
+        state = replace(state, commit_digests=(event.weights_digest,))
+        first = [Evaluate(0)] if schedule.is_eval_boundary(state.config, 0) else []
+        return _restart_learner(state, event.incarnation), first
+    committed = state.committed
+    commands: list[Command] = []
+    if (event.committed_version == committed + 1 and learner.phase is LearnerPhase.COMMITTING
+            and event.weights_digest == learner.step_digest):
+        # The commit became durable but its reply died with the learner: the disk is the truth.
+        state, commands = _apply_commit(state, event.weights_digest)
+    elif event.committed_version != committed:
+        return ProtocolError(state, event, Reason.UNKNOWN_COMMIT,
+                             f"learner restarted from version {event.committed_version}; the "
+                             f"last commit is {committed}")
+    elif event.weights_digest != state.commit_digests[committed]:
+        return ProtocolError(state, event, Reason.COMMIT_DIGEST_MISMATCH,
+                             f"version {committed} has digest {state.commit_digests[committed]}, "
+                             f"learner restored {event.weights_digest}")
+    return _restart_learner(state, event.incarnation), commands
+
+
+def _on_probabilities_reported(state: State, event: ProbabilitiesReported) -> Handled:
+    learner = state.learner
+    if event.attempt < learner.attempt or event.update < state.committed:
+        return _LATE
+    current = event.attempt == learner.attempt and event.update == state.committed
+    if current and learner.phase in (LearnerPhase.FORWARD, LearnerPhase.APPLYING,
+                                     LearnerPhase.COMMITTING):
+        return _DUPLICATE
+    if not (current and learner_accepts(learner.phase, ProbabilitiesReported)):
+        return ProtocolError(state, event, Reason.UNREQUESTED_SCORES,
+                             f"scores of update {event.update} (attempt {event.attempt}) were "
+                             f"not requested")
+    batch = state.batch(event.update)
+    assert batch is not None
+    lengths = [len(s.tokens) for s in batch.slots]  # type: ignore[union-attr]
+    problem = _matrix_problem("proximal", event.proximal, lengths)
+    if state.config.objective.needs_reference:
+        problem = problem or _matrix_problem("reference", event.reference, lengths)
+    elif event.reference is not None:
+        problem = "reference: not requested (kl_coef is 0)"
+    if problem:
+        return ProtocolError(state, event, Reason.MALFORMED_PAYLOAD, problem)
+    scores = Scores(_matrix_digest(event.proximal, event.reference), event.proximal,
+                    event.reference)
+    learner = replace(learner, scores=scores)
+    return _request_forward(replace(state, learner=learner), step=0)
+
+
+def _on_forward_observed(state: State, event: ForwardObserved) -> Handled:
+    learner = state.learner
+    if _is_stale_observation(learner, event.observation, event.attempt):
+        return _LATE
+    if event.observation == learner.observation and learner.phase is not LearnerPhase.FORWARD:
+        return _DUPLICATE
+    if not (event.observation == learner.observation and event.attempt == learner.attempt
+            and learner_accepts(learner.phase, ForwardObserved)):
+        return ProtocolError(state, event, Reason.UNREQUESTED_OBSERVATION,
+                             f"forward {tuple(event.observation)} was never requested "
+                             f"(pending: {learner.observation and tuple(learner.observation)})")
+    if event.pre_step_digest != learner.step_digest:
+        return ProtocolError(state, event, Reason.BINDING_MISMATCH,
+                             f"forward ran from state {event.pre_step_digest}, step "
+                             f"{learner.step} starts from {learner.step_digest}")
+    plan = schedule.minibatch_plan(state.config, event.observation.update)[learner.step]
+    batch = state.batch(event.observation.update)
+    assert batch is not None
+    lengths = [len(batch.slots[i].tokens) for i in plan]  # type: ignore[union-attr]
+    problem = _matrix_problem("current_logprobs", event.current_logprobs, lengths)
+    if problem:
+        return ProtocolError(state, event, Reason.MALFORMED_PAYLOAD, problem)
+    command = _cotangent(state, batch, plan, event)
+    learner = replace(learner, phase=LearnerPhase.APPLYING, cotangent=command)
+    return replace(state, learner=learner), [command]
+
+
+def _on_step_finished(state: State, event: StepFinished) -> Handled:
+    learner = state.learner
+    if _is_stale_observation(learner, event.observation, event.attempt):
+        return _LATE
+    if not (event.observation == learner.observation and event.attempt == learner.attempt
+            and learner_accepts(learner.phase, StepFinished)):
+        return ProtocolError(state, event, Reason.UNREQUESTED_OBSERVATION,
+                             f"no cotangent was sent for {tuple(event.observation)}")
+    learner = replace(learner, step_digest=event.post_step_digest, cotangent=None)
+    state = replace(state, learner=learner)
+    if learner.step + 1 < state.config.optimizer_steps:
+        return _request_forward(state, step=learner.step + 1)
+    learner = replace(learner, phase=LearnerPhase.COMMITTING, observation=None)
+    return replace(state, learner=learner), [_commit_command(state.committed, learner)]
+
+
+def _on_update_committed(state: State, event: UpdateCommitted) -> Handled:
+    if event.update < state.committed:
+        return _DUPLICATE
+    learner = state.learner
+    if event.update > state.committed or not learner_accepts(learner.phase, UpdateCommitted):
+        return ProtocolError(state, event, Reason.PREMATURE_COMMIT,
+                             f"update {event.update} has not run all its "
+                             f"{state.config.optimizer_steps} steps (learner: "
+                             f"{learner.phase.value}, step {learner.step})")
+    if event.weights_digest != learner.step_digest:
+        return ProtocolError(state, event, Reason.COMMIT_DIGEST_MISMATCH,
+                             f"commit of update {event.update} has digest {event.weights_digest}, "
+                             f"the last step ended at {learner.step_digest}")
+    state, commands = _apply_commit(state, event.weights_digest)
+    learner = _fresh_learner(state, state.learner.attempt)
+    return replace(state, learner=learner), commands
+
+
+def _on_version_published(state: State, event: VersionPublished) -> Handled:
+    if event.version in state.published:
+        return _DUPLICATE
+    if event.version != state.publishing or (
+            event.weights_digest != state.commit_digests[event.version]):
+        return ProtocolError(state, event, Reason.UNREQUESTED_PUBLICATION,
+                             f"publication of version {event.version} ({event.weights_digest}) "
+                             f"was not requested (publishing: {state.publishing})")
+    state = replace(state, published=state.published + (event.version,), publishing=None,
+                    retained=state.retained | {event.version})
+    return state, [RetainVersion(event.version)]
+
+
+def _on_timer_fired(state: State, event: TimerFired) -> Handled:
+    if not state.timer_armed:
+        return _LATE
+    return replace(state, timer_armed=False), list(outstanding_commands(state))
+
+
+_HANDLERS: dict[type, Callable[[State, Any], Handled]] = {
+    WorkerConnected: _on_worker_connected,
+    WorkerLost: _on_worker_lost,
+    WeightsLoaded: _on_weights_loaded,
+    RequestCompleted: _on_request_completed,
+    LearnerStarted: _on_learner_started,
+    ProbabilitiesReported: _on_probabilities_reported,
+    ForwardObserved: _on_forward_observed,
+    StepFinished: _on_step_finished,
+    UpdateCommitted: _on_update_committed,
+    VersionPublished: _on_version_published,
+    TimerFired: _on_timer_fired,
+}
+
+
+# ---------------------------------------------------------------------------------------------
+# The learner's path through one update.
+
+
+def _fresh_learner(state: State, attempt: int) -> LearnerState:
+    done = state.committed == state.config.total_updates
+    return LearnerState(
+        attempt=attempt,
+        phase=LearnerPhase.FINISHED if done else LearnerPhase.WAITING,
+        step=0,
+        observation=None,
+        step_digest=state.commit_digests[state.committed],
+        scores=None,
+        observations=state.learner.observations,
+    )
+
+
+def _restart_learner(state: State, attempt: int) -> State:
+    """Whatever the update in progress had done is abandoned: it is redone whole."""
+    return replace(state, learner=_fresh_learner(state, attempt))
+
+
+def _request_forward(state: State, step: int) -> tuple[State, list[Command]]:
+    learner = state.learner
+    observation = ObservationId(state.committed, step, learner.observations)
+    learner = replace(learner, phase=LearnerPhase.FORWARD, step=step, observation=observation,
+                      observations=learner.observations + 1)
+    state = replace(state, learner=learner)
+    return state, [_forward_command(state, learner)]
+
+
+def _forward_command(state: State, learner: LearnerState) -> RunForward:
+    assert learner.observation is not None
+    update = learner.observation.update
+    requests = schedule.request_ids(state.config, update)
+    plan = schedule.minibatch_plan(state.config, update)[learner.observation.step]
+    return RunForward(learner.observation, learner.attempt, tuple(requests[i] for i in plan))
+
+
+def _commit_command(update: int, learner: LearnerState) -> Commit:
+    return Commit(update, learner.attempt, learner.step_digest)
+
+
+def _cotangent(state: State, batch: BatchState, plan: tuple[int, ...],
+               event: ForwardObserved) -> ApplyCotangent:
+    """Objective terms and dL/d(current log-prob) of one minibatch (see objective.py)."""
+    config = state.config
+    samples: list[Sample] = list(batch.slots)  # type: ignore[arg-type]
+    rewards = np.array([s.reward for s in samples], dtype=np.float64)
+    advantages = group_advantages(rewards, config.group_size,
+                                  config.objective.normalize_advantages)[list(plan)]
+    scores = state.learner.scores
+    assert scores is not None
+    current, mask = pad(event.current_logprobs)
+    proximal, _ = pad([scores.proximal[i] for i in plan])
+    behavior, _ = pad([samples[i].behavior_logprobs for i in plan])
+    reference = None
+    if scores.reference is not None:
+        reference, _ = pad([scores.reference[i] for i in plan])
+    staleness = np.full(len(plan), schedule.staleness(config, batch.batch), dtype=np.float64)
+    terms, cotangent = objective(config.objective, advantages, current, proximal, behavior, mask,
+                                 reference=reference, staleness=staleness)
+    return ApplyCotangent(event.observation, event.attempt, event.pre_step_digest,
+                          unpad(cotangent, mask), terms)
+
+
+def _is_stale_observation(learner: LearnerState, observation: ObservationId,
+                          attempt: int) -> bool:
+    """From a dead attempt, or a forward older than the pending one (serials only grow)."""
+    return attempt < learner.attempt or (
+        observation != learner.observation and observation.serial < learner.observations)
+
+
+def _apply_commit(state: State, digest: str) -> tuple[State, list[Command]]:
+    """The commit point: update `committed` is consumed, version committed+1 exists."""
+    config = state.config
+    update = state.committed
+    batch = state.batches[0]
+    record = Consumption(
+        update=update,
+        version=schedule.gen_version(config, batch.batch),
+        requests=schedule.request_ids(config, batch.batch),
+        sample_digests=tuple(s.digest for s in batch.slots),  # type: ignore[union-attr]
+        plan=schedule.minibatch_plan(config, update),
+    )
+    state = replace(state, batches=state.batches[1:], commit_digests=state.commit_digests + (digest,),
+                    ledger=state.ledger + (record,))
+    version = update + 1
+    commands: list[Command] = []
+    if schedule.is_eval_boundary(config, version):
+        commands.append(Evaluate(version))
+    if schedule.is_checkpoint_boundary(config, version):
+        commands.append(Checkpoint(version))
+    return state, commands
+
+
+def _learner_command(state: State) -> Command | None:
+    learner = state.learner
+    if learner.phase is LearnerPhase.SCORING:
+        return _score_command(state)
+    if learner.phase is LearnerPhase.FORWARD:
+        return _forward_command(state, learner)
+    if learner.phase is LearnerPhase.APPLYING:
+        return learner.cotangent
+    if learner.phase is LearnerPhase.COMMITTING:
+        return _commit_command(state.committed, learner)
+    return None
+
+
+def _score_command(state: State) -> ScoreProbabilities:
+    update = state.committed
+    return ScoreProbabilities(update, state.learner.attempt,
+                              schedule.request_ids(state.config, update),
+                              state.config.objective.needs_reference)
+
+
+# ---------------------------------------------------------------------------------------------
+# Reconciliation: the commands that follow from a state, whatever led to it.
+
+
+def _reconcile(state: State, commands: list[Command]) -> tuple[State, tuple[Command, ...]]:
+    config = state.config
+    # Admission: batches enter in order while the in-flight bound and their version allow.
+    while (state.admitted < config.total_updates
+           and state.admitted - state.committed < config.max_inflight_batches
+           and _is_published(state, schedule.gen_version(config, state.admitted))):
+        n = config.samples_per_batch
+        fresh = BatchState(state.admitted, (None,) * n, pending=n, completed=0)
+        state = replace(state, admitted=state.admitted + 1, batches=state.batches + (fresh,))
+    state = _schedule_loads(state, commands)
+    state = _assign_pending(state, commands)
+    # The learner starts the next update once its batch is complete.
+    learner = state.learner
+    if learner.phase is LearnerPhase.WAITING and state.batches and state.batches[0].completed == \
+            config.samples_per_batch and state.batches[0].batch == state.committed:
+        state = replace(state, learner=replace(learner, phase=LearnerPhase.SCORING))
+        commands.append(_score_command(state))
+    # Publication: one at a time, in version order, only of committed versions.
+    if state.publishing is None:
+        last = state.published[-1] if state.published else -1
+        upcoming = [v for v in schedule.published_versions(config) if last < v <= state.committed]
+        if upcoming and state.commit_digests:
+            state = replace(state, publishing=upcoming[0])
+            commands.append(Publish(upcoming[0], state.commit_digests[upcoming[0]]))
+    # Retention: drop a version once every batch it generates is complete.
+    for version in sorted(state.retained):
+        if not _version_needed(state, version):
+            state = replace(state, retained=state.retained - {version})
+            commands.append(ReleaseVersion(version))
+    if not state.timer_armed and (outstanding_commands(state)):
+        state = replace(state, timer_armed=True)
+        commands.append(SetTimer())
+    return state, tuple(commands)
+
+
+def _is_published(state: State, version: int) -> bool:
+    return bool(state.published) and version <= state.published[-1]
+
+
+def _version_needed(state: State, version: int) -> bool:
+    batches = schedule.batches_of_version(state.config, version)
+    if not batches:
+        # Needed by no batch; keep the newest publication until a newer one replaces it.
+        return version == state.published[-1]
+    for b in batches:
+        if b >= state.admitted:
+            return True
+        held = state.batch(b)
+        if held is not None and held.completed < len(held.slots):
+            return True
+    return any(w.phase is WorkerPhase.LOADING and w.version == version for w in state.workers)
+
+
+def _assign_pending(state: State, commands: list[Command]) -> State:
+    """Launch each pending request on the least-loaded live worker holding its version."""
+    for index, batch in enumerate(state.batches):
+        if batch.pending == 0:
+            continue
+        version = schedule.gen_version(state.config, batch.batch)
+        ready = [w for w in state.workers
+                 if w.phase is WorkerPhase.READY and w.version == version]
+        if not ready:
+            continue
+        loads = {w.name: w.assigned for w in ready}
+        slots = list(batch.slots)
+        launched = 0
+        for position, slot in enumerate(slots):
+            if slot is not None:
+                continue
+            name = min(loads, key=lambda k: (loads[k], k))
+            loads[name] += 1
+            holder = next(w for w in ready if w.name == name)
+            slots[position] = Assigned(name, holder.incarnation)
+            commands.append(_launch(state, batch.batch, position, slots[position]))
+            launched += 1
+        batch = replace(batch, slots=tuple(slots), pending=batch.pending - launched)
+        state = replace(state, batches=_set(state.batches, index, batch))
+        for w in ready:
+            state = _put_worker(state, replace(w, assigned=loads[w.name]))
+    return state
+
+
+def _schedule_loads(state: State, commands: list[Command]) -> State:
+    """Point free workers at the versions pending requests need and no worker holds."""
+    needed: list[int] = []
+    for batch in state.batches:
+        if batch.pending:
+            version = schedule.gen_version(state.config, batch.batch)
+            if version not in needed:
+                needed.append(version)
+    if not needed:
+        return state
+    for w in state.workers:
+        free = w.phase in (WorkerPhase.IDLE, WorkerPhase.READY) and w.assigned == 0
+        if not free or (w.phase is WorkerPhase.READY and w.version in needed):
+            continue
+        holders = {v: sum(1 for o in state.workers if o.version == v
+                          and o.phase in (WorkerPhase.READY, WorkerPhase.LOADING))
+                   for v in needed}
+        target = min(needed, key=lambda v: (holders[v], v))
+        loading = replace(w, phase=WorkerPhase.LOADING, version=target, load=w.load + 1)
+        state = _put_worker(state, loading)
+        commands.append(_load(state, loading))
+    return state
+
+
+def _launch(state: State, batch: int, position: int, slot: Assigned) -> LaunchRequest:
+    config = state.config
+    request = schedule.request_ids(config, batch)[position]
+    return LaunchRequest(slot.worker, slot.incarnation, request,
+                         schedule.gen_version(config, batch),
+                         schedule.sampling_seed(config, request),
+                         schedule.prompt_index(config, batch, request.prompt))
+
+
+def _load(state: State, worker: WorkerState) -> LoadWeights:
+    assert worker.version is not None
+    return LoadWeights(worker.name, worker.incarnation, worker.load, worker.version,
+                       state.commit_digests[worker.version])
+
+
+def _requeue(state: State, worker: WorkerState) -> State:
+    """Requests of a retired incarnation go back to pending: same identity, version and seed."""
+    if worker.assigned == 0:
+        return state
+    batches = []
+    for batch in state.batches:
+        slots = tuple(None if isinstance(s, Assigned) and s.worker == worker.name
+                      and s.incarnation == worker.incarnation else s for s in batch.slots)
+        freed = sum(1 for a, b in zip(batch.slots, slots) if a is not b)
+        batches.append(replace(batch, slots=slots, pending=batch.pending + freed))
+    return replace(state, batches=tuple(batches))
+
+
+def _put_worker(state: State, worker: WorkerState) -> State:
+    others = [w for w in state.workers if w.name != worker.name]
+    return replace(state, workers=tuple(sorted([*others, worker], key=lambda w: w.name)))
+
+
+def _put_batch(state: State, batch: BatchState) -> State:
+    return replace(state, batches=_set(state.batches, batch.batch - state.committed, batch))
+
+
+def _set(items: tuple, index: int, value: Any) -> tuple:
+    return items[:index] + (value,) + items[index + 1:]
+
+
+# ---------------------------------------------------------------------------------------------
+# Payload checks and digests.
+
+
+def _sample_problem(event: RequestCompleted) -> str:
+    if not event.tokens:
+        return "tokens: empty response"
+    if len(event.behavior_logprobs) != len(event.tokens):
+        return (f"behavior_logprobs: {len(event.behavior_logprobs)} values for "
+                f"{len(event.tokens)} tokens")
+    if not all(math.isfinite(x) and x <= 0.0 for x in event.behavior_logprobs):
+        return "behavior_logprobs: every value must be a finite log-probability (<= 0)"
+    if not math.isfinite(event.reward):
+        return "reward: must be finite"
+    return ""
+
+
+def _matrix_problem(name: str, matrix: Matrix | None, lengths: list[int]) -> str:
+    if matrix is None:
+        return f"{name}: missing"
+    if len(matrix) != len(lengths):
+        return f"{name}: {len(matrix)} rows for {len(lengths)} samples"
+    for i, (row, length) in enumerate(zip(matrix, lengths)):
+        if len(row) != length:
+            return f"{name}[{i}]: {len(row)} values for {length} tokens"
+        if not all(math.isfinite(x) and x <= 0.0 for x in row):
+            return f"{name}[{i}]: every value must be a finite log-probability (<= 0)"
+    return ""
+
+
+def _sample_digest(event: RequestCompleted) -> str:
+    h = hashlib.blake2b(digest_size=12)
+    h.update(struct.pack(f"<{len(event.tokens)}q", *event.tokens))
+    h.update(struct.pack(f"<{len(event.behavior_logprobs)}d", *event.behavior_logprobs))
+    h.update(struct.pack("<d", event.reward))
+    return h.hexdigest()
+
+
+def _matrix_digest(*matrices: Matrix | None) -> str:
+    h = hashlib.blake2b(digest_size=12)
+    for matrix in matrices:
+        for row in matrix or ():
+            h.update(struct.pack(f"<{len(row)}d", *row))
+        h.update(b"|")
+    return h.hexdigest()

@@ -1,0 +1,358 @@
+"""Events (facts, past tense) that `step` consumes and commands (imperatives) it returns.
+
+All are frozen dataclasses with a stable, versioned JSON encoding: the runtime journals them,
+the checker prints them, and `decode(encode(m)) == m` for every type (tested).
+
+Messages addressed to or coming from a component carry that component's *incarnation*
+(workers) or *attempt* (the learner's incarnation), so a reply from a dead incarnation is
+recognised as late, and a command meant for a dead one is ignored by its successor.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import types
+import typing
+from dataclasses import dataclass
+from typing import Any, NamedTuple, Union
+
+from invar.model.objective import ObjectiveTerms
+from invar.model.schedule import RequestId
+
+ENCODING_VERSION = 1
+"""Bumped whenever a field of any message changes meaning; decode refuses other versions."""
+
+Logprobs = tuple[float, ...]
+Matrix = tuple[tuple[float, ...], ...]
+
+
+class ObservationId(NamedTuple):
+    """A forward pass the core asked for: its binding travels with the cotangent."""
+
+    update: int
+    step: int
+    serial: int
+    """Unique per forward the core ever requested, so a redo of the same step is a new one."""
+
+
+# ---------------------------------------------------------------------------------------------
+# Events: what happened.
+
+
+@dataclass(frozen=True)
+class WorkerConnected:
+    """A rollout worker came up (a higher incarnation replaces, and so retires, a lower one)."""
+
+    worker: str
+    incarnation: int
+
+
+@dataclass(frozen=True)
+class WorkerLost:
+    """A rollout worker's incarnation is gone (process died, connection dropped)."""
+
+    worker: str
+    incarnation: int
+
+
+@dataclass(frozen=True)
+class WeightsLoaded:
+    """A worker finished load number `load`: it now samples from `version`."""
+
+    worker: str
+    incarnation: int
+    load: int
+    version: int
+
+
+@dataclass(frozen=True)
+class RequestCompleted:
+    """A worker sampled `request` with `version`; logprobs are its own sampler's, per token."""
+
+    request: RequestId
+    worker: str
+    incarnation: int
+    version: int
+    tokens: tuple[int, ...]
+    behavior_logprobs: Logprobs
+    reward: float
+
+
+@dataclass(frozen=True)
+class ProbabilitiesReported:
+    """The learner scored update's samples with the weights frozen at the update's start."""
+
+    update: int
+    attempt: int
+    proximal: Matrix
+    reference: Matrix | None
+
+
+@dataclass(frozen=True)
+class ForwardObserved:
+    """The learner ran the forward of `observation` from the state with `pre_step_digest`."""
+
+    observation: ObservationId
+    attempt: int
+    pre_step_digest: str
+    current_logprobs: Matrix
+
+
+@dataclass(frozen=True)
+class StepFinished:
+    """The learner applied the cotangent of `observation` and stepped its optimizer."""
+
+    observation: ObservationId
+    attempt: int
+    post_step_digest: str
+
+
+@dataclass(frozen=True)
+class UpdateCommitted:
+    """The single durable commit point: the weights after `update` are on stable storage."""
+
+    update: int
+    weights_digest: str
+
+
+@dataclass(frozen=True)
+class VersionPublished:
+    """`version`'s weights are in the store that workers load from."""
+
+    version: int
+    weights_digest: str
+
+
+@dataclass(frozen=True)
+class LearnerStarted:
+    """The learner (re)started from its last commit; incarnation 0 is the first start."""
+
+    incarnation: int
+    committed_version: int
+    weights_digest: str
+
+
+@dataclass(frozen=True)
+class TimerFired:
+    """The retry timer the core set has expired."""
+
+
+# ---------------------------------------------------------------------------------------------
+# Commands: what to do.
+
+
+@dataclass(frozen=True)
+class LoadWeights:
+    """Worker: load published `version` (the reply names `load`, so late replies are known)."""
+
+    worker: str
+    incarnation: int
+    load: int
+    version: int
+    weights_digest: str
+
+
+@dataclass(frozen=True)
+class LaunchRequest:
+    """Worker: sample `request` from `version` with `seed`, on task prompt `prompt_index`."""
+
+    worker: str
+    incarnation: int
+    request: RequestId
+    version: int
+    seed: int
+    prompt_index: int
+
+
+@dataclass(frozen=True)
+class ScoreProbabilities:
+    """Learner: score these samples with the current (frozen) weights, and the reference."""
+
+    update: int
+    attempt: int
+    requests: tuple[RequestId, ...]
+    reference: bool
+
+
+@dataclass(frozen=True)
+class RunForward:
+    """Learner: forward these samples under the current weights, keep the graph."""
+
+    observation: ObservationId
+    attempt: int
+    requests: tuple[RequestId, ...]
+
+
+@dataclass(frozen=True)
+class ApplyCotangent:
+    """Learner: backward with this cotangent and step, only if the binding is the pending one."""
+
+    observation: ObservationId
+    attempt: int
+    pre_step_digest: str
+    cotangent: Matrix
+    terms: ObjectiveTerms
+
+
+@dataclass(frozen=True)
+class Commit:
+    """Learner: write the state after `update` durably as version `update + 1`."""
+
+    update: int
+    attempt: int
+    expected_digest: str
+
+
+@dataclass(frozen=True)
+class Publish:
+    """Copy committed `version` into the store that workers load from."""
+
+    version: int
+    weights_digest: str
+
+
+@dataclass(frozen=True)
+class RetainVersion:
+    """Keep `version`'s weights in the store: a batch still needs them."""
+
+    version: int
+
+
+@dataclass(frozen=True)
+class ReleaseVersion:
+    """`version`'s weights are needed by no unfinished batch: the store may drop them."""
+
+    version: int
+
+
+@dataclass(frozen=True)
+class Evaluate:
+    """Evaluate committed `version` on held-out prompts (a hard boundary)."""
+
+    version: int
+
+
+@dataclass(frozen=True)
+class Checkpoint:
+    """Keep committed `version` as a checkpoint (a hard boundary)."""
+
+    version: int
+
+
+@dataclass(frozen=True)
+class SetTimer:
+    """Arm the retry timer; when it fires, every outstanding command is sent again."""
+
+
+Event = Union[
+    WorkerConnected, WorkerLost, WeightsLoaded, RequestCompleted, ProbabilitiesReported,
+    ForwardObserved, StepFinished, UpdateCommitted, VersionPublished, LearnerStarted, TimerFired,
+]
+Command = Union[
+    LoadWeights, LaunchRequest, ScoreProbabilities, RunForward, ApplyCotangent, Commit, Publish,
+    RetainVersion, ReleaseVersion, Evaluate, Checkpoint, SetTimer,
+]
+EVENT_TYPES: tuple[type, ...] = typing.get_args(Event)
+COMMAND_TYPES: tuple[type, ...] = typing.get_args(Command)
+_REGISTRY: dict[str, type] = {t.__name__: t for t in (*EVENT_TYPES, *COMMAND_TYPES)}
+
+
+# ---------------------------------------------------------------------------------------------
+# JSON encoding: {"type": name, "v": ENCODING_VERSION, <fields>}, tuples as lists.
+
+
+class DecodeError(ValueError):
+    """A message that is not a well-formed encoding of a known type; names the field at fault."""
+
+
+def encode(message: Any) -> dict[str, Any]:
+    body = {f.name: _to_json(getattr(message, f.name)) for f in dataclasses.fields(message)}
+    return {"type": type(message).__name__, "v": ENCODING_VERSION, **body}
+
+
+def decode(data: Any) -> Any:
+    if not isinstance(data, dict):
+        raise DecodeError(f"message must be a JSON object, got {type(data).__name__}")
+    name = data.get("type")
+    if name not in _REGISTRY:
+        raise DecodeError(f"type: unknown message type {name!r}")
+    if data.get("v") != ENCODING_VERSION:
+        raise DecodeError(f"v: {name} encoded with version {data.get('v')!r}, "
+                          f"expected {ENCODING_VERSION}")
+    cls = _REGISTRY[name]
+    return _decode_dataclass(cls, data, name, skip=("type", "v"))
+
+
+def dumps(message: Any) -> str:
+    return json.dumps(encode(message), separators=(",", ":"))
+
+
+def loads(text: str | bytes) -> Any:
+    try:
+        data = json.loads(text)
+    except ValueError as exc:
+        raise DecodeError(f"not JSON: {exc}") from None
+    return decode(data)
+
+
+def _to_json(value: Any) -> Any:
+    if dataclasses.is_dataclass(value):
+        return {f.name: _to_json(getattr(value, f.name)) for f in dataclasses.fields(value)}
+    if isinstance(value, tuple):
+        return [_to_json(v) for v in value]
+    return value
+
+
+@typing.no_type_check
+def _decode_dataclass(cls: type, data: dict, where: str, skip: tuple[str, ...] = ()) -> Any:
+    hints = typing.get_type_hints(cls)
+    names = [f.name for f in dataclasses.fields(cls)]
+    unknown = set(data) - set(names) - set(skip)
+    if unknown:
+        raise DecodeError(f"{where}: unknown field(s) {sorted(unknown)}")
+    missing = [n for n in names if n not in data]
+    if missing:
+        raise DecodeError(f"{where}: missing field(s) {missing}")
+    return cls(**{n: _from_json(hints[n], data[n], f"{where}.{n}") for n in names})
+
+
+@typing.no_type_check
+def _from_json(tp: Any, value: Any, where: str) -> Any:
+    origin = typing.get_origin(tp)
+    if origin in (Union, types.UnionType):
+        options = typing.get_args(tp)
+        if value is None and type(None) in options:
+            return None
+        (inner,) = [o for o in options if o is not type(None)]
+        return _from_json(inner, value, where)
+    if isinstance(tp, type) and issubclass(tp, tuple) and hasattr(tp, "_fields"):
+        if not isinstance(value, list) or len(value) != len(tp._fields):
+            raise DecodeError(f"{where}: expected a list of {len(tp._fields)} integers")
+        return tp(*(_from_json(int, v, f"{where}[{i}]") for i, v in enumerate(value)))
+    if origin is tuple:
+        args = typing.get_args(tp)
+        if not isinstance(value, list):
+            raise DecodeError(f"{where}: expected a list, got {type(value).__name__}")
+        if len(args) == 2 and args[1] is Ellipsis:
+            return tuple(_from_json(args[0], v, f"{where}[{i}]") for i, v in enumerate(value))
+        if len(args) != len(value):
+            raise DecodeError(f"{where}: expected {len(args)} items, got {len(value)}")
+        return tuple(_from_json(a, v, f"{where}[{i}]") for i, (a, v) in enumerate(zip(args, value)))
+    if dataclasses.is_dataclass(tp):
+        if not isinstance(value, dict):
+            raise DecodeError(f"{where}: expected an object")
+        return _decode_dataclass(tp, value, where)
+    if tp is float:
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise DecodeError(f"{where}: expected a number, got {value!r}")
+        return float(value)
+    if tp is int:
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise DecodeError(f"{where}: expected an integer, got {value!r}")
+        return value
+    if tp in (str, bool):
+        if not isinstance(value, tp):
+            raise DecodeError(f"{where}: expected {tp.__name__}, got {value!r}")
+        return value
+    raise DecodeError(f"{where}: cannot decode type {tp!r}")  # pragma: no cover

@@ -1,0 +1,214 @@
+"""The core's state: an immutable, hashable value; equal logical histories give equal states.
+
+Numeric payloads (tokens, log-probabilities, rewards, cotangents) are kept out of equality and
+hashing and stand behind content digests, so the model checker can hash and compare states
+cheaply; everything that decides the protocol's future is compared.
+"""
+
+from __future__ import annotations
+
+import enum
+import hashlib
+import json
+from dataclasses import dataclass, field, fields, is_dataclass
+from typing import Any
+
+from invar.model.config import RunConfig
+from invar.model.messages import ApplyCotangent, Matrix, ObservationId
+from invar.model.schedule import RequestId
+
+
+class LearnerPhase(enum.Enum):
+    OFFLINE = "offline"
+    """Never started: waiting for LearnerStarted."""
+    WAITING = "waiting"
+    """Idle: waiting for the batch of the next update to be complete."""
+    SCORING = "scoring"
+    """Proximal (and reference) log-probs requested."""
+    FORWARD = "forward"
+    """Forward of the current step requested."""
+    APPLYING = "applying"
+    """Cotangent of the current step sent."""
+    COMMITTING = "committing"
+    """All K steps finished; commit requested."""
+    FINISHED = "finished"
+    """All updates committed."""
+
+
+class WorkerPhase(enum.Enum):
+    IDLE = "idle"
+    """Connected, nothing loaded."""
+    LOADING = "loading"
+    """Loading `version`; no requests until loaded."""
+    READY = "ready"
+    """Samples from `version`."""
+    LOST = "lost"
+    """This incarnation is gone; kept so its late replies are recognised."""
+
+
+@dataclass(frozen=True)
+class WorkerState:
+    name: str
+    incarnation: int
+    phase: WorkerPhase
+    version: int | None
+    """Loaded (READY) or being loaded (LOADING) version."""
+    load: int
+    """Serial of the last LoadWeights sent to this incarnation."""
+    assigned: int
+    """Requests currently assigned to this incarnation."""
+
+
+@dataclass(frozen=True)
+class Assigned:
+    """A request launched on a worker incarnation, not yet completed."""
+
+    worker: str
+    incarnation: int
+
+
+@dataclass(frozen=True)
+class Sample:
+    """A completed request. Only the digest takes part in equality and hashing."""
+
+    digest: str
+    tokens: tuple[int, ...] = field(compare=False, repr=False)
+    behavior_logprobs: tuple[float, ...] = field(compare=False, repr=False)
+    reward: float = field(compare=False, repr=False)
+
+
+Slot = None | Assigned | Sample
+"""A request's progress: None = pending (not launched on a live worker)."""
+
+
+@dataclass(frozen=True)
+class BatchState:
+    """An admitted, not yet consumed rollout batch; slots in request-id order."""
+
+    batch: int
+    slots: tuple[Slot, ...]
+    pending: int
+    completed: int
+
+
+@dataclass(frozen=True)
+class Scores:
+    """Proximal and reference log-probs of the batch under update, behind their digest."""
+
+    digest: str
+    proximal: Matrix = field(compare=False, repr=False)
+    reference: Matrix | None = field(compare=False, repr=False)
+
+
+@dataclass(frozen=True)
+class LearnerState:
+    attempt: int
+    """The learner's incarnation; -1 before its first start."""
+    phase: LearnerPhase
+    step: int
+    """Current optimizer step of the update in progress (0..K-1)."""
+    observation: ObservationId | None
+    """The forward requested (FORWARD) or whose cotangent was sent (APPLYING)."""
+    step_digest: str
+    """Digest of the learner state the current step starts from (after K steps: to commit)."""
+    scores: Scores | None
+    observations: int
+    """Forwards ever requested: the next observation serial, unique across attempts."""
+    cotangent: ApplyCotangent | None = field(default=None, compare=False, repr=False)
+    """The command sent in APPLYING (kept to re-send on retry; determined by the rest)."""
+
+
+@dataclass(frozen=True)
+class Consumption:
+    """The ledger's record of one committed update: what it consumed, from which version."""
+
+    update: int
+    version: int
+    requests: tuple[RequestId, ...]
+    sample_digests: tuple[str, ...]
+    plan: tuple[tuple[int, ...], ...]
+
+
+@dataclass(frozen=True)
+class NoOps:
+    """Counted, harmless events: not part of equality (they change nothing logical)."""
+
+    duplicates: int = 0
+    late: int = 0
+
+
+@dataclass(frozen=True)
+class State:
+    config: RunConfig
+    learner: LearnerState
+    workers: tuple[WorkerState, ...]
+    """Every worker ever seen, by name."""
+    admitted: int
+    """Batches [0, admitted) have been admitted for rollout."""
+    batches: tuple[BatchState, ...]
+    """Admitted batches not yet consumed, in order: batches [committed, admitted)."""
+    commit_digests: tuple[str, ...]
+    """Digest of each committed version v at index v; empty before the learner's first start."""
+    published: tuple[int, ...]
+    """Published versions in publication order."""
+    publishing: int | None
+    """Version whose Publish was sent and not yet acknowledged."""
+    retained: frozenset[int]
+    """Published versions whose weights the store keeps."""
+    ledger: tuple[Consumption, ...]
+    timer_armed: bool
+    noops: NoOps = field(default_factory=NoOps, compare=False)
+
+    @property
+    def committed(self) -> int:
+        """Committed updates = the newest committed version."""
+        return max(len(self.commit_digests) - 1, 0)
+
+    def worker(self, name: str) -> WorkerState | None:
+        for w in self.workers:
+            if w.name == name:
+                return w
+        return None
+
+    def batch(self, index: int) -> BatchState | None:
+        offset = index - self.committed
+        if 0 <= offset < len(self.batches):
+            return self.batches[offset]
+        return None
+
+
+def initial_state(config: RunConfig) -> State:
+    """The state before anything happened (config is validated here: bad configs never run)."""
+    config.validate()
+    return State(
+        config=config,
+        learner=LearnerState(attempt=-1, phase=LearnerPhase.OFFLINE, step=0, observation=None,
+                             step_digest="", scores=None, observations=0),
+        workers=(),
+        admitted=0,
+        batches=(),
+        commit_digests=(),
+        published=(),
+        publishing=None,
+        retained=frozenset(),
+        ledger=(),
+        timer_armed=False,
+    )
+
+
+def state_digest(state: State) -> str:
+    """Content digest of the compared part of a state (journals record it before and after)."""
+    blob = json.dumps(_canonical(state), separators=(",", ":"), sort_keys=True).encode()
+    return hashlib.blake2b(blob, digest_size=16).hexdigest()
+
+
+def _canonical(value: Any) -> Any:
+    if is_dataclass(value):
+        return {f.name: _canonical(getattr(value, f.name)) for f in fields(value) if f.compare}
+    if isinstance(value, enum.Enum):
+        return value.value
+    if isinstance(value, frozenset):
+        return sorted(_canonical(v) for v in value)
+    if isinstance(value, tuple):
+        return [_canonical(v) for v in value]
+    return value

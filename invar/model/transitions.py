@@ -1,0 +1,98 @@
+"""The protocol's phase machines as data (h11 style): which event moves which phase where.
+
+`step` consults these tables to decide whether an in-protocol event is expected; the spec's
+diagrams (`python -m invar.model.transitions`) and the checker's coverage read the same tables.
+Events not listed for a phase are classified by `step` as duplicate, late or a ProtocolError.
+"""
+
+from __future__ import annotations
+
+from invar.model.messages import (
+    ForwardObserved,
+    LearnerStarted,
+    ProbabilitiesReported,
+    StepFinished,
+    UpdateCommitted,
+    WeightsLoaded,
+    WorkerConnected,
+    WorkerLost,
+)
+from invar.model.state import LearnerPhase as L
+from invar.model.state import WorkerPhase as W
+
+LEARNER: dict[tuple[L, type], tuple[L, ...]] = {
+    (L.OFFLINE, LearnerStarted): (L.WAITING,),
+    (L.SCORING, ProbabilitiesReported): (L.FORWARD,),
+    (L.FORWARD, ForwardObserved): (L.APPLYING,),
+    (L.APPLYING, StepFinished): (L.FORWARD, L.COMMITTING),
+    (L.COMMITTING, UpdateCommitted): (L.WAITING, L.FINISHED),
+    # A restart from the last commit abandons the update in progress: it is redone whole.
+    **{(phase, LearnerStarted): (L.WAITING, L.FINISHED)
+       for phase in (L.WAITING, L.SCORING, L.FORWARD, L.APPLYING, L.COMMITTING, L.FINISHED)},
+}
+"""(phase, event type) -> the phases it may lead to; pairs not listed are not in-protocol."""
+
+LEARNER_INTERNAL: dict[L, tuple[L, ...]] = {
+    L.WAITING: (L.SCORING,),  # the batch of the next update became complete
+}
+"""Moves the core makes on its own when a condition on the rest of the state holds."""
+
+WORKER: dict[tuple[W | None, type], tuple[W, ...]] = {
+    (None, WorkerConnected): (W.IDLE,),
+    (W.LOST, WorkerConnected): (W.IDLE,),
+    (W.IDLE, WorkerConnected): (W.IDLE,),
+    (W.LOADING, WorkerConnected): (W.IDLE,),
+    (W.READY, WorkerConnected): (W.IDLE,),
+    (W.LOADING, WeightsLoaded): (W.READY,),
+    (W.IDLE, WorkerLost): (W.LOST,),
+    (W.LOADING, WorkerLost): (W.LOST,),
+    (W.READY, WorkerLost): (W.LOST,),
+}
+
+WORKER_INTERNAL: dict[W, tuple[W, ...]] = {
+    W.IDLE: (W.LOADING,),   # a pending request needs a version no worker holds
+    W.READY: (W.LOADING,),  # same, and this worker's version is no longer needed
+}
+
+
+def learner_accepts(phase: L, event_type: type) -> bool:
+    return bool(LEARNER.get((phase, event_type)))
+
+
+def to_dot() -> str:
+    """Both phase machines as one Graphviz digraph (rendered into spec/)."""
+    lines = ["digraph invar_phases {", "  rankdir=LR;", '  node [shape=box, fontname="monospace"];']
+    for (phase, event), targets in LEARNER.items():
+        for target in targets:
+            lines.append(f'  "learner.{phase.value}" -> "learner.{target.value}" '
+                         f'[label="{event.__name__}"];')
+    for phase, targets in LEARNER_INTERNAL.items():
+        for target in targets:
+            lines.append(f'  "learner.{phase.value}" -> "learner.{target.value}" '
+                         '[style=dashed, label="batch complete"];')
+    for (phase, event), targets in WORKER.items():
+        source = "worker.new" if phase is None else f"worker.{phase.value}"
+        for target in targets:
+            lines.append(f'  "{source}" -> "worker.{target.value}" [label="{event.__name__}"];')
+    for phase, targets in WORKER_INTERNAL.items():
+        for target in targets:
+            lines.append(f'  "worker.{phase.value}" -> "worker.{target.value}" '
+                         '[style=dashed, label="version needed"];')
+    lines.append("}")
+    return "\n".join(lines) + "\n"
+
+
+def to_markdown() -> str:
+    """The learner table as Markdown (embedded in spec/PROTOCOL.md)."""
+    rows = ["| phase | event | next phase(s) |", "|---|---|---|"]
+    for (phase, event), targets in LEARNER.items():
+        shown = ", ".join(t.value for t in targets) or "refused"
+        rows.append(f"| {phase.value} | {event.__name__} | {shown} |")
+    for (phase, event), targets in WORKER.items():
+        source = "(new worker)" if phase is None else f"worker {phase.value}"
+        rows.append(f"| {source} | {event.__name__} | {', '.join(t.value for t in targets)} |")
+    return "\n".join(rows) + "\n"
+
+
+if __name__ == "__main__":  # pragma: no cover
+    print(to_dot())
