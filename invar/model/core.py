@@ -546,7 +546,8 @@ def _version_needed(state: State, version: int) -> bool:
 
 
 def _assign_pending(state: State, commands: list[Command]) -> State:
-    """Launch each pending request on the least-loaded live worker holding its version."""
+    """Launch pending requests, a prompt group at a time, on the least-loaded live worker
+    holding their version."""
     for index, batch in enumerate(state.batches):
         if batch.pending == 0:
             continue
@@ -558,15 +559,20 @@ def _assign_pending(state: State, commands: list[Command]) -> State:
         loads = {w.name: w.assigned for w in ready}
         slots = list(batch.slots)
         launched = 0
-        for position, slot in enumerate(slots):
-            if slot is not None:
+        group_size = state.config.group_size
+        # A prompt's group goes to one worker: its samples share the prompt's prefill, and the
+        # worker computes them in one fixed-shape call (see runtime.worker on invariance).
+        for start in range(0, len(slots), group_size):
+            group = [p for p in range(start, start + group_size) if slots[p] is None]
+            if not group:
                 continue
             name = min(loads, key=lambda k: (loads[k], k))
-            loads[name] += 1
+            loads[name] += len(group)
             holder = next(w for w in ready if w.name == name)
-            slots[position] = Assigned(name, holder.incarnation)
-            commands.append(_launch(state, batch.batch, position, slots[position]))
-            launched += 1
+            for position in group:
+                slots[position] = Assigned(name, holder.incarnation)
+                commands.append(_launch(state, batch.batch, position, slots[position]))
+            launched += len(group)
         batch = replace(batch, slots=tuple(slots), pending=batch.pending - launched)
         state = replace(state, batches=_set(state.batches, index, batch))
         for w in ready:
