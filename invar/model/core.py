@@ -65,6 +65,7 @@ from invar.model.state import (
     State,
     WorkerPhase,
     WorkerState,
+    chain_ledger,
 )
 from invar.model.transitions import learner_accepts
 
@@ -210,9 +211,7 @@ def _on_request_completed(state: State, event: RequestCompleted) -> Handled:
         return _DUPLICATE
     slot = batch.slots[position]
     sample = Sample(_sample_digest(event), event.tokens, event.behavior_logprobs, event.reward)
-    updated = replace(batch, slots=_set(batch.slots, position, sample),
-                      pending=batch.pending - (slot is None), completed=batch.completed + 1)
-    state = _put_batch(state, updated)
+    state = _put_batch(state, batch.with_slots({position: sample}))
     if isinstance(slot, Assigned):
         holder = state.worker(slot.worker)
         if holder is not None and holder.incarnation == slot.incarnation:
@@ -347,7 +346,7 @@ def _on_version_published(state: State, event: VersionPublished) -> Handled:
                              f"publication of version {event.version} ({event.weights_digest}) "
                              f"was not requested (publishing: {state.publishing})")
     state = replace(state, published=state.published + (event.version,), publishing=None,
-                    retained=state.retained | {event.version})
+                    retained=tuple(sorted({*state.retained, event.version})))
     return state, [RetainVersion(event.version)]
 
 
@@ -458,7 +457,8 @@ def _apply_commit(state: State, digest: str) -> tuple[State, list[Command]]:
         plan=schedule.minibatch_plan(config, update),
     )
     state = replace(state, batches=state.batches[1:], commit_digests=state.commit_digests + (digest,),
-                    ledger=state.ledger + (record,))
+                    ledger=state.ledger + (record,),
+                    ledger_digest=chain_ledger(state.ledger_digest, record))
     version = update + 1
     commands: list[Command] = []
     if schedule.is_eval_boundary(config, version):
@@ -499,7 +499,7 @@ def _reconcile(state: State, commands: list[Command]) -> tuple[State, tuple[Comm
            and state.admitted - state.committed < config.max_inflight_batches
            and _is_published(state, schedule.gen_version(config, state.admitted))):
         n = config.samples_per_batch
-        fresh = BatchState(state.admitted, (None,) * n, pending=n, completed=0)
+        fresh = BatchState.admitted(state.admitted, n)
         state = replace(state, admitted=state.admitted + 1, batches=state.batches + (fresh,))
     state = _schedule_loads(state, commands)
     state = _assign_pending(state, commands)
@@ -517,9 +517,9 @@ def _reconcile(state: State, commands: list[Command]) -> tuple[State, tuple[Comm
             state = replace(state, publishing=upcoming[0])
             commands.append(Publish(upcoming[0], state.commit_digests[upcoming[0]]))
     # Retention: drop a version once every batch it generates is complete.
-    for version in sorted(state.retained):
+    for version in state.retained:
         if not _version_needed(state, version):
-            state = replace(state, retained=state.retained - {version})
+            state = replace(state, retained=tuple(v for v in state.retained if v != version))
             commands.append(ReleaseVersion(version))
     if not state.timer_armed and (outstanding_commands(state)):
         state = replace(state, timer_armed=True)
@@ -557,8 +557,8 @@ def _assign_pending(state: State, commands: list[Command]) -> State:
         if not ready:
             continue
         loads = {w.name: w.assigned for w in ready}
-        slots = list(batch.slots)
-        launched = 0
+        slots = batch.slots
+        changes: dict[int, Assigned] = {}
         group_size = state.config.group_size
         # A prompt's group goes to one worker: its samples share the prompt's prefill, and the
         # worker computes them in one fixed-shape call (see runtime.worker on invariance).
@@ -570,11 +570,9 @@ def _assign_pending(state: State, commands: list[Command]) -> State:
             loads[name] += len(group)
             holder = next(w for w in ready if w.name == name)
             for position in group:
-                slots[position] = Assigned(name, holder.incarnation)
-                commands.append(_launch(state, batch.batch, position, slots[position]))
-            launched += len(group)
-        batch = replace(batch, slots=tuple(slots), pending=batch.pending - launched)
-        state = replace(state, batches=_set(state.batches, index, batch))
+                changes[position] = Assigned(name, holder.incarnation)
+                commands.append(_launch(state, batch.batch, position, changes[position]))
+        state = replace(state, batches=_set(state.batches, index, batch.with_slots(changes)))
         for w in ready:
             state = _put_worker(state, replace(w, assigned=loads[w.name]))
     return state
@@ -623,13 +621,10 @@ def _requeue(state: State, worker: WorkerState) -> State:
     """Requests of a retired incarnation go back to pending: same identity, version and seed."""
     if worker.assigned == 0:
         return state
-    batches = []
-    for batch in state.batches:
-        slots = tuple(None if isinstance(s, Assigned) and s.worker == worker.name
-                      and s.incarnation == worker.incarnation else s for s in batch.slots)
-        freed = sum(1 for a, b in zip(batch.slots, slots) if a is not b)
-        batches.append(replace(batch, slots=slots, pending=batch.pending + freed))
-    return replace(state, batches=tuple(batches))
+    mine = Assigned(worker.name, worker.incarnation)
+    return replace(state, batches=tuple(
+        batch.with_slots({p: None for p, slot in enumerate(batch.slots) if slot == mine})
+        for batch in state.batches))
 
 
 def _put_worker(state: State, worker: WorkerState) -> State:

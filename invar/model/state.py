@@ -9,9 +9,7 @@ from __future__ import annotations
 
 import enum
 import hashlib
-import json
-from dataclasses import dataclass, field, fields, is_dataclass
-from typing import Any
+from dataclasses import dataclass, field
 
 from invar.model.config import RunConfig
 from invar.model.messages import ApplyCotangent, Matrix, ObservationId
@@ -83,12 +81,42 @@ Slot = None | Assigned | Sample
 
 @dataclass(frozen=True)
 class BatchState:
-    """An admitted, not yet consumed rollout batch; slots in request-id order."""
+    """An admitted, not yet consumed rollout batch; slots in request-id order.
+
+    `pending`, `completed` and `slots_digest` summarise `slots` (kept in step by `with_slots`)
+    so that neither the core nor a journal's state digest walks every slot on every event.
+    """
 
     batch: int
-    slots: tuple[Slot, ...]
+    slots: tuple[Slot, ...] = field(repr=False)
     pending: int
     completed: int
+    slots_digest: int
+    """XOR over positions of a 128-bit hash of (position, slot): updated per slot in O(1)."""
+
+    @classmethod
+    def admitted(cls, batch: int, size: int) -> BatchState:
+        slots: tuple[Slot, ...] = (None,) * size
+        digest = 0
+        for position in range(size):
+            digest ^= _slot_hash(position, None)
+        return cls(batch, slots, pending=size, completed=0, slots_digest=digest)
+
+    def with_slots(self, changes: dict[int, Slot]) -> BatchState:
+        slots = list(self.slots)
+        pending, completed, digest = self.pending, self.completed, self.slots_digest
+        for position, new in changes.items():
+            old = slots[position]
+            pending += (new is None) - (old is None)
+            completed += isinstance(new, Sample) - isinstance(old, Sample)
+            digest ^= _slot_hash(position, old) ^ _slot_hash(position, new)
+            slots[position] = new
+        return BatchState(self.batch, tuple(slots), pending, completed, digest)
+
+
+def _slot_hash(position: int, slot: Slot) -> int:
+    text = f"{position}:{slot!r}".encode()
+    return int.from_bytes(hashlib.blake2b(text, digest_size=16).digest(), "big")
 
 
 @dataclass(frozen=True)
@@ -153,11 +181,14 @@ class State:
     """Published versions in publication order."""
     publishing: int | None
     """Version whose Publish was sent and not yet acknowledged."""
-    retained: frozenset[int]
-    """Published versions whose weights the store keeps."""
-    ledger: tuple[Consumption, ...]
+    retained: tuple[int, ...]
+    """Published versions whose weights the store keeps, ascending."""
+    ledger: tuple[Consumption, ...] = field(repr=False)
+    """Every committed update's consumption record, in commit order."""
+    ledger_digest: str
+    """Hash chain over the ledger (so a state digest need not walk the whole history)."""
     timer_armed: bool
-    noops: NoOps = field(default_factory=NoOps, compare=False)
+    noops: NoOps = field(default_factory=NoOps, compare=False, repr=False)
 
     @property
     def committed(self) -> int:
@@ -190,25 +221,22 @@ def initial_state(config: RunConfig) -> State:
         commit_digests=(),
         published=(),
         publishing=None,
-        retained=frozenset(),
+        retained=(),
         ledger=(),
+        ledger_digest="",
         timer_armed=False,
     )
 
 
+def chain_ledger(digest: str, record: Consumption) -> str:
+    """The ledger digest after appending `record`."""
+    return hashlib.blake2b(f"{digest}|{record!r}".encode(), digest_size=16).hexdigest()
+
+
 def state_digest(state: State) -> str:
-    """Content digest of the compared part of a state (journals record it before and after)."""
-    blob = json.dumps(_canonical(state), separators=(",", ":"), sort_keys=True).encode()
-    return hashlib.blake2b(blob, digest_size=16).hexdigest()
+    """Content digest of the compared part of a state (journals record it before and after).
 
-
-def _canonical(value: Any) -> Any:
-    if is_dataclass(value):
-        return {f.name: _canonical(getattr(value, f.name)) for f in fields(value) if f.compare}
-    if isinstance(value, enum.Enum):
-        return value.value
-    if isinstance(value, frozenset):
-        return sorted(_canonical(v) for v in value)
-    if isinstance(value, tuple):
-        return [_canonical(v) for v in value]
-    return value
+    The repr of a state is canonical and leaves out exactly the parts that stand behind a
+    digest (slots, ledger, payloads) or take no part in equality (no-op counts).
+    """
+    return hashlib.blake2b(repr(state).encode(), digest_size=16).hexdigest()

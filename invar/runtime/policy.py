@@ -1,0 +1,178 @@
+"""A small GPT-style decoder-only transformer: the policy that samples and learns.
+
+Pre-LN blocks, causal self-attention written out by hand (no fused kernels, so it runs under
+`torch.use_deterministic_algorithms(True)` on CPU and CUDA alike), learned positions, and
+no dropout: the same weights and tokens always give the same logits. Incremental decoding
+goes through `forward_with_cache`, whose result matches `forward` on the full sequence.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from invar.runtime.task import VOCAB_SIZE
+
+
+@dataclass(frozen=True)
+class PolicyConfig:
+    """Shape of the policy network."""
+
+    vocab_size: int = VOCAB_SIZE
+    """Token ids are 0..vocab_size-1 (the default is the digit tasks' vocabulary)."""
+    layers: int = 2
+    """Number of transformer blocks."""
+    width: int = 64
+    """Residual stream width (embedding size)."""
+    heads: int = 4
+    """Attention heads per block; must divide `width`."""
+    mlp_ratio: int = 4
+    """Hidden width of each block's MLP, as a multiple of `width`."""
+    max_len: int = 64
+    """Longest sequence (prompt + response) the learned positions cover."""
+    tie_head: bool = False
+    """Share the output projection with the token embedding."""
+
+    def __post_init__(self) -> None:
+        if self.width % self.heads:
+            raise ValueError(f"heads ({self.heads}) must divide width ({self.width})")
+        for name in ("vocab_size", "layers", "width", "heads", "mlp_ratio", "max_len"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be positive, got {getattr(self, name)}")
+
+
+@dataclass(frozen=True)
+class KVCache:
+    """Keys and values of every layer for the positions decoded so far, each [B, H, T, D]."""
+
+    keys: tuple[Tensor, ...]
+    values: tuple[Tensor, ...]
+
+    @property
+    def length(self) -> int:
+        """Number of positions already in the cache."""
+        return self.keys[0].shape[2]
+
+
+class CausalSelfAttention(nn.Module):
+    def __init__(self, config: PolicyConfig) -> None:
+        super().__init__()
+        self.heads = config.heads
+        self.qkv = nn.Linear(config.width, 3 * config.width)
+        self.proj = nn.Linear(config.width, config.width)
+
+    def forward(
+        self, x: Tensor, past: tuple[Tensor, Tensor] | None
+    ) -> tuple[Tensor, tuple[Tensor, Tensor]]:
+        batch, new, width = x.shape
+        head_dim = width // self.heads
+        q, k, v = self.qkv(x).split(width, dim=2)
+        q, k, v = (t.view(batch, new, self.heads, head_dim).transpose(1, 2) for t in (q, k, v))
+        if past is not None:
+            k = torch.cat([past[0], k], dim=2)
+            v = torch.cat([past[1], v], dim=2)
+        total = k.shape[2]
+        scores = (q @ k.transpose(-2, -1)) / math.sqrt(head_dim)
+        # The new queries sit at positions total-new..total-1; each sees itself and the past.
+        visible = torch.ones(new, total, dtype=torch.bool, device=x.device).tril(total - new)
+        attention = scores.masked_fill(~visible, float("-inf")).softmax(dim=-1)
+        y = (attention @ v).transpose(1, 2).reshape(batch, new, width)
+        return self.proj(y), (k, v)
+
+
+class Block(nn.Module):
+    def __init__(self, config: PolicyConfig) -> None:
+        super().__init__()
+        hidden = config.mlp_ratio * config.width
+        self.attention_norm = nn.LayerNorm(config.width)
+        self.attention = CausalSelfAttention(config)
+        self.mlp_norm = nn.LayerNorm(config.width)
+        self.mlp = nn.Sequential(
+            nn.Linear(config.width, hidden), nn.GELU(), nn.Linear(hidden, config.width)
+        )
+
+    def forward(
+        self, x: Tensor, past: tuple[Tensor, Tensor] | None
+    ) -> tuple[Tensor, tuple[Tensor, Tensor]]:
+        attended, present = self.attention(self.attention_norm(x), past)
+        x = x + attended
+        x = x + self.mlp(self.mlp_norm(x))
+        return x, present
+
+
+class Policy(nn.Module):
+    """Decoder-only transformer mapping tokens [B, T] to next-token logits [B, T, V].
+
+    Weights are initialised on the CPU from `seed` alone, so two policies built with the same
+    config and seed are bitwise equal wherever they are later moved.
+    """
+
+    def __init__(self, config: PolicyConfig, seed: int) -> None:
+        super().__init__()
+        self.config = config
+        self.token_embedding = nn.Embedding(config.vocab_size, config.width)
+        self.position_embedding = nn.Embedding(config.max_len, config.width)
+        self.blocks = nn.ModuleList(Block(config) for _ in range(config.layers))
+        self.final_norm = nn.LayerNorm(config.width)
+        self.head = nn.Linear(config.width, config.vocab_size, bias=False)
+        if config.tie_head:
+            self.head.weight = self.token_embedding.weight
+        self._initialise(seed)
+
+    @torch.no_grad()
+    def _initialise(self, seed: int) -> None:
+        # GPT-2 initialisation, drawn from a private generator so the global RNG is untouched.
+        generator = torch.Generator().manual_seed(seed)
+        # Projections that write into the residual stream are scaled down with depth.
+        residual_std = 0.02 / math.sqrt(2 * self.config.layers)
+        for name, parameter in self.named_parameters():
+            if name.endswith("bias"):
+                parameter.zero_()
+            elif "norm" in name:
+                parameter.fill_(1.0)
+            elif name.endswith(("attention.proj.weight", "mlp.2.weight")):
+                parameter.normal_(0.0, residual_std, generator=generator)
+            else:
+                parameter.normal_(0.0, 0.02, generator=generator)
+
+    def forward(self, tokens: Tensor) -> Tensor:
+        """Logits [B, T, V] for every position of `tokens` [B, T]."""
+        logits, _ = self.forward_with_cache(tokens, None)
+        return logits
+
+    def forward_with_cache(
+        self, tokens: Tensor, cache: KVCache | None
+    ) -> tuple[Tensor, KVCache]:
+        """Logits [B, T_new, V] for `tokens` [B, T_new] that follow the cached positions.
+
+        Returns a new cache that also holds `tokens`; the given cache is left unchanged.
+        """
+        start = 0 if cache is None else cache.length
+        end = start + tokens.shape[1]
+        if end > self.config.max_len:
+            raise ValueError(f"sequence of {end} tokens exceeds max_len {self.config.max_len}")
+        positions = torch.arange(start, end, device=tokens.device)
+        x = self.token_embedding(tokens) + self.position_embedding(positions)
+        keys, values = [], []
+        for layer, block in enumerate(self.blocks):
+            past = None if cache is None else (cache.keys[layer], cache.values[layer])
+            x, (k, v) = block(x, past)
+            keys.append(k)
+            values.append(v)
+        logits = self.head(self.final_norm(x))
+        return logits, KVCache(tuple(keys), tuple(values))
+
+
+def sequence_logprobs(logits: Tensor, tokens: Tensor) -> Tensor:
+    """Float64 log-probability of each token under the matching logits row.
+
+    `logits` [..., V] and `tokens` [...]. A one-hot product picks the entries rather than
+    `gather`, whose CUDA backward is not deterministic.
+    """
+    logprobs = torch.log_softmax(logits.double(), dim=-1)
+    chosen = F.one_hot(tokens, logits.shape[-1]).to(logprobs.dtype)
+    return (logprobs * chosen).sum(dim=-1)

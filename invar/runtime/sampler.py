@@ -1,0 +1,124 @@
+"""Autoregressive sampling with per-row reproducible randomness and exact behavior log-probs.
+
+Two guarantees matter to the rest of Invar:
+
+* The log-prob recorded for a sampled token is taken from the very distribution the token was
+  drawn from (after temperature, top-k and top-p renormalisation), so importance ratios
+  against it are exact.
+* Row i's randomness is a function of `seeds[i]` alone: its Gumbel noise is drawn up front
+  from a private CPU generator. A request re-issued alone, or in another batch, meets the
+  same noise and so draws the same tokens (up to float rounding of the logits themselves,
+  which can depend on the batch shape).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+from torch import Tensor
+
+from invar.runtime.policy import KVCache, Policy
+
+
+def sampling_logprobs(
+    logits: Tensor, temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0
+) -> Tensor:
+    """Float64 log-probs [n, V] of the distribution sampled from; -inf outside its support.
+
+    Order: temperature, then top-k (ties with the k-th logit are kept), then top-p (the
+    smallest set of most likely tokens whose mass reaches `top_p`; ties with the last one
+    are kept), renormalising after each cut.
+    """
+    if temperature <= 0:
+        raise ValueError(f"temperature must be positive, got {temperature}")
+    if top_k < 0:
+        raise ValueError(f"top_k must be non-negative (0 disables it), got {top_k}")
+    if not 0 < top_p <= 1:
+        raise ValueError(f"top_p must be in (0, 1], got {top_p}")
+    logprobs = torch.log_softmax(logits.double() / temperature, dim=-1)
+    if 0 < top_k < logprobs.shape[-1]:
+        kth_best = logprobs.topk(top_k, dim=-1).values[..., -1:]
+        logprobs = torch.log_softmax(logprobs.masked_fill(logprobs < kth_best, -torch.inf), -1)
+    if top_p < 1:
+        ranked = logprobs.sort(dim=-1, descending=True).values
+        mass_before = ranked.exp().cumsum(dim=-1) - ranked.exp()
+        # A token is kept while the mass ranked above it is short of top_p (the best always is).
+        kept = mass_before < top_p
+        least_kept = ranked.masked_fill(~kept, torch.inf).min(dim=-1, keepdim=True).values
+        logprobs = torch.log_softmax(logprobs.masked_fill(logprobs < least_kept, -torch.inf), -1)
+    return logprobs
+
+
+def gumbel_noise(seeds: Sequence[int], new_tokens: int, vocab_size: int) -> Tensor:
+    """Float64 Gumbel noise [n, new_tokens, V]; row i depends on `seeds[i]` only.
+
+    Drawn on the CPU so the same seed gives the same noise on every device.
+    """
+    rows = []
+    for seed in seeds:
+        generator = torch.Generator().manual_seed(seed)
+        uniform = torch.rand(new_tokens, vocab_size, generator=generator, dtype=torch.float64)
+        # Keep log(0) out: a -inf draw could otherwise tie every token at -inf.
+        uniform = uniform.clamp_(min=torch.finfo(torch.float64).tiny)
+        rows.append(-torch.log(-torch.log(uniform)))
+    return torch.stack(rows)
+
+
+@torch.no_grad()
+def generate(
+    policy: Policy,
+    prompts: Tensor,
+    new_tokens: int,
+    seeds: Sequence[int] | None = None,
+    temperature: float = 1.0,
+    top_k: int = 0,
+    top_p: float = 1.0,
+    greedy: bool = False,
+    use_cache: bool = True,
+) -> tuple[Tensor, Tensor]:
+    """Continue each prompt row [n, P] by `new_tokens` tokens.
+
+    Returns `(tokens [n, new_tokens] int64, behavior_logprobs [n, new_tokens] float64)`.
+    Sampling draws `argmax(logprobs + gumbel)`, an exact sample of `sampling_logprobs`.
+    `seeds` (one per row, the request's sampling seed) is required unless `greedy`; greedy
+    decoding takes the argmax of the raw logits and records log-prob 0, since that token had
+    probability one under the behavior policy. `use_cache=False` recomputes the whole prefix
+    at every step (the reference the KV cache is checked against).
+    """
+    rows = prompts.shape[0]
+    if new_tokens < 1:
+        raise ValueError(f"new_tokens must be positive, got {new_tokens}")
+    if prompts.shape[1] + new_tokens > policy.config.max_len:
+        raise ValueError(
+            f"{prompts.shape[1]} prompt + {new_tokens} new tokens exceed max_len "
+            f"{policy.config.max_len}"
+        )
+    noise = None
+    if not greedy:
+        if seeds is None or len(seeds) != rows:
+            raise ValueError(f"need one seed per prompt row ({rows}), got {seeds}")
+        noise = gumbel_noise(seeds, new_tokens, policy.config.vocab_size).to(prompts.device)
+
+    sequences = prompts
+    cache: KVCache | None = None
+    step_input = prompts  # with the cache, only tokens not yet seen go through the network
+    chosen_tokens, chosen_logprobs = [], []
+    for position in range(new_tokens):
+        if use_cache:
+            logits, cache = policy.forward_with_cache(step_input, cache)
+        else:
+            logits = policy(sequences)
+        last = logits[:, -1]
+        if noise is None:
+            token = last.argmax(dim=-1)
+            logprob = torch.zeros(rows, dtype=torch.float64, device=last.device)
+        else:
+            logprobs = sampling_logprobs(last, temperature, top_k, top_p)
+            token = (logprobs + noise[:, position]).argmax(dim=-1)
+            logprob = logprobs.gather(1, token[:, None])[:, 0]
+        chosen_tokens.append(token)
+        chosen_logprobs.append(logprob)
+        step_input = token[:, None]
+        sequences = torch.cat([sequences, step_input], dim=1)
+    return torch.stack(chosen_tokens, dim=1), torch.stack(chosen_logprobs, dim=1)
