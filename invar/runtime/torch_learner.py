@@ -387,6 +387,21 @@ class TorchLearner:
         """Current policy weights serialised for publication (see `load_weights_bytes`)."""
         return state_dict_to_bytes(self.model.state_dict())
 
+    def commit_file(self, version: int) -> Path | None:
+        """The commit file of `version`, if it is still kept."""
+        path = commit_path(self.commit_dir, version)
+        return path if path.exists() else None
+
+    def published_weights(self, version: int) -> tuple[bytes, str, str]:
+        """Weights of committed `version` for workers: (blob, weights digest, state digest).
+
+        Read from the verified commit file, not from memory: the learner may already be
+        stepping the next update when a version is published.
+        """
+        content = read_commit(commit_path(self.commit_dir, version))
+        model = content["model"]
+        return state_dict_to_bytes(model), weights_digest(model), content["state_digest"]
+
     def evaluate_greedy(self, task: DigitReversal, prompts: np.ndarray) -> float:
         """Mean reward of greedy answers to `prompts` [n, P] under the current weights."""
         prompt_tokens = torch.as_tensor(prompts, dtype=torch.long, device=self.device)

@@ -1,0 +1,555 @@
+"""The driver: an asyncio loop that owns the core's state and carries out its commands.
+
+    happening -> Event -> step(state, event) -> (state', commands) -> journal -> dispatch
+
+The driver decides nothing the core decides. It turns worker frames, learner results, process
+exits and timer expiries into events, applies them with `invar.model.step`, journals every
+accepted event (with the state digest before and after), and hands each command to the one
+dispatcher (`Driver._dispatch`). Duplicates, late replies and ProtocolErrors are logged and
+counted, never fatal. Rollout workers are processes behind a `Transport`; the learner runs in
+a thread of this process, so rollout and learning overlap when the schedule allows it.
+
+`run_serial` executes the same schedule with the same components one command at a time, in
+one process: the reference an asynchronous run is compared with.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import os
+import shutil
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Awaitable, Callable
+
+import numpy as np
+
+from invar.model import schedule
+from invar.model.core import run_complete, step
+from invar.model.errors import ProtocolError
+from invar.model.messages import (
+    ApplyCotangent,
+    Checkpoint,
+    Command,
+    Commit,
+    DecodeError,
+    Evaluate,
+    Event,
+    LaunchRequest,
+    LearnerStarted,
+    LoadWeights,
+    ProbabilitiesReported,
+    Publish,
+    ReleaseVersion,
+    RequestCompleted,
+    RetainVersion,
+    RunForward,
+    ScoreProbabilities,
+    SetTimer,
+    StepFinished,
+    TimerFired,
+    UpdateCommitted,
+    VersionPublished,
+    WeightsLoaded,
+    WorkerConnected,
+    WorkerLost,
+    ForwardObserved,
+    decode,
+    encode,
+)
+from invar.model.state import Sample, State, initial_state, state_digest
+from invar.runtime import journal as journal_io
+from invar.runtime.config import TrainConfig, to_dict
+from invar.runtime.metrics import MetricsLog
+from invar.runtime.task import DigitReversal
+from invar.runtime.transport import ConnectionLost, FrameError, LocalProcessTransport, Transport
+from invar.runtime.worker import RolloutWorker, WorkerArgs
+
+log = logging.getLogger("invar.driver")
+
+SpawnWorker = Callable[[str, int], Awaitable[Transport]]
+
+
+# ---------------------------------------------------------------------------------------------
+# Executing learner commands: shared by the asynchronous driver and the serial runner.
+
+
+class LearnerExecutor:
+    """Runs learner commands against a backend and returns the reply event (or None).
+
+    Re-sent commands are answered idempotently: a step already applied or an update already
+    committed is answered again from memory instead of being done twice; a cotangent whose
+    binding is not the pending one is refused by the backend and logged.
+    """
+
+    def __init__(self, learner: Any, task: DigitReversal, heldout: np.ndarray,
+                 run_dir: Path, metrics: MetricsLog) -> None:
+        self.learner = learner
+        self.task = task
+        self.heldout = heldout
+        self.run_dir = run_dir
+        self.metrics = metrics
+        self.attempt = -1
+        self._last_step: tuple[Any, str] | None = None
+        self.busy_seconds = 0.0
+
+    def execute(self, command: Command, inputs: np.ndarray | None) -> Event | None:
+        began = time.perf_counter()
+        try:
+            return self._execute(command, inputs)
+        finally:
+            self.busy_seconds += time.perf_counter() - began
+
+    def _execute(self, command: Command, inputs: np.ndarray | None) -> Event | None:
+        start = self.task.prompt_length
+        if isinstance(command, (ScoreProbabilities, RunForward, ApplyCotangent, Commit)) and \
+                command.attempt != self.attempt:
+            log.info("ignored %s for attempt %s (learner attempt %s)", type(command).__name__,
+                     command.attempt, self.attempt)
+            return None
+        if isinstance(command, ScoreProbabilities):
+            proximal, reference = self.learner.score(inputs, start, command.reference)
+            return ProbabilitiesReported(command.update, command.attempt, _rows(proximal),
+                                         None if reference is None else _rows(reference))
+        if isinstance(command, RunForward):
+            obs = command.observation
+            digest, current = self.learner.forward(obs.update, obs.step, obs.serial, inputs, start)
+            return ForwardObserved(obs, command.attempt, digest, _rows(current))
+        if isinstance(command, ApplyCotangent):
+            obs = command.observation
+            if self._last_step is not None and self._last_step[0] == obs:
+                return StepFinished(obs, command.attempt, self._last_step[1])
+            try:
+                digest = self.learner.apply_cotangent(obs.update, obs.step, obs.serial,
+                                                      command.pre_step_digest,
+                                                      np.array(_padded(command.cotangent)))
+            except ValueError as error:  # BindingError is a ValueError
+                log.warning("cotangent refused: %s", error)
+                self.metrics.count("cotangents_refused")
+                return None
+            self._last_step = (obs, digest)
+            return StepFinished(obs, command.attempt, digest)
+        if isinstance(command, Commit):
+            version = command.update + 1
+            if self.learner.committed_version == version:
+                return UpdateCommitted(command.update, self.learner.state_digest())
+            if self.learner.state_digest() != command.expected_digest:
+                log.error("commit of update %d refused: learner state %s, expected %s",
+                          command.update, self.learner.state_digest(), command.expected_digest)
+                return None
+            return UpdateCommitted(command.update, self.learner.commit(version))
+        if isinstance(command, Evaluate):
+            if self.learner.committed_version == command.version:
+                reward = self.learner.evaluate_greedy(self.task, self.heldout)
+                self.metrics.evaluation(command.version, reward)
+            return None
+        if isinstance(command, Checkpoint):
+            source = self.learner.commit_file(command.version)
+            if source is not None and source.exists():
+                target = self.run_dir / "checkpoints" / source.name
+                target.parent.mkdir(exist_ok=True)
+                shutil.copyfile(source, target)
+            return None
+        raise TypeError(f"not a learner command: {command!r}")  # pragma: no cover
+
+
+def _rows(matrix: np.ndarray) -> tuple[tuple[float, ...], ...]:
+    return tuple(tuple(row) for row in np.asarray(matrix, dtype=np.float64).tolist())
+
+
+def _padded(rows: tuple[tuple[float, ...], ...]) -> list[list[float]]:
+    width = max(len(r) for r in rows)
+    return [list(r) + [0.0] * (width - len(r)) for r in rows]
+
+
+def learner_inputs(state: State, task: DigitReversal, command: Command) -> np.ndarray | None:
+    """The token sequences (prompt + response) a learner command works on, from the state."""
+    if isinstance(command, ScoreProbabilities):
+        requests = command.requests
+    elif isinstance(command, RunForward):
+        requests = command.requests
+    else:
+        return None
+    config = state.config
+    rows = []
+    for request in requests:
+        batch = state.batch(request.batch)
+        if batch is None:
+            return None
+        sample = batch.slots[request.prompt * config.group_size + request.sample]
+        assert isinstance(sample, Sample)
+        prompt = task.prompt(schedule.prompt_index(config, request.batch, request.prompt))
+        rows.append(list(prompt) + list(sample.tokens))
+    return np.array(rows, dtype=np.int64)
+
+
+def publication(learner: Any, version: int) -> tuple[bytes, str, str]:
+    """Weights blob, its parameter digest and the commit's state digest, from the commit file."""
+    return learner.published_weights(version)
+
+
+# ---------------------------------------------------------------------------------------------
+# The asynchronous driver.
+
+
+@dataclass
+class WorkerHandle:
+    name: str
+    incarnation: int
+    transport: Transport
+    reader: asyncio.Task | None = None
+
+
+@dataclass
+class Stats:
+    events: int = 0
+    refused: int = 0
+    noops: int = 0
+    malformed_frames: int = 0
+    core_seconds: float = 0.0
+    worker_deaths: int = 0
+    started: float = field(default_factory=time.perf_counter)
+
+
+class Driver:
+    def __init__(self, config: TrainConfig, learner: Any, spawn_worker: SpawnWorker | None = None,
+                 resume: bool = False) -> None:
+        self.config = config
+        self.run_dir = Path(config.output.run_dir)
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        self.learner = learner
+        self.task = DigitReversal(config.task.length)
+        self.metrics = MetricsLog(self.run_dir, config, tensorboard=config.output.tensorboard)
+        heldout = self.task.prompts("heldout", range(config.task.heldout_prompts))
+        self.executor = LearnerExecutor(learner, self.task, heldout, self.run_dir, self.metrics)
+        self.spawn_worker = spawn_worker or self._spawn_local_worker
+        self.stats = Stats()
+        self.events: asyncio.Queue[Event] = asyncio.Queue()
+        self.learner_queue: asyncio.Queue[tuple[Command, np.ndarray | None]] = asyncio.Queue()
+        self.workers: dict[str, WorkerHandle] = {}
+        self.resume = resume
+        self.seq = 0
+        self._timer: asyncio.TimerHandle | None = None
+        self._tasks: set[asyncio.Task] = set()
+        self._stopping = False
+        self._terms: dict[int, list[dict[str, float]]] = {}
+        self._update_started = time.perf_counter()
+        self.state: State = initial_state(config.protocol)
+
+    # -- lifecycle ---------------------------------------------------------------------------
+
+    async def run(self) -> State:
+        journal_path = self.run_dir / "journal.jsonl"
+        if self.resume:
+            _, self.state, self.seq = journal_io.restore(journal_path)
+        elif journal_path.exists() and journal_path.stat().st_size:
+            raise FileExistsError(f"{journal_path} exists: use --resume, or another run_dir")
+        (self.run_dir / "config.json").write_text(json.dumps(to_dict(self.config), indent=2))
+        self.journal = journal_io.Journal(journal_path, self.config.protocol)
+        self.store = self.run_dir / "store"
+        self.store.mkdir(exist_ok=True)
+        self._spawn_task(self._learner_loop())
+        try:
+            committed, digest = await asyncio.to_thread(self.learner.start)
+            attempt = self.state.learner.attempt + 1
+            self.executor.attempt = attempt
+            self.events.put_nowait(LearnerStarted(attempt, committed, digest))
+            for index in range(self.config.rollout.workers):
+                name = f"worker-{index}"
+                known = self.state.worker(name)
+                self._spawn_task(self._start_worker(name, 0 if known is None
+                                                    else known.incarnation + 1))
+            with self.metrics.progress(self.config.protocol.total_updates,
+                                       self.config.output.progress) as progress:
+                self._progress = progress
+                while not run_complete(self.state):
+                    event = await self.events.get()
+                    self._apply(event)
+            await self.learner_queue.join()  # final evaluation and checkpoint
+        finally:
+            await self._shutdown()
+        self.metrics.finish(self.stats, self.executor.busy_seconds)
+        return self.state
+
+    async def _shutdown(self) -> None:
+        self._stopping = True
+        if self._timer is not None:
+            self._timer.cancel()
+        for handle in list(self.workers.values()):
+            await handle.transport.close()
+        for task in list(self._tasks):
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        self.journal.close()
+        self.metrics.close()
+
+    def _spawn_task(self, coroutine: Awaitable[Any]) -> None:
+        task = asyncio.ensure_future(coroutine)
+        self._tasks.add(task)
+        task.add_done_callback(self._task_done)
+
+    def _task_done(self, task: asyncio.Task) -> None:
+        self._tasks.discard(task)
+        if not task.cancelled() and task.exception() is not None and not self._stopping:
+            log.error("driver task failed", exc_info=task.exception())
+            self.events.put_nowait(_Crash(task.exception()))  # type: ignore[arg-type]
+
+    # -- the event path ----------------------------------------------------------------------
+
+    def _apply(self, event: Event) -> None:
+        if isinstance(event, _Crash):
+            raise RuntimeError("a driver task failed") from event.error
+        began = time.perf_counter()
+        before_state = self.state
+        outcome = step(before_state, event)
+        if isinstance(outcome, ProtocolError):
+            self.stats.refused += 1
+            self.metrics.count(f"refused_{outcome.reason.value}")
+            log.warning("%s", outcome)
+            self.stats.core_seconds += time.perf_counter() - began
+            return
+        after_state, commands = outcome
+        if after_state == before_state and not commands:
+            self.stats.noops += 1
+            self.state = after_state  # keeps the no-op counts
+            self.stats.core_seconds += time.perf_counter() - began
+            return
+        before, after = state_digest(before_state), state_digest(after_state)
+        durable = isinstance(event, UpdateCommitted) or any(
+            isinstance(c, (Commit, Publish)) for c in commands)
+        self.journal.append(self.seq, event, before, after, sync=durable)
+        self.seq += 1
+        self.stats.events += 1
+        self.state = after_state
+        if isinstance(event, (UpdateCommitted, LearnerStarted)) and \
+                after_state.committed > before_state.committed:
+            self._record_update(before_state)
+        self._dispatch(commands)
+        self.stats.core_seconds += time.perf_counter() - began
+
+    def _dispatch(self, commands: tuple[Command, ...]) -> None:
+        """The one place where commands meet the world."""
+        launches: dict[tuple[str, int], list[dict[str, Any]]] = {}
+        for command in commands:
+            if isinstance(command, LaunchRequest):
+                launches.setdefault((command.worker, command.incarnation), []).append(
+                    encode(command))
+            elif isinstance(command, LoadWeights):
+                self._spawn_task(self._send_load(command))
+            elif isinstance(command, (ScoreProbabilities, RunForward, ApplyCotangent, Commit,
+                                      Evaluate, Checkpoint)):
+                if isinstance(command, ApplyCotangent):
+                    self._terms.setdefault(command.observation.update, []).append(
+                        command.terms.to_dict())
+                inputs = learner_inputs(self.state, self.task, command)
+                self.learner_queue.put_nowait((command, inputs))
+            elif isinstance(command, Publish):
+                self._spawn_task(self._publish(command))
+            elif isinstance(command, ReleaseVersion):
+                (self.store / f"weights-{command.version:06d}.bin").unlink(missing_ok=True)
+            elif isinstance(command, RetainVersion):
+                pass  # the store keeps what Publish wrote until ReleaseVersion
+            elif isinstance(command, SetTimer):
+                loop = asyncio.get_running_loop()
+                self._timer = loop.call_later(self.config.output.retry_seconds,
+                                              self.events.put_nowait, TimerFired())
+        for (name, incarnation), messages in launches.items():
+            handle = self.workers.get(name)
+            if handle is not None and handle.incarnation == incarnation:
+                self._spawn_task(self._send(handle, {"kind": "commands", "messages": messages}))
+
+    # -- learner -----------------------------------------------------------------------------
+
+    async def _learner_loop(self) -> None:
+        while True:
+            command, inputs = await self.learner_queue.get()
+            try:
+                reply = await asyncio.to_thread(self.executor.execute, command, inputs)
+            finally:
+                self.learner_queue.task_done()
+            if reply is not None:
+                self.events.put_nowait(reply)
+
+    async def _publish(self, command: Publish) -> None:
+        blob, params_digest, digest = await asyncio.to_thread(
+            publication, self.learner, command.version)
+        path = self.store / f"weights-{command.version:06d}.bin"
+        await asyncio.to_thread(_write_store, path, blob, params_digest)
+        self.events.put_nowait(VersionPublished(command.version, digest))
+
+    # -- workers -----------------------------------------------------------------------------
+
+    async def _spawn_local_worker(self, name: str, incarnation: int) -> Transport:
+        logs = self.run_dir / "logs"
+        logs.mkdir(exist_ok=True)
+        return await LocalProcessTransport.spawn(
+            name, worker_args(self.config, name), logs / f"{name}.{incarnation}.log",
+            cpus=self.config.rollout.cpus)
+
+    async def _start_worker(self, name: str, incarnation: int) -> None:
+        transport = await self.spawn_worker(name, incarnation)
+        handle = WorkerHandle(name, incarnation, transport)
+        self.workers[name] = handle
+        try:
+            header, _ = await transport.receive()
+            if header.get("kind") != "hello":
+                raise FrameError(f"first frame of {name} is {header.get('kind')!r}, not hello")
+            self.events.put_nowait(WorkerConnected(name, incarnation))
+            while True:
+                try:
+                    header, _ = await transport.receive()
+                    self._accept_frame(name, header)
+                except (FrameError, DecodeError, KeyError, TypeError) as error:
+                    self.stats.malformed_frames += 1
+                    self.metrics.count("malformed_frames")
+                    log.warning("malformed frame from %s#%d: %s", name, incarnation, error)
+        except (ConnectionLost, FrameError) as error:
+            log.warning("worker %s#%d lost: %s", name, incarnation, error)
+        finally:
+            await transport.close()
+        if self._stopping:
+            return
+        self.stats.worker_deaths += 1
+        self.metrics.count("worker_deaths")
+        self.events.put_nowait(WorkerLost(name, incarnation))
+        if self.config.rollout.respawn:
+            await self._start_worker(name, incarnation + 1)
+
+    def _accept_frame(self, name: str, header: dict[str, Any]) -> None:
+        kind = header["kind"]
+        if kind == "event":
+            messages = [header["message"]]
+        elif kind == "events":
+            messages = header["messages"]
+        else:
+            raise FrameError(f"unexpected frame kind {kind!r}")
+        for raw in messages:
+            event = decode(raw)
+            if not isinstance(event, (RequestCompleted, WeightsLoaded)):
+                raise FrameError(f"a worker cannot report {type(event).__name__}")
+            self.events.put_nowait(event)
+
+    async def _send(self, handle: WorkerHandle, header: dict[str, Any], blob: bytes = b"") -> None:
+        try:
+            await handle.transport.send(header, blob)
+        except ConnectionLost:
+            pass  # its reader notices and reports WorkerLost
+
+    async def _send_load(self, command: LoadWeights) -> None:
+        handle = self.workers.get(command.worker)
+        if handle is None or handle.incarnation != command.incarnation:
+            return
+        path = self.store / f"weights-{command.version:06d}.bin"
+        blob, params_digest = await asyncio.to_thread(_read_store, path)
+        await self._send(handle, {"kind": "command", "message": encode(command),
+                                  "params_digest": params_digest}, blob)
+
+    # -- metrics -----------------------------------------------------------------------------
+
+    def _record_update(self, before: State) -> None:
+        update = before.committed
+        batch = before.batches[0]
+        rewards = [s.reward for s in batch.slots if isinstance(s, Sample)]
+        terms = self._terms.pop(update, [])
+        now = time.perf_counter()
+        self.metrics.update(
+            update=update,
+            reward=float(np.mean(rewards)),
+            staleness=schedule.staleness(self.config.protocol, update),
+            terms={k: float(np.mean([t[k] for t in terms])) for k in (terms[0] if terms else {})},
+            seconds=now - self._update_started,
+            refused=self.stats.refused,
+            noops=self.stats.noops,
+        )
+        self._update_started = now
+        self._progress(update + 1, float(np.mean(rewards)),
+                       schedule.staleness(self.config.protocol, update))
+
+
+@dataclass
+class _Crash:
+    error: BaseException
+
+
+def _policy_dict(config: TrainConfig) -> dict[str, Any]:
+    return {k: getattr(config.policy, k) for k in config.policy.__dataclass_fields__}
+
+
+def _write_store(path: Path, blob: bytes, params_digest: str) -> None:
+    from invar.runtime.weights import atomic_write
+    atomic_write(path, blob)
+    atomic_write(path.with_suffix(".digest"), params_digest.encode())
+
+
+def _read_store(path: Path) -> tuple[bytes, str]:
+    return path.read_bytes(), path.with_suffix(".digest").read_text()
+
+
+# ---------------------------------------------------------------------------------------------
+# The serial reference execution.
+
+
+def run_serial(config: TrainConfig, learner: Any) -> State:
+    """The same schedule, one command at a time in FIFO order, every component in-process."""
+    run_dir = Path(config.output.run_dir)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    task = DigitReversal(config.task.length)
+    metrics = MetricsLog(run_dir, config, tensorboard=False)
+    heldout = task.prompts("heldout", range(config.task.heldout_prompts))
+    executor = LearnerExecutor(learner, task, heldout, run_dir, metrics)
+    workers: dict[str, RolloutWorker] = {}
+    store: dict[int, tuple[bytes, str]] = {}
+    state = initial_state(config.protocol)
+    committed, digest = learner.start()
+    executor.attempt = 0
+    queue: deque[Event] = deque([LearnerStarted(0, committed, digest)])
+    for index in range(config.rollout.workers):
+        name = f"worker-{index}"
+        raw = worker_args(config, name)
+        args = WorkerArgs(**{**raw, "faults": tuple(raw["faults"])})
+        workers[name] = RolloutWorker(args)
+        queue.append(WorkerConnected(name, 0))
+    while queue and not run_complete(state):
+        outcome = step(state, queue.popleft())
+        if isinstance(outcome, ProtocolError):
+            raise RuntimeError(f"serial run refused an event: {outcome}")
+        state, commands = outcome
+        launches: dict[str, list[LaunchRequest]] = {}
+        for command in commands:
+            if isinstance(command, LaunchRequest):
+                launches.setdefault(command.worker, []).append(command)
+            elif isinstance(command, LoadWeights):
+                blob, params_digest = store[command.version]
+                queue.append(workers[command.worker].load(command, blob, params_digest))
+            elif isinstance(command, Publish):
+                blob, params_digest, state_digest_ = publication(learner, command.version)
+                store[command.version] = (blob, params_digest)
+                queue.append(VersionPublished(command.version, state_digest_))
+            elif isinstance(command, (ScoreProbabilities, RunForward, ApplyCotangent, Commit,
+                                      Evaluate, Checkpoint)):
+                reply = executor.execute(command, learner_inputs(state, task, command))
+                if reply is not None:
+                    queue.append(reply)
+        for name, group in launches.items():
+            queue.extend(decode(raw) for raw in workers[name].launch(group))
+    metrics.close()
+    return state
+
+
+def worker_args(config: TrainConfig, name: str) -> dict[str, Any]:
+    """The JSON arguments a worker process is started with."""
+    c = config
+    return dict(name=name, task_length=c.task.length, policy=_policy_dict(c),
+                prompts_per_batch=c.protocol.prompts_per_batch, group_size=c.protocol.group_size,
+                chunk_prompts=c.rollout.chunk_prompts, temperature=c.sampling.temperature,
+                top_k=c.sampling.top_k, top_p=c.sampling.top_p, threads=c.rollout.threads,
+                faults=list(c.rollout.faults))
+
+
+def pin_current_process(cpus: tuple[int, ...]) -> None:
+    if cpus:
+        os.sched_setaffinity(0, cpus)

@@ -1,0 +1,158 @@
+"""The driver's journal: every accepted event, as JSON lines, with the state digest around it.
+
+Line 1 is a header with the protocol configuration; then one line per accepted event:
+`{"seq": n, "before": digest, "after": digest, "event": <encoded event>}`. The file is
+flushed on every line and fsynced at commit points (before a Commit or Publish is sent and
+when a commit is accepted), so after a crash it holds at least every event up to the last
+commit point; a torn last line is ignored on reading.
+
+Replaying the journal through `step` reproduces the driver's state exactly: that is how the
+driver resumes, and how `invar-check --trace` validates a real run against the model.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Iterator
+
+from invar.model.config import RunConfig
+from invar.model.core import step
+from invar.model.errors import ConfigError, ProtocolError
+from invar.model.invariants import transition_violations, violations
+from invar.model.messages import DecodeError, Event, decode, encode
+from invar.model.objective import ObjectiveConfig
+from invar.model.state import State, initial_state, state_digest
+
+JOURNAL_FORMAT = 1
+
+
+@dataclass(frozen=True)
+class Entry:
+    seq: int
+    before: str
+    after: str
+    event: Event
+
+
+class Journal:
+    """Append-only writer."""
+
+    def __init__(self, path: Path, config: RunConfig) -> None:
+        self.path = path
+        fresh = not path.exists() or path.stat().st_size == 0
+        self._file = open(path, "a", encoding="utf-8")
+        if fresh:
+            self._write({"journal": JOURNAL_FORMAT, "protocol": protocol_to_dict(config)})
+            self.sync()
+
+    def append(self, seq: int, event: Event, before: str, after: str, sync: bool) -> None:
+        self._write({"seq": seq, "before": before, "after": after, "event": encode(event)})
+        if sync:
+            self.sync()
+
+    def _write(self, record: dict[str, Any]) -> None:
+        self._file.write(json.dumps(record, separators=(",", ":")) + "\n")
+        self._file.flush()
+
+    def sync(self) -> None:
+        os.fsync(self._file.fileno())
+
+    def close(self) -> None:
+        self._file.close()
+
+
+def protocol_to_dict(config: RunConfig) -> dict[str, Any]:
+    data = {k: v for k, v in vars(config).items() if k != "objective"}
+    data["objective"] = dict(vars(config.objective))
+    return data
+
+
+def protocol_from_dict(data: dict[str, Any]) -> RunConfig:
+    try:
+        objective = ObjectiveConfig(**data.get("objective", {}))
+        fields = {k: v for k, v in data.items() if k != "objective"}
+        return RunConfig(**fields, objective=objective).validate()
+    except TypeError as error:
+        raise ConfigError(("journal header",), str(error)) from None
+
+
+class JournalError(ValueError):
+    """A journal that cannot be read: names the line."""
+
+
+def read(path: Path) -> tuple[RunConfig, list[Entry]]:
+    """The configuration and entries; a torn final line (a crash mid-write) is dropped."""
+    text = path.read_text(encoding="utf-8")
+    lines = text.split("\n")
+    # Every line is written with its newline: text after the last newline is a torn write.
+    lines = lines[:-1]
+    if not lines:
+        raise JournalError(f"{path}: empty journal")
+    try:
+        header = json.loads(lines[0])
+        config = protocol_from_dict(header["protocol"])
+    except (ValueError, KeyError, TypeError) as error:
+        raise JournalError(f"{path}:1: bad header: {error}") from None
+    entries = []
+    for number, line in enumerate(lines[1:], start=2):
+        try:
+            record = json.loads(line)
+            entries.append(Entry(record["seq"], record["before"], record["after"],
+                                 decode(record["event"])))
+        except (ValueError, KeyError, TypeError, DecodeError) as error:
+            raise JournalError(f"{path}:{number}: {error}") from None
+    return config, entries
+
+
+@dataclass(frozen=True)
+class Departure:
+    """Where a journal stops matching the model."""
+
+    seq: int
+    line: int
+    reason: str
+
+
+def replay(config: RunConfig, entries: list[Entry], check_invariants: bool = False
+           ) -> Iterator[tuple[Entry, State, State | Departure]]:
+    """Feed entries through `step`; yields (entry, before, after-or-departure), stops at one."""
+    state = initial_state(config)
+    for line, entry in enumerate(entries, start=2):
+        before = state_digest(state)
+        if entry.before != before:
+            yield entry, state, Departure(entry.seq, line, f"state digest before is {before}, "
+                                          f"journal says {entry.before}")
+            return
+        outcome = step(state, entry.event)
+        if isinstance(outcome, ProtocolError):
+            yield entry, state, Departure(entry.seq, line, f"the model refuses the event: {outcome}")
+            return
+        after_state, commands = outcome
+        after = state_digest(after_state)
+        if entry.after != after:
+            yield entry, state, Departure(entry.seq, line, f"state digest after is {after}, "
+                                          f"journal says {entry.after}")
+            return
+        if check_invariants:
+            broken = {**violations(after_state),
+                      **transition_violations(state, commands, after_state)}
+            if broken:
+                name, why = next(iter(broken.items()))
+                yield entry, state, Departure(entry.seq, line, f"invariant {name}: {why}")
+                return
+        yield entry, state, after_state
+        state = after_state
+
+
+def restore(path: Path) -> tuple[RunConfig, State, int]:
+    """The state a journal leads to and the next sequence number; raises on a departure."""
+    config, entries = read(path)
+    state = initial_state(config)
+    for entry, _, after in replay(config, entries):
+        if isinstance(after, Departure):
+            raise JournalError(f"{path}:{after.line}: {after.reason}")
+        state = after
+    return config, state, (entries[-1].seq + 1 if entries else 0)

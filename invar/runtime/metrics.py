@@ -1,0 +1,176 @@
+"""Metrics of a run: JSONL and CSV rows per update, held-out evaluations, counters,
+TensorBoard scalars, a progress bar, and the closing report (Markdown + reward-curve plot).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import csv
+import json
+import time
+from collections import Counter
+from pathlib import Path
+from typing import Any, Callable, Iterator
+
+UPDATE_FIELDS = ("update", "reward", "staleness", "loss", "clip_fraction", "mean_ratio",
+                 "mean_behavior_weight", "kl", "seconds", "wall", "refused", "noops")
+
+
+class MetricsLog:
+    def __init__(self, run_dir: Path, config: Any, tensorboard: bool = True) -> None:
+        self.run_dir = run_dir
+        self.config = config
+        self.counters: Counter[str] = Counter()
+        self.updates: list[dict[str, Any]] = []
+        self.evaluations: list[dict[str, Any]] = []
+        self.started = time.perf_counter()
+        self._jsonl = open(run_dir / "metrics.jsonl", "a", encoding="utf-8")
+        csv_path = run_dir / "metrics.csv"
+        fresh = not csv_path.exists()
+        self._csv_file = open(csv_path, "a", newline="", encoding="utf-8")
+        self._csv = csv.DictWriter(self._csv_file, fieldnames=UPDATE_FIELDS, extrasaction="ignore")
+        if fresh:
+            self._csv.writeheader()
+        self._tb = None
+        if tensorboard:
+            try:
+                from torch.utils.tensorboard import SummaryWriter
+                self._tb = SummaryWriter(str(run_dir / "tensorboard"))
+            except ImportError:  # tensorboard is optional
+                self._tb = None
+
+    def count(self, name: str) -> None:
+        self.counters[name] += 1
+
+    def update(self, update: int, reward: float, staleness: int, terms: dict[str, float],
+               seconds: float, refused: int, noops: int) -> None:
+        row = {"update": update, "reward": reward, "staleness": staleness, **terms,
+               "seconds": seconds, "wall": time.perf_counter() - self.started,
+               "refused": refused, "noops": noops}
+        self.updates.append(row)
+        self._write("update", row)
+        self._csv.writerow(row)
+        self._csv_file.flush()
+        if self._tb is not None:
+            for key in ("reward", "staleness", *terms):
+                self._tb.add_scalar(f"train/{key}", row[key], update)
+
+    def evaluation(self, version: int, reward: float) -> None:
+        row = {"version": version, "heldout_reward": reward,
+               "wall": time.perf_counter() - self.started}
+        self.evaluations.append(row)
+        self._write("evaluation", row)
+        if self._tb is not None:
+            self._tb.add_scalar("eval/heldout_reward", reward, version)
+
+    def _write(self, kind: str, row: dict[str, Any]) -> None:
+        self._jsonl.write(json.dumps({"kind": kind, **row}) + "\n")
+        self._jsonl.flush()
+
+    @contextlib.contextmanager
+    def progress(self, total: int, enabled: bool) -> Iterator[Callable[[int, float, int], None]]:
+        """A callable(updates_done, reward, staleness) that advances a rich progress bar."""
+        if not enabled:
+            yield lambda done, reward, staleness: None
+            return
+        from rich.progress import (BarColumn, MofNCompleteColumn, Progress, TextColumn,
+                                   TimeElapsedColumn)
+        bar = Progress(TextColumn("[bold]train"), BarColumn(), MofNCompleteColumn(),
+                       TextColumn("reward {task.fields[reward]:.3f}"),
+                       TextColumn("staleness {task.fields[staleness]}"),
+                       TextColumn("{task.fields[rate]:.2f} upd/s"), TimeElapsedColumn())
+        began = time.perf_counter()
+        with bar:
+            task = bar.add_task("train", total=total, reward=0.0, staleness=0, rate=0.0)
+
+            def advance(done: int, reward: float, staleness: int) -> None:
+                rate = len(self.updates) / max(time.perf_counter() - began, 1e-9)
+                bar.update(task, completed=done, reward=reward, staleness=staleness, rate=rate)
+
+            yield advance
+
+    def finish(self, stats: Any, learner_seconds: float) -> dict[str, Any]:
+        """Write summary.json and report.md (with reward_curve.png); returns the summary."""
+        wall = time.perf_counter() - stats.started
+        protocol = self.config.protocol
+        n = len(self.updates)
+        summary = {
+            "updates": n,
+            "wall_seconds": wall,
+            "updates_per_second": n / wall if wall else 0.0,
+            "samples_per_second": n * protocol.samples_per_batch / wall if wall else 0.0,
+            "final_train_reward": self.updates[-1]["reward"] if self.updates else None,
+            "final_heldout_reward": (self.evaluations[-1]["heldout_reward"]
+                                     if self.evaluations else None),
+            "events": stats.events,
+            "noops": stats.noops,
+            "refused": stats.refused,
+            "malformed_frames": stats.malformed_frames,
+            "worker_deaths": stats.worker_deaths,
+            "core_and_driver_share": stats.core_seconds / wall if wall else 0.0,
+            "learner_busy_share": learner_seconds / wall if wall else 0.0,
+            "counters": dict(self.counters),
+        }
+        (self.run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
+        write_report(self.run_dir, self.config, self.updates, self.evaluations, summary)
+        return summary
+
+    def close(self) -> None:
+        self._jsonl.close()
+        self._csv_file.close()
+        if self._tb is not None:
+            self._tb.close()
+
+
+def write_report(run_dir: Path, config: Any, updates: list[dict[str, Any]],
+                 evaluations: list[dict[str, Any]], summary: dict[str, Any]) -> None:
+    plot = run_dir / "reward_curve.png"
+    if updates:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+        figure, axis = plt.subplots(figsize=(6.4, 3.6))
+        axis.plot([u["update"] + 1 for u in updates], [u["reward"] for u in updates],
+                  label="train reward (sampled)")
+        if evaluations:
+            axis.plot([e["version"] for e in evaluations],
+                      [e["heldout_reward"] for e in evaluations], "o-",
+                      label="held-out reward (greedy)")
+        axis.set_xlabel("version (committed updates)")
+        axis.set_ylabel("mean reward")
+        axis.set_ylim(0, 1.02)
+        axis.grid(alpha=0.3)
+        axis.legend(loc="lower right")
+        figure.tight_layout()
+        figure.savefig(plot, dpi=110)
+        plt.close(figure)
+    p = config.protocol
+    lines = [
+        f"# Run report: {run_dir.name}",
+        "",
+        f"Task: reverse {config.task.length} digits · policy {config.policy.layers} layers × "
+        f"width {config.policy.width} · batch {p.prompts_per_batch} prompts × {p.group_size} "
+        f"samples · S = {p.max_staleness}, P = {p.sync_period}, K = {p.optimizer_steps} · "
+        f"loss {p.objective.loss}",
+        "",
+        "![reward curve](reward_curve.png)",
+        "",
+        "| held-out version | greedy reward |",
+        "|---|---|",
+        *(f"| {e['version']} | {e['heldout_reward']:.3f} |" for e in evaluations),
+        "",
+        "| throughput | value |",
+        "|---|---|",
+        f"| updates | {summary['updates']} |",
+        f"| wall time | {summary['wall_seconds']:.1f} s |",
+        f"| updates / s | {summary['updates_per_second']:.2f} |",
+        f"| samples / s | {summary['samples_per_second']:.0f} |",
+        f"| learner busy | {100 * summary['learner_busy_share']:.1f} % of wall |",
+        f"| core + driver | {100 * summary['core_and_driver_share']:.2f} % of wall |",
+        f"| events / no-ops / refused | {summary['events']} / {summary['noops']} / "
+        f"{summary['refused']} |",
+        f"| malformed frames / worker deaths | {summary['malformed_frames']} / "
+        f"{summary['worker_deaths']} |",
+        "",
+    ]
+    (run_dir / "report.md").write_text("\n".join(lines))

@@ -1,0 +1,198 @@
+"""How the driver talks to a rollout worker: length-prefixed frames over a byte stream.
+
+A frame is `u32 header length | header (JSON object) | u32 blob length | blob`. The header
+carries an encoded command or event (`invar.model.messages`); the blob carries weights.
+Frames are checked on receipt: a malformed one raises `FrameError` naming what is wrong, and
+the caller logs it and drops it; the stream itself stays usable when the lengths were sound.
+
+`Transport` is the interface the driver uses; `LocalProcessTransport` runs a worker as a
+subprocess over its stdin/stdout pipes, `MemoryTransport` is the in-memory fake (public, so
+that every driver test and backend runs against the same interface), and the SSH transport
+(`invar.runtime.ssh`) implements the same interface.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import struct
+import sys
+from pathlib import Path
+from typing import Any, BinaryIO, Protocol
+
+MAX_HEADER = 1 << 20
+MAX_BLOB = 1 << 30
+_LENGTH = struct.Struct(">I")
+
+
+class FrameError(ValueError):
+    """A frame that is not well formed; says which part."""
+
+
+class ConnectionLost(ConnectionError):
+    """The other end is gone (EOF, broken pipe, process exit)."""
+
+
+def encode_frame(header: dict[str, Any], blob: bytes = b"") -> bytes:
+    head = json.dumps(header, separators=(",", ":")).encode()
+    return _LENGTH.pack(len(head)) + head + _LENGTH.pack(len(blob)) + blob
+
+
+def decode_header(head: bytes) -> dict[str, Any]:
+    try:
+        header = json.loads(head)
+    except ValueError as error:
+        raise FrameError(f"header is not JSON: {error}") from None
+    if not isinstance(header, dict) or not isinstance(header.get("kind"), str):
+        raise FrameError("header must be a JSON object with a string 'kind'")
+    return header
+
+
+async def read_frame(reader: asyncio.StreamReader) -> tuple[dict[str, Any], bytes]:
+    """Next frame; ConnectionLost at EOF; FrameError for a bad header (lengths consumed)."""
+    try:
+        (size,) = _LENGTH.unpack(await reader.readexactly(4))
+        if size > MAX_HEADER:
+            raise ConnectionLost(f"header of {size} bytes: stream out of sync")
+        head = await reader.readexactly(size)
+        (blob_size,) = _LENGTH.unpack(await reader.readexactly(4))
+        if blob_size > MAX_BLOB:
+            raise ConnectionLost(f"blob of {blob_size} bytes: stream out of sync")
+        blob = await reader.readexactly(blob_size)
+    except (asyncio.IncompleteReadError, ConnectionResetError, BrokenPipeError) as error:
+        raise ConnectionLost(str(error)) from None
+    return decode_header(head), blob
+
+
+def read_frame_blocking(stream: BinaryIO) -> tuple[dict[str, Any], bytes]:
+    """The worker side's blocking read; ConnectionLost at EOF."""
+    def exactly(n: int) -> bytes:
+        data = b""
+        while len(data) < n:
+            chunk = stream.read(n - len(data))
+            if not chunk:
+                raise ConnectionLost("end of stream")
+            data += chunk
+        return data
+
+    (size,) = _LENGTH.unpack(exactly(4))
+    if size > MAX_HEADER:
+        raise ConnectionLost(f"header of {size} bytes: stream out of sync")
+    head = exactly(size)
+    (blob_size,) = _LENGTH.unpack(exactly(4))
+    if blob_size > MAX_BLOB:
+        raise ConnectionLost(f"blob of {blob_size} bytes: stream out of sync")
+    return decode_header(head), exactly(blob_size)
+
+
+def write_frame_blocking(stream: BinaryIO, header: dict[str, Any], blob: bytes = b"") -> None:
+    stream.write(encode_frame(header, blob))
+    stream.flush()
+
+
+class Transport(Protocol):
+    """One connection to one worker incarnation."""
+
+    name: str
+
+    async def send(self, header: dict[str, Any], blob: bytes = b"") -> None:
+        """Queue a frame; raises ConnectionLost if the worker is gone."""
+
+    async def receive(self) -> tuple[dict[str, Any], bytes]:
+        """Next frame from the worker; ConnectionLost when it is gone."""
+
+    async def close(self) -> None:
+        """Stop the worker and release the connection (idempotent)."""
+
+
+class StreamTransport:
+    """A Transport over an asyncio reader/writer pair (pipes, sockets, SSH channels)."""
+
+    def __init__(self, name: str, reader: asyncio.StreamReader, writer: Any) -> None:
+        self.name = name
+        self._reader = reader
+        self._writer = writer
+
+    async def send(self, header: dict[str, Any], blob: bytes = b"") -> None:
+        try:
+            self._writer.write(encode_frame(header, blob))
+            await self._writer.drain()
+        except (ConnectionResetError, BrokenPipeError, RuntimeError) as error:
+            raise ConnectionLost(str(error)) from None
+
+    async def receive(self) -> tuple[dict[str, Any], bytes]:
+        return await read_frame(self._reader)
+
+    async def close(self) -> None:
+        try:
+            self._writer.close()
+        except (RuntimeError, OSError):
+            pass
+
+
+class LocalProcessTransport(StreamTransport):
+    """A worker as a local subprocess (`python -m invar.runtime.worker`) over its pipes."""
+
+    def __init__(self, name: str, process: asyncio.subprocess.Process) -> None:
+        assert process.stdout is not None and process.stdin is not None
+        super().__init__(name, process.stdout, process.stdin)
+        self.process = process
+
+    @classmethod
+    async def spawn(cls, name: str, worker_args: dict[str, Any], log_path: Path,
+                    cpus: tuple[int, ...] = ()) -> LocalProcessTransport:
+        log = open(log_path, "ab")
+        env = dict(os.environ)
+        threads = str(worker_args.get("threads", 1))
+        env.update(OMP_NUM_THREADS=threads, MKL_NUM_THREADS=threads)
+
+        def pin() -> None:  # runs in the child before exec
+            if cpus:
+                os.sched_setaffinity(0, cpus)
+
+        process = await asyncio.create_subprocess_exec(
+            sys.executable, "-m", "invar.runtime.worker", json.dumps(worker_args),
+            stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE, stderr=log,
+            env=env, preexec_fn=pin, limit=MAX_BLOB)
+        log.close()
+        return cls(name, process)
+
+    async def close(self) -> None:
+        await super().close()
+        if self.process.returncode is None:
+            try:
+                self.process.kill()
+            except ProcessLookupError:
+                pass
+        await self.process.wait()
+
+
+class MemoryTransport:
+    """In-memory fake: frames go through asyncio queues to a coroutine playing the worker."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self.to_worker: asyncio.Queue[tuple[dict[str, Any], bytes] | None] = asyncio.Queue()
+        self.to_driver: asyncio.Queue[tuple[dict[str, Any], bytes] | None] = asyncio.Queue()
+        self.closed = False
+
+    async def send(self, header: dict[str, Any], blob: bytes = b"") -> None:
+        if self.closed:
+            raise ConnectionLost(f"{self.name} is closed")
+        # Round-trip through the wire encoding so the fake checks what the real one would.
+        frame = encode_frame(header, blob)
+        (size,) = _LENGTH.unpack(frame[:4])
+        await self.to_worker.put((decode_header(frame[4:4 + size]), blob))
+
+    async def receive(self) -> tuple[dict[str, Any], bytes]:
+        item = await self.to_driver.get()
+        if item is None:
+            raise ConnectionLost(f"{self.name} closed")
+        return item
+
+    async def close(self) -> None:
+        if not self.closed:
+            self.closed = True
+            await self.to_worker.put(None)
+            await self.to_driver.put(None)

@@ -1,0 +1,195 @@
+"""A rollout worker: loads the version it is told to, samples, scores with the task's verifier.
+
+It decides nothing: version, seed and prompt of every request come in the LaunchRequest.
+Requests are generated in fixed-shape chunks with each request at a fixed row (its position
+in the batch), so a request's tokens and behaviour log-probs do not depend on which other
+requests happened to share the call: re-issuing it elsewhere reproduces it bit for bit on the
+same kind of machine (the numerical-invariance evidence the guarantees rest on).
+
+Run as a process: `python -m invar.runtime.worker '<json args>'`, frames on stdin/stdout.
+"""
+
+from __future__ import annotations
+
+import json
+import queue
+import sys
+import threading
+from collections import OrderedDict
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+
+from invar.model.messages import (
+    LaunchRequest,
+    LoadWeights,
+    RequestCompleted,
+    WeightsLoaded,
+    decode,
+    encode,
+)
+from invar.runtime.policy import Policy, PolicyConfig
+from invar.runtime.sampler import generate
+from invar.runtime.task import DigitReversal
+from invar.runtime.transport import (
+    ConnectionLost,
+    FrameError,
+    read_frame_blocking,
+    write_frame_blocking,
+)
+from invar.runtime.weights import state_dict_from_bytes, weights_digest
+
+REPLY_CACHE = 8192
+"""Replies kept to answer a re-sent launch without sampling again."""
+
+
+@dataclass(frozen=True)
+class WorkerArgs:
+    """What a worker process is started with (JSON on its command line)."""
+
+    name: str
+    task_length: int
+    policy: dict[str, Any]
+    prompts_per_batch: int
+    group_size: int
+    chunk_prompts: int
+    temperature: float = 1.0
+    top_k: int = 0
+    top_p: float = 1.0
+    threads: int = 1
+    faults: tuple[str, ...] = ()
+    """Test-only misbehaviour: "wrong_version_once", "garbage_frame_once", "exit_after:N"."""
+
+
+class RolloutWorker:
+    """The worker's logic, independent of how frames reach it."""
+
+    def __init__(self, args: WorkerArgs) -> None:
+        self.args = args
+        self.task = DigitReversal(args.task_length)
+        self.policy = Policy(PolicyConfig(**args.policy), seed=0).eval()
+        self.version: int | None = None
+        self.replies: OrderedDict[tuple, dict[str, Any]] = OrderedDict()
+        self.faults = set(args.faults)
+        self.sent = 0
+
+    def load(self, command: LoadWeights, blob: bytes, params_digest: str) -> WeightsLoaded:
+        state = state_dict_from_bytes(blob)
+        if weights_digest(state) != params_digest:
+            raise FrameError(f"weights of version {command.version} do not match their digest")
+        self.policy.load_state_dict(state)
+        self.version = command.version
+        self.replies.clear()
+        return WeightsLoaded(command.worker, command.incarnation, command.load, command.version)
+
+    def launch(self, commands: list[LaunchRequest]) -> list[dict[str, Any]]:
+        """Encoded RequestCompleted events for these launches (cached replies re-sent)."""
+        out: list[dict[str, Any]] = []
+        fresh: dict[tuple[int, int], list[LaunchRequest]] = {}
+        for command in commands:
+            key = tuple(command.request)
+            if key in self.replies:
+                out.append(self.replies[key])
+            elif command.version == self.version:
+                chunk = (command.request.batch, command.request.prompt // self.args.chunk_prompts)
+                fresh.setdefault(chunk, []).append(command)
+            # A launch for another version predates our last load: its request is done.
+        for (batch, chunk), group in sorted(fresh.items()):
+            out.extend(self._generate_chunk(chunk, group))
+        return out
+
+    def _generate_chunk(self, chunk: int, group: list[LaunchRequest]) -> list[dict[str, Any]]:
+        g = self.args.group_size
+        first_prompt = chunk * self.args.chunk_prompts
+        prompts_here = min(self.args.chunk_prompts, self.args.prompts_per_batch - first_prompt)
+        rows = prompts_here * g
+        filler = group[0]
+        prompt_of_row = [self.task.prompt(filler.prompt_index)] * rows
+        seeds = [0] * rows
+        for command in group:
+            row = (command.request.prompt - first_prompt) * g + command.request.sample
+            prompt_of_row[row] = self.task.prompt(command.prompt_index)
+            seeds[row] = command.seed
+        prompts = torch.as_tensor(np.array(prompt_of_row), dtype=torch.long)
+        tokens, logprobs = generate(self.policy, prompts, self.task.response_length, seeds,
+                                    temperature=self.args.temperature, top_k=self.args.top_k,
+                                    top_p=self.args.top_p)
+        out = []
+        for command in group:
+            row = (command.request.prompt - first_prompt) * g + command.request.sample
+            response = tokens[row].tolist()
+            version = command.version
+            if "wrong_version_once" in self.faults:
+                self.faults.discard("wrong_version_once")
+                version += 1
+            event = RequestCompleted(
+                command.request, command.worker, command.incarnation, version, tuple(response),
+                tuple(logprobs[row].tolist()),
+                self.task.reward(prompt_of_row[row], response))
+            encoded = encode(event)
+            if version == command.version:
+                self.replies[tuple(command.request)] = encoded
+                if len(self.replies) > REPLY_CACHE:
+                    self.replies.popitem(last=False)
+            out.append(encoded)
+        return out
+
+
+def main(argv: list[str]) -> int:
+    raw = json.loads(argv[1])
+    raw["faults"] = tuple(raw.get("faults", ()))
+    args = WorkerArgs(**raw)
+    torch.set_num_threads(args.threads)
+    worker = RolloutWorker(args)
+    stdin, stdout = sys.stdin.buffer, sys.stdout.buffer
+    inbox: queue.Queue[tuple[dict[str, Any], bytes] | None] = queue.Queue()
+
+    def read() -> None:  # frames are drained by a thread so launches can be batched
+        try:
+            while True:
+                inbox.put(read_frame_blocking(stdin))
+        except (ConnectionLost, FrameError, OSError):
+            inbox.put(None)
+
+    threading.Thread(target=read, daemon=True).start()
+    exit_after = next((int(f.split(":")[1]) for f in args.faults if f.startswith("exit_after:")),
+                      None)
+    write_frame_blocking(stdout, {"kind": "hello", "name": args.name})
+    while True:
+        items = [inbox.get()]
+        while not inbox.empty():
+            items.append(inbox.get_nowait())
+        launches: list[LaunchRequest] = []
+        for item in items:
+            if item is None:
+                return 0
+            header, blob = item
+            if header["kind"] == "commands":
+                launches.extend(decode(raw) for raw in header["messages"])
+                continue
+            message = decode(header["message"])
+            if isinstance(message, LoadWeights):
+                # Requests asked before the load are answered first, in order.
+                _reply_all(stdout, worker.launch(launches))
+                launches = []
+                loaded = worker.load(message, blob, header["params_digest"])
+                write_frame_blocking(stdout, {"kind": "event", "message": encode(loaded)})
+        replies = worker.launch(launches)
+        if "garbage_frame_once" in worker.faults and replies:
+            worker.faults.discard("garbage_frame_once")
+            write_frame_blocking(stdout, {"kind": "event", "message": {"type": "Nonsense"}})
+        _reply_all(stdout, replies)
+        worker.sent += len(replies)
+        if exit_after is not None and worker.sent >= exit_after:
+            return 3  # simulated crash, for tests
+
+
+def _reply_all(stdout: Any, replies: list[dict[str, Any]]) -> None:
+    if replies:
+        write_frame_blocking(stdout, {"kind": "events", "messages": replies})
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv))
