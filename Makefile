@@ -1,5 +1,5 @@
 # Everything runs from a local virtual environment; a fresh machine needs only Python 3.11 + pip.
-PYTHON ?= python3.11
+PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed

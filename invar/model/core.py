@@ -131,6 +131,7 @@ class _NoOp:
 
 _DUPLICATE = _NoOp("duplicates")
 _LATE = _NoOp("late")
+_DIVERGENT = _NoOp("divergent")
 Handled = tuple[State, list[Command]] | _NoOp | ProtocolError
 
 
@@ -205,12 +206,19 @@ def _on_request_completed(state: State, event: RequestCompleted) -> Handled:
     problem = _sample_problem(event)
     if problem:
         return ProtocolError(state, event, Reason.MALFORMED_PAYLOAD, problem)
+    if state.worker(event.worker) is None:
+        return ProtocolError(state, event, Reason.UNKNOWN_WORKER,
+                             f"worker {event.worker!r} never connected")
     batch = state.batch(request.batch)
     position = request.prompt * config.group_size + request.sample
-    if batch is None or isinstance(batch.slots[position], Sample):
+    digest = _sample_digest(event)
+    if batch is None:
         return _DUPLICATE
     slot = batch.slots[position]
-    sample = Sample(_sample_digest(event), event.tokens, event.behavior_logprobs, event.reward)
+    if isinstance(slot, Sample):
+        # Same identity, version and seed: a numerically invariant worker repeats itself.
+        return _DUPLICATE if slot.digest == digest else _DIVERGENT
+    sample = Sample(digest, event.tokens, event.behavior_logprobs, event.reward)
     state = _put_batch(state, batch.with_slots({position: sample}))
     if isinstance(slot, Assigned):
         holder = state.worker(slot.worker)
@@ -233,8 +241,12 @@ def _on_learner_started(state: State, event: LearnerStarted) -> Handled:
         return _restart_learner(state, event.incarnation), first
     committed = state.committed
     commands: list[Command] = []
-    if (event.committed_version == committed + 1 and learner.phase is LearnerPhase.COMMITTING
-            and event.weights_digest == learner.step_digest):
+    if event.committed_version == committed + 1 and learner.phase is LearnerPhase.COMMITTING:
+        if event.weights_digest != learner.step_digest:
+            return ProtocolError(state, event, Reason.COMMIT_DIGEST_MISMATCH,
+                                 f"learner restarted from version {committed + 1} with digest "
+                                 f"{event.weights_digest}; the update ended at "
+                                 f"{learner.step_digest}")
         # The commit became durable but its reply died with the learner: the disk is the truth.
         state, commands = _apply_commit(state, event.weights_digest)
     elif event.committed_version != committed:

@@ -11,6 +11,7 @@ recognised as late, and a command meant for a dead one is ignored by its success
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import types
 import typing
@@ -304,10 +305,14 @@ def _to_json(value: Any) -> Any:
     return value
 
 
+@functools.lru_cache(maxsize=None)
+def _schema(cls: type) -> tuple[dict[str, Any], tuple[str, ...]]:
+    return typing.get_type_hints(cls), tuple(f.name for f in dataclasses.fields(cls))
+
+
 @typing.no_type_check
 def _decode_dataclass(cls: type, data: dict, where: str, skip: tuple[str, ...] = ()) -> Any:
-    hints = typing.get_type_hints(cls)
-    names = [f.name for f in dataclasses.fields(cls)]
+    hints, names = _schema(cls)
     unknown = set(data) - set(names) - set(skip)
     if unknown:
         raise DecodeError(f"{where}: unknown field(s) {sorted(unknown)}")

@@ -162,7 +162,12 @@ class NoOps:
     """Counted, harmless events: not part of equality (they change nothing logical)."""
 
     duplicates: int = 0
+    """Re-deliveries of something already applied, with the same content."""
     late: int = 0
+    """Replies to a request that was superseded (old attempt, old load, old forward)."""
+    divergent: int = 0
+    """Re-deliveries of a completion with *different* content: evidence that a worker is not
+    numerically invariant (the first completion is kept)."""
 
 
 @dataclass(frozen=True)

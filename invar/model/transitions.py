@@ -27,8 +27,11 @@ LEARNER: dict[tuple[L, type], tuple[L, ...]] = {
     (L.APPLYING, StepFinished): (L.FORWARD, L.COMMITTING),
     (L.COMMITTING, UpdateCommitted): (L.WAITING, L.FINISHED),
     # A restart from the last commit abandons the update in progress: it is redone whole.
-    **{(phase, LearnerStarted): (L.WAITING, L.FINISHED)
-       for phase in (L.WAITING, L.SCORING, L.FORWARD, L.APPLYING, L.COMMITTING, L.FINISHED)},
+    **{(phase, LearnerStarted): (L.WAITING,)
+       for phase in (L.WAITING, L.SCORING, L.FORWARD, L.APPLYING)},
+    # ... unless its commit became durable before the crash: then that commit counts.
+    (L.COMMITTING, LearnerStarted): (L.WAITING, L.FINISHED),
+    (L.FINISHED, LearnerStarted): (L.FINISHED,),
 }
 """(phase, event type) -> the phases it may lead to; pairs not listed are not in-protocol."""
 

@@ -16,6 +16,7 @@ one process: the reference an asynchronous run is compared with.
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import logging
 import os
@@ -182,9 +183,14 @@ def learner_inputs(state: State, task: DigitReversal, command: Command) -> np.nd
             return None
         sample = batch.slots[request.prompt * config.group_size + request.sample]
         assert isinstance(sample, Sample)
-        prompt = task.prompt(schedule.prompt_index(config, request.batch, request.prompt))
-        rows.append(list(prompt) + list(sample.tokens))
+        prompt = _prompt(task, schedule.prompt_index(config, request.batch, request.prompt))
+        rows.append(prompt + sample.tokens)
     return np.array(rows, dtype=np.int64)
+
+
+@functools.lru_cache(maxsize=8192)
+def _prompt(task: DigitReversal, index: int) -> tuple[int, ...]:
+    return tuple(task.prompt(index))
 
 
 def publication(learner: Any, version: int) -> tuple[bytes, str, str]:
@@ -233,7 +239,8 @@ class Driver:
         self.workers: dict[str, WorkerHandle] = {}
         self.resume = resume
         self.seq = 0
-        self._timer: asyncio.TimerHandle | None = None
+        self._timer_armed = False
+        self._last_progress = time.perf_counter()
         self._tasks: set[asyncio.Task] = set()
         self._stopping = False
         self._terms: dict[int, list[dict[str, float]]] = {}
@@ -258,6 +265,10 @@ class Driver:
             attempt = self.state.learner.attempt + 1
             self.executor.attempt = attempt
             self.events.put_nowait(LearnerStarted(attempt, committed, digest))
+            if self.resume:
+                # Whatever was in flight when the driver died is re-sent (a no-op if nothing).
+                self.events.put_nowait(TimerFired())
+            self._spawn_task(self._watchdog())
             for index in range(self.config.rollout.workers):
                 name = f"worker-{index}"
                 known = self.state.worker(name)
@@ -277,8 +288,6 @@ class Driver:
 
     async def _shutdown(self) -> None:
         self._stopping = True
-        if self._timer is not None:
-            self._timer.cancel()
         for handle in list(self.workers.values()):
             await handle.transport.close()
         for task in list(self._tasks):
@@ -313,7 +322,7 @@ class Driver:
             self.stats.core_seconds += time.perf_counter() - began
             return
         after_state, commands = outcome
-        if after_state == before_state and not commands:
+        if not commands and after_state.noops != before_state.noops:
             self.stats.noops += 1
             self.state = after_state  # keeps the no-op counts
             self.stats.core_seconds += time.perf_counter() - began
@@ -325,6 +334,7 @@ class Driver:
         self.seq += 1
         self.stats.events += 1
         self.state = after_state
+        self._last_progress = time.perf_counter()
         if isinstance(event, (UpdateCommitted, LearnerStarted)) and \
                 after_state.committed > before_state.committed:
             self._record_update(before_state)
@@ -354,13 +364,23 @@ class Driver:
             elif isinstance(command, RetainVersion):
                 pass  # the store keeps what Publish wrote until ReleaseVersion
             elif isinstance(command, SetTimer):
-                loop = asyncio.get_running_loop()
-                self._timer = loop.call_later(self.config.output.retry_seconds,
-                                              self.events.put_nowait, TimerFired())
+                self._timer_armed = True
         for (name, incarnation), messages in launches.items():
             handle = self.workers.get(name)
             if handle is not None and handle.incarnation == incarnation:
                 self._spawn_task(self._send(handle, {"kind": "commands", "messages": messages}))
+
+    async def _watchdog(self) -> None:
+        """The core's retry timer, run as an inactivity timer: it fires only when the run has
+        made no progress for retry_seconds, so a slow but healthy step is not re-sent."""
+        period = self.config.output.retry_seconds
+        while True:
+            await asyncio.sleep(period / 4)
+            idle = time.perf_counter() - self._last_progress
+            if self._timer_armed and idle >= period:
+                self._timer_armed = False
+                self._last_progress = time.perf_counter()
+                self.events.put_nowait(TimerFired())
 
     # -- learner -----------------------------------------------------------------------------
 
@@ -408,7 +428,8 @@ class Driver:
                     self.metrics.count("malformed_frames")
                     log.warning("malformed frame from %s#%d: %s", name, incarnation, error)
         except (ConnectionLost, FrameError) as error:
-            log.warning("worker %s#%d lost: %s", name, incarnation, error)
+            if not self._stopping:
+                log.warning("worker %s#%d lost: %s", name, incarnation, error)
         finally:
             await transport.close()
         if self._stopping:

@@ -114,11 +114,14 @@ class Policy(nn.Module):
     def __init__(self, config: PolicyConfig, seed: int) -> None:
         super().__init__()
         self.config = config
-        self.token_embedding = nn.Embedding(config.vocab_size, config.width)
-        self.position_embedding = nn.Embedding(config.max_len, config.width)
-        self.blocks = nn.ModuleList(Block(config) for _ in range(config.layers))
-        self.final_norm = nn.LayerNorm(config.width)
-        self.head = nn.Linear(config.width, config.vocab_size, bias=False)
+        # torch's default initialisers draw from the global RNG; fork it so that building a
+        # policy leaves the caller's stream as it was (_initialise overwrites every value).
+        with torch.random.fork_rng(devices=[]):
+            self.token_embedding = nn.Embedding(config.vocab_size, config.width)
+            self.position_embedding = nn.Embedding(config.max_len, config.width)
+            self.blocks = nn.ModuleList(Block(config) for _ in range(config.layers))
+            self.final_norm = nn.LayerNorm(config.width)
+            self.head = nn.Linear(config.width, config.vocab_size, bias=False)
         if config.tie_head:
             self.head.weight = self.token_embedding.weight
         self._initialise(seed)

@@ -74,6 +74,7 @@ class RolloutWorker:
         self.replies: OrderedDict[tuple, dict[str, Any]] = OrderedDict()
         self.faults = set(args.faults)
         self.sent = 0
+        self._prompts: dict[int, list[int]] = {}
 
     def load(self, command: LoadWeights, blob: bytes, params_digest: str) -> WeightsLoaded:
         state = state_dict_from_bytes(blob)
@@ -100,17 +101,24 @@ class RolloutWorker:
             out.extend(self._generate_chunk(chunk, group))
         return out
 
+    def _prompt(self, index: int) -> list[int]:
+        if index not in self._prompts:
+            if len(self._prompts) > REPLY_CACHE:
+                self._prompts.clear()
+            self._prompts[index] = self.task.prompt(index)
+        return self._prompts[index]
+
     def _generate_chunk(self, chunk: int, group: list[LaunchRequest]) -> list[dict[str, Any]]:
         g = self.args.group_size
         first_prompt = chunk * self.args.chunk_prompts
         prompts_here = min(self.args.chunk_prompts, self.args.prompts_per_batch - first_prompt)
         rows = prompts_here * g
         filler = group[0]
-        prompt_of_row = [self.task.prompt(filler.prompt_index)] * rows
+        prompt_of_row = [self._prompt(filler.prompt_index)] * rows
         seeds = [0] * rows
         for command in group:
             row = (command.request.prompt - first_prompt) * g + command.request.sample
-            prompt_of_row[row] = self.task.prompt(command.prompt_index)
+            prompt_of_row[row] = self._prompt(command.prompt_index)
             seeds[row] = command.seed
         prompts = torch.as_tensor(np.array(prompt_of_row), dtype=torch.long)
         tokens, logprobs = generate(self.policy, prompts, self.task.response_length, seeds,
