@@ -5,7 +5,13 @@ the imports). The checker and the runtime import these names; neither re-decides
 """
 
 from invar.model.config import RunConfig
-from invar.model.core import logical_projection, outstanding_commands, run_complete, step
+from invar.model.core import (
+    logical_projection,
+    outstanding_commands,
+    requires_fsync,
+    run_complete,
+    step,
+)
 from invar.model.errors import ConfigError, ProtocolError, Reason
 from invar.model.invariants import (
     INVARIANTS,
@@ -34,6 +40,6 @@ __all__ = [
     "ConfigError", "DecodeError", "Event", "LearnerPhase", "ObjectiveConfig", "ObjectiveTerms",
     "ObservationId", "ProtocolError", "Reason", "RequestId", "RunConfig", "ScheduleReport",
     "State", "WorkerPhase", "decode", "dumps", "encode", "gen_version", "initial_state",
-    "loads", "logical_projection", "outstanding_commands", "report", "run_complete",
+    "loads", "logical_projection", "outstanding_commands", "report", "requires_fsync", "run_complete",
     "staleness", "state_digest", "step", "transition_violations", "violations",
 ]

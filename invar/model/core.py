@@ -100,6 +100,16 @@ def logical_projection(state: State) -> tuple:
     return ledger, state.published
 
 
+def requires_fsync(event: Event, commands: tuple[Command, ...] | list[Command]) -> bool:
+    """Whether the journal must be durable before `commands` go out: the commit points.
+
+    A journal synced here never lags the learner's disk by more than the commit in flight,
+    which `LearnerStarted` resolves; everything else lost with a driver is re-sent.
+    """
+    return isinstance(event, (UpdateCommitted, LearnerStarted)) or any(
+        isinstance(c, (Commit, Publish)) for c in commands)
+
+
 def outstanding_commands(state: State) -> tuple[Command, ...]:
     """Every command whose reply the core still awaits: what a retry (or a restart) re-sends."""
     out: list[Command] = []
@@ -290,12 +300,12 @@ def _on_probabilities_reported(state: State, event: ProbabilitiesReported) -> Ha
 
 def _on_forward_observed(state: State, event: ForwardObserved) -> Handled:
     learner = state.learner
-    if _is_stale_observation(learner, event.observation, event.attempt):
+    status = _observation_status(state, event.observation, event.attempt)
+    if status == "late":
         return _LATE
-    if event.observation == learner.observation and learner.phase is not LearnerPhase.FORWARD:
+    if status == "pending" and learner.phase is LearnerPhase.APPLYING:
         return _DUPLICATE
-    if not (event.observation == learner.observation and event.attempt == learner.attempt
-            and learner_accepts(learner.phase, ForwardObserved)):
+    if status != "pending" or not learner_accepts(learner.phase, ForwardObserved):
         return ProtocolError(state, event, Reason.UNREQUESTED_OBSERVATION,
                              f"forward {tuple(event.observation)} was never requested "
                              f"(pending: {learner.observation and tuple(learner.observation)})")
@@ -311,19 +321,21 @@ def _on_forward_observed(state: State, event: ForwardObserved) -> Handled:
     if problem:
         return ProtocolError(state, event, Reason.MALFORMED_PAYLOAD, problem)
     command = _cotangent(state, batch, plan, event)
-    learner = replace(learner, phase=LearnerPhase.APPLYING, cotangent=command)
+    learner = replace(learner, phase=LearnerPhase.APPLYING, cotangent=command,
+                      forward_digest=_matrix_digest(event.current_logprobs))
     return replace(state, learner=learner), [command]
 
 
 def _on_step_finished(state: State, event: StepFinished) -> Handled:
     learner = state.learner
-    if _is_stale_observation(learner, event.observation, event.attempt):
+    status = _observation_status(state, event.observation, event.attempt)
+    if status == "late":
         return _LATE
-    if not (event.observation == learner.observation and event.attempt == learner.attempt
-            and learner_accepts(learner.phase, StepFinished)):
+    if status != "pending" or not learner_accepts(learner.phase, StepFinished):
         return ProtocolError(state, event, Reason.UNREQUESTED_OBSERVATION,
                              f"no cotangent was sent for {tuple(event.observation)}")
-    learner = replace(learner, step_digest=event.post_step_digest, cotangent=None)
+    learner = replace(learner, step_digest=event.post_step_digest, cotangent=None,
+                      forward_digest="")
     state = replace(state, learner=learner)
     if learner.step + 1 < state.config.optimizer_steps:
         return _request_forward(state, step=learner.step + 1)
@@ -333,6 +345,11 @@ def _on_step_finished(state: State, event: StepFinished) -> Handled:
 
 def _on_update_committed(state: State, event: UpdateCommitted) -> Handled:
     if event.update < state.committed:
+        if event.weights_digest != state.commit_digests[event.update + 1]:
+            return ProtocolError(state, event, Reason.COMMIT_DIGEST_MISMATCH,
+                                 f"update {event.update} committed as "
+                                 f"{state.commit_digests[event.update + 1]}, a repeat says "
+                                 f"{event.weights_digest}")
         return _DUPLICATE
     learner = state.learner
     if event.update > state.committed or not learner_accepts(learner.phase, UpdateCommitted):
@@ -449,11 +466,20 @@ def _cotangent(state: State, batch: BatchState, plan: tuple[int, ...],
                           unpad(cotangent, mask), terms)
 
 
-def _is_stale_observation(learner: LearnerState, observation: ObservationId,
-                          attempt: int) -> bool:
-    """From a dead attempt, or a forward older than the pending one (serials only grow)."""
-    return attempt < learner.attempt or (
-        observation != learner.observation and observation.serial < learner.observations)
+def _observation_status(state: State, observation: ObservationId, attempt: int) -> str:
+    """"pending", "late" (a forward the core asked for earlier) or "unrequested"."""
+    learner = state.learner
+    if attempt > learner.attempt or observation.serial >= learner.observations:
+        return "unrequested"
+    if observation == learner.observation:
+        return "pending" if attempt == learner.attempt else "late"
+    if attempt < learner.attempt:
+        return "late"
+    pending = learner.observation
+    if pending is not None and observation.serial == pending.serial:
+        return "unrequested"  # the serial of the pending forward, with another binding
+    ahead = (observation.update, observation.step) > (state.committed, learner.step)
+    return "unrequested" if ahead else "late"
 
 
 def _apply_commit(state: State, digest: str) -> tuple[State, list[Command]]:

@@ -47,6 +47,7 @@ splits the gradient evenly between its arguments when they are equal.
 from __future__ import annotations
 
 import math
+import numbers
 from dataclasses import dataclass, fields
 from typing import Sequence
 
@@ -83,6 +84,13 @@ class ObjectiveConfig:
     behavior_weight_cap: float = 5.0
     kl_coef: float = 0.0
     normalize_advantages: bool = True
+
+    def __post_init__(self) -> None:
+        # One spelling per number (0 and 0.0, numpy floats): equal configs, equal digests.
+        for name in ("clip_low", "clip_high", "behavior_weight_cap", "kl_coef"):
+            value = getattr(self, name)
+            if isinstance(value, numbers.Real) and not isinstance(value, bool):
+                object.__setattr__(self, name, float(value))
 
     def validate(self) -> None:
         """Raise `ConfigError` naming every field whose value cannot describe an objective."""

@@ -142,6 +142,8 @@ class LearnerState:
     scores: Scores | None
     observations: int
     """Forwards ever requested: the next observation serial, unique across attempts."""
+    forward_digest: str = ""
+    """Digest of the current log-probs observed in APPLYING: what the cotangent derives from."""
     cotangent: ApplyCotangent | None = field(default=None, compare=False, repr=False)
     """The command sent in APPLYING (kept to re-send on retry; determined by the rest)."""
 

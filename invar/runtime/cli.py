@@ -61,7 +61,10 @@ def main(argv: list[str] | None = None) -> int:
             saved = Path(args.resume) / "config.json"
             if not saved.exists():
                 raise ConfigError(("--resume",), f"{saved} not found: not a run directory")
-            config = load_config(None, _flatten(json.loads(saved.read_text())) + args.set)
+            # The run lives where it is now, whatever path it was started under.
+            here = f"output.run_dir={json.dumps(str(args.resume))}"
+            config = load_config(None, _flatten(json.loads(saved.read_text())) + [here]
+                                 + args.set)
         else:
             config = load_config(args.config, args.set)
     except ConfigError as error:
@@ -70,11 +73,21 @@ def main(argv: list[str] | None = None) -> int:
     schedule = report(config.protocol)
     for note in schedule.notes:
         print(f"note: {note}", file=sys.stderr)
-    summary = train(config, resume=bool(args.resume), serial=args.serial)
+    from invar.runtime.driver import ResumeError  # torch is imported from here on
+    from invar.runtime.journal import JournalError
+    from invar.runtime.torch_learner import CommitError
+    try:
+        summary = train(config, resume=bool(args.resume), serial=args.serial)
+    except (CommitError, JournalError, ResumeError, FileExistsError) as error:
+        # A run directory that cannot be (re)started as it is: say which file and why.
+        print(f"invar: {'cannot resume' if args.resume else 'cannot start'}: {error}",
+              file=sys.stderr)
+        return 1
     if summary:
         run_dir = Path(config.output.run_dir)
+        heldout = summary["final_heldout_reward"]
         print(f"done: {summary['updates']} updates in {summary['wall_seconds']:.1f} s, "
-              f"held-out reward {summary['final_heldout_reward']:.3f}; "
+              f"held-out reward {'-' if heldout is None else f'{heldout:.3f}'}; "
               f"report: {run_dir / 'report.md'}")
     return 0
 

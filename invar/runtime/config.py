@@ -65,7 +65,10 @@ class RolloutConfig:
     cpus: tuple[int, ...] = ()
     """Pin every worker to these CPUs (empty: no pinning)."""
     faults: tuple[str, ...] = ()
-    """Fault injection for tests: "wrong_version_once", "garbage_frame_once", "exit_after:N"."""
+    """Fault injection for tests: "wrong_version_once", "garbage_frame_once", "exit_after:N"
+    (exit after exactly N replies); each applies to every worker, or to one when prefixed by
+    its name ("worker-1:exit_after:5"), and only to a worker's first incarnation (a respawned
+    worker is healthy)."""
 
 
 @dataclass(frozen=True)
@@ -143,6 +146,14 @@ class TrainConfig:
         if self.rollout.transport == "ssh" and len(self.rollout.hosts) != self.rollout.workers:
             raise ConfigError(("rollout.hosts", "rollout.workers"),
                               "ssh transport needs exactly one host per worker")
+        for index, fault in enumerate(self.rollout.faults):
+            target, kind = split_fault(fault)
+            problem = fault_problem(kind)
+            if target is not None and target not in worker_names(self.rollout.workers):
+                problem = f"names {target!r}, but the workers are worker-0..worker-" \
+                          f"{self.rollout.workers - 1}"
+            if problem:
+                raise ConfigError((f"rollout.faults[{index}]",), f"{fault!r}: {problem}")
         if self.learner.backend not in ("torch", "mlx"):
             raise ConfigError(("learner.backend",), "must be \"torch\" or \"mlx\"")
         if self.learner.backend == "mlx" and self.protocol.max_staleness != 0:
@@ -155,6 +166,32 @@ class TrainConfig:
         if not self.output.retry_seconds > 0:
             raise ConfigError(("output.retry_seconds",), "must be > 0")
         return self
+
+
+FAULT_KINDS = ("wrong_version_once", "garbage_frame_once", "exit_after:N")
+
+
+def worker_names(count: int) -> list[str]:
+    """The names of the rollout workers, by index."""
+    return [f"worker-{index}" for index in range(count)]
+
+
+def split_fault(fault: str) -> tuple[str | None, str]:
+    """("worker-1", "exit_after:5") for "worker-1:exit_after:5"; (None, fault) if untargeted."""
+    head, sep, rest = fault.partition(":")
+    if sep and head.startswith("worker-"):
+        return head, rest
+    return None, fault
+
+
+def fault_problem(kind: str) -> str:
+    """Why a fault (without its target) is not one a worker knows; "" if it is."""
+    if kind in ("wrong_version_once", "garbage_frame_once"):
+        return ""
+    name, _, count = kind.partition(":")
+    if name == "exit_after":
+        return "" if count.isdigit() and int(count) >= 1 else "exit_after needs a count N >= 1"
+    return f"unknown fault; known: {', '.join(FAULT_KINDS)}"
 
 
 def load_config(path: str | Path | None = None, overrides: list[str] | tuple[str, ...] = ()

@@ -16,6 +16,7 @@ one process: the reference an asynchronous run is compared with.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import json
 import logging
@@ -25,12 +26,12 @@ import time
 from collections import deque
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Awaitable, Callable
+from typing import Any, Awaitable, Callable, Iterator
 
 import numpy as np
 
 from invar.model import schedule
-from invar.model.core import run_complete, step
+from invar.model.core import requires_fsync, run_complete, step
 from invar.model.errors import ProtocolError
 from invar.model.messages import (
     ApplyCotangent,
@@ -64,7 +65,7 @@ from invar.model.messages import (
 )
 from invar.model.state import Sample, State, initial_state, state_digest
 from invar.runtime import journal as journal_io
-from invar.runtime.config import TrainConfig, to_dict
+from invar.runtime.config import TrainConfig, split_fault, to_dict, worker_names
 from invar.runtime.metrics import MetricsLog
 from invar.runtime.task import DigitReversal
 from invar.runtime.transport import ConnectionLost, FrameError, LocalProcessTransport, Transport
@@ -252,7 +253,18 @@ class Driver:
     async def run(self) -> State:
         journal_path = self.run_dir / "journal.jsonl"
         if self.resume:
-            _, self.state, self.seq = journal_io.restore(journal_path)
+            protocol, self.state, self.seq = journal_io.restore(journal_path)
+            if protocol != self.config.protocol:
+                raise ResumeError(f"{journal_path} was written for protocol {protocol}, not "
+                                  f"{self.config.protocol}: a run cannot change its protocol")
+            if run_complete(self.state):
+                # Nothing to do: leave the finished run's files (summary, report) as they are
+                # (written now only if the driver died between the last event and writing them).
+                log.info("%s: the run is complete, nothing to resume", self.run_dir)
+                if not (self.run_dir / "summary.json").exists():
+                    self.metrics.finish(self.stats, 0.0)
+                self.metrics.close()
+                return self.state
         elif journal_path.exists() and journal_path.stat().st_size:
             raise FileExistsError(f"{journal_path} exists: use --resume, or another run_dir")
         (self.run_dir / "config.json").write_text(json.dumps(to_dict(self.config), indent=2))
@@ -264,13 +276,19 @@ class Driver:
             committed, digest = await asyncio.to_thread(self.learner.start)
             attempt = self.state.learner.attempt + 1
             self.executor.attempt = attempt
-            self.events.put_nowait(LearnerStarted(attempt, committed, digest))
+            started = LearnerStarted(attempt, committed, digest)
+            check = step(self.state, started)
+            if isinstance(check, ProtocolError):
+                # The learner's newest commit is not the one the journal leads to: no event can
+                # fix that, and waiting would hang the run.
+                raise ResumeError(f"{self.run_dir}: the learner restored version {committed}, "
+                                  f"which the journal does not accept: {check}")
+            self.events.put_nowait(started)
             if self.resume:
                 # Whatever was in flight when the driver died is re-sent (a no-op if nothing).
                 self.events.put_nowait(TimerFired())
             self._spawn_task(self._watchdog())
-            for index in range(self.config.rollout.workers):
-                name = f"worker-{index}"
+            for name in worker_names(self.config.rollout.workers):
                 known = self.state.worker(name)
                 self._spawn_task(self._start_worker(name, 0 if known is None
                                                     else known.incarnation + 1))
@@ -328,16 +346,17 @@ class Driver:
             self.stats.core_seconds += time.perf_counter() - began
             return
         before, after = state_digest(before_state), state_digest(after_state)
-        durable = isinstance(event, UpdateCommitted) or any(
-            isinstance(c, (Commit, Publish)) for c in commands)
-        self.journal.append(self.seq, event, before, after, sync=durable)
+        if isinstance(event, (UpdateCommitted, LearnerStarted)) and \
+                after_state.committed > before_state.committed:
+            # Its metrics row goes first: a crash right after the journal line must not lose
+            # it (a row whose commit the journal missed is redone, and replaced on resume).
+            self._record_update(before_state)
+        self.journal.append(self.seq, event, before, after,
+                            sync=requires_fsync(event, commands))
         self.seq += 1
         self.stats.events += 1
         self.state = after_state
         self._last_progress = time.perf_counter()
-        if isinstance(event, (UpdateCommitted, LearnerStarted)) and \
-                after_state.committed > before_state.committed:
-            self._record_update(before_state)
         self._dispatch(commands)
         self.stats.core_seconds += time.perf_counter() - began
 
@@ -407,8 +426,8 @@ class Driver:
         logs = self.run_dir / "logs"
         logs.mkdir(exist_ok=True)
         return await LocalProcessTransport.spawn(
-            name, worker_args(self.config, name), logs / f"{name}.{incarnation}.log",
-            cpus=self.config.rollout.cpus)
+            name, worker_args(self.config, name, incarnation),
+            logs / f"{name}.{incarnation}.log", cpus=self.config.rollout.cpus)
 
     async def _start_worker(self, name: str, incarnation: int) -> None:
         transport = await self.spawn_worker(name, incarnation)
@@ -491,6 +510,10 @@ class Driver:
                        schedule.staleness(self.config.protocol, update))
 
 
+class ResumeError(RuntimeError):
+    """The run directory's commits and journal disagree: the run cannot continue from them."""
+
+
 @dataclass
 class _Crash:
     error: BaseException
@@ -528,8 +551,7 @@ def run_serial(config: TrainConfig, learner: Any) -> State:
     committed, digest = learner.start()
     executor.attempt = 0
     queue: deque[Event] = deque([LearnerStarted(0, committed, digest)])
-    for index in range(config.rollout.workers):
-        name = f"worker-{index}"
+    for name in worker_names(config.rollout.workers):
         raw = worker_args(config, name)
         args = WorkerArgs(**{**raw, "faults": tuple(raw["faults"])})
         workers[name] = RolloutWorker(args)
@@ -556,19 +578,41 @@ def run_serial(config: TrainConfig, learner: Any) -> State:
                 if reply is not None:
                     queue.append(reply)
         for name, group in launches.items():
-            queue.extend(decode(raw) for raw in workers[name].launch(group))
+            # Generate with the thread count a worker process uses, not the learner's.
+            with _torch_threads(config.rollout.threads):
+                replies = workers[name].launch(group)
+            queue.extend(decode(raw) for raw in replies)
     metrics.close()
     return state
 
 
-def worker_args(config: TrainConfig, name: str) -> dict[str, Any]:
-    """The JSON arguments a worker process is started with."""
+@contextlib.contextmanager
+def _torch_threads(threads: int) -> Iterator[None]:
+    import torch
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
+
+
+def worker_args(config: TrainConfig, name: str, incarnation: int = 0) -> dict[str, Any]:
+    """The JSON arguments a worker process is started with.
+
+    Injected faults go to the workers they name (all when unnamed), first incarnation only.
+    """
     c = config
+    faults = []
+    for fault in c.rollout.faults if incarnation == 0 else ():
+        target, kind = split_fault(fault)
+        if target in (None, name):
+            faults.append(kind)
     return dict(name=name, task_length=c.task.length, policy=_policy_dict(c),
                 prompts_per_batch=c.protocol.prompts_per_batch, group_size=c.protocol.group_size,
                 chunk_prompts=c.rollout.chunk_prompts, temperature=c.sampling.temperature,
                 top_k=c.sampling.top_k, top_p=c.sampling.top_p, threads=c.rollout.threads,
-                faults=list(c.rollout.faults))
+                faults=faults)
 
 
 def pin_current_process(cpus: tuple[int, ...]) -> None:

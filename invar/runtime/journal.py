@@ -42,6 +42,8 @@ class Journal:
 
     def __init__(self, path: Path, config: RunConfig) -> None:
         self.path = path
+        if path.exists():
+            _drop_torn_tail(path)
         fresh = not path.exists() or path.stat().st_size == 0
         self._file = open(path, "a", encoding="utf-8")
         if fresh:
@@ -62,6 +64,25 @@ class Journal:
 
     def close(self) -> None:
         self._file.close()
+
+
+def _drop_torn_tail(path: Path) -> None:
+    """Cut a torn last line (a crash mid-write) so that appending starts a fresh line: glued
+    to the torn text, the next event would make the journal unreadable."""
+    with open(path, "rb+") as file:
+        end = file.seek(0, os.SEEK_END)
+        keep = end
+        while keep > 0:
+            start = max(keep - 65536, 0)
+            file.seek(start)
+            newline = file.read(keep - start).rfind(b"\n")
+            if newline >= 0:
+                keep = start + newline + 1
+                break
+            keep = start
+        if keep < end:
+            file.truncate(keep)
+            os.fsync(file.fileno())
 
 
 def protocol_to_dict(config: RunConfig) -> dict[str, Any]:

@@ -24,7 +24,11 @@ class MetricsLog:
         self.updates: list[dict[str, Any]] = []
         self.evaluations: list[dict[str, Any]] = []
         self.started = time.perf_counter()
-        self._jsonl = open(run_dir / "metrics.jsonl", "a", encoding="utf-8")
+        jsonl_path = run_dir / "metrics.jsonl"
+        if jsonl_path.exists():  # a resumed run: the report covers the whole run
+            self._load(jsonl_path)
+        self._session_updates = 0  # rates are of this session
+        self._jsonl = open(jsonl_path, "a", encoding="utf-8")
         csv_path = run_dir / "metrics.csv"
         fresh = not csv_path.exists()
         self._csv_file = open(csv_path, "a", newline="", encoding="utf-8")
@@ -39,6 +43,24 @@ class MetricsLog:
             except ImportError:  # tensorboard is optional
                 self._tb = None
 
+    def _load(self, path: Path) -> None:
+        """Rows earlier sessions of this run wrote (a torn line is skipped; an update redone
+        after a crash keeps its last row)."""
+        updates: dict[int, dict[str, Any]] = {}
+        evaluations: dict[int, dict[str, Any]] = {}
+        for line in path.read_text(encoding="utf-8").splitlines():
+            try:
+                row = json.loads(line)
+                kind = row.pop("kind", None)
+                if kind == "update":
+                    updates[int(row["update"])] = row
+                elif kind == "evaluation":
+                    evaluations[int(row["version"])] = row
+            except (ValueError, KeyError, TypeError, AttributeError):
+                continue
+        self.updates = [updates[u] for u in sorted(updates)]
+        self.evaluations = [evaluations[v] for v in sorted(evaluations)]
+
     def count(self, name: str) -> None:
         self.counters[name] += 1
 
@@ -47,7 +69,10 @@ class MetricsLog:
         row = {"update": update, "reward": reward, "staleness": staleness, **terms,
                "seconds": seconds, "wall": time.perf_counter() - self.started,
                "refused": refused, "noops": noops}
+        while self.updates and self.updates[-1]["update"] >= update:
+            self.updates.pop()  # a row written just before a crash, for an update redone
         self.updates.append(row)
+        self._session_updates += 1
         self._write("update", row)
         self._csv.writerow(row)
         self._csv_file.flush()
@@ -84,7 +109,7 @@ class MetricsLog:
             task = bar.add_task("train", total=total, reward=0.0, staleness=0, rate=0.0)
 
             def advance(done: int, reward: float, staleness: int) -> None:
-                rate = len(self.updates) / max(time.perf_counter() - began, 1e-9)
+                rate = self._session_updates / max(time.perf_counter() - began, 1e-9)
                 bar.update(task, completed=done, reward=reward, staleness=staleness, rate=rate)
 
             yield advance
@@ -93,9 +118,9 @@ class MetricsLog:
         """Write summary.json and report.md (with reward_curve.png); returns the summary."""
         wall = time.perf_counter() - stats.started
         protocol = self.config.protocol
-        n = len(self.updates)
+        n = self._session_updates
         summary = {
-            "updates": n,
+            "updates": len(self.updates),
             "wall_seconds": wall,
             "updates_per_second": n / wall if wall else 0.0,
             "samples_per_second": n * protocol.samples_per_batch / wall if wall else 0.0,

@@ -42,7 +42,8 @@ def sampling_logprobs(
         logprobs = torch.log_softmax(logprobs.masked_fill(logprobs < kth_best, -torch.inf), -1)
     if top_p < 1:
         ranked = logprobs.sort(dim=-1, descending=True).values
-        mass_before = ranked.exp().cumsum(dim=-1) - ranked.exp()
+        ranked_probs = ranked.exp()
+        mass_before = ranked_probs.cumsum(dim=-1) - ranked_probs
         # A token is kept while the mass ranked above it is short of top_p (the best always is).
         kept = mass_before < top_p
         least_kept = ranked.masked_fill(~kept, torch.inf).min(dim=-1, keepdim=True).values
@@ -55,14 +56,14 @@ def gumbel_noise(seeds: Sequence[int], new_tokens: int, vocab_size: int) -> Tens
 
     Drawn on the CPU so the same seed gives the same noise on every device.
     """
-    rows = []
-    for seed in seeds:
-        generator = torch.Generator().manual_seed(seed)
-        uniform = torch.rand(new_tokens, vocab_size, generator=generator, dtype=torch.float64)
-        # Keep log(0) out: a -inf draw could otherwise tie every token at -inf.
-        uniform = uniform.clamp_(min=torch.finfo(torch.float64).tiny)
-        rows.append(-torch.log(-torch.log(uniform)))
-    return torch.stack(rows)
+    uniform = torch.stack([
+        torch.rand(new_tokens, vocab_size, dtype=torch.float64,
+                   generator=torch.Generator().manual_seed(seed))
+        for seed in seeds
+    ])
+    # Keep log(0) out: a -inf draw could otherwise tie every token at -inf.
+    uniform = uniform.clamp_(min=torch.finfo(torch.float64).tiny)
+    return -torch.log(-torch.log(uniform))
 
 
 @torch.no_grad()
@@ -97,7 +98,8 @@ def generate(
     noise = None
     if not greedy:
         if seeds is None or len(seeds) != rows:
-            raise ValueError(f"need one seed per prompt row ({rows}), got {seeds}")
+            given = "none" if seeds is None else len(seeds)
+            raise ValueError(f"need one seed per prompt row ({rows}), got {given}")
         noise = gumbel_noise(seeds, new_tokens, policy.config.vocab_size).to(prompts.device)
 
     sequences = prompts

@@ -134,7 +134,10 @@ def encode_commit(content: Mapping[str, Any]) -> bytes:
 
 def read_commit(path: str | Path) -> dict[str, Any]:
     """The verified content of a commit file; raises `CommitError` rather than return junk."""
-    data = Path(path).read_bytes()
+    try:
+        data = Path(path).read_bytes()
+    except FileNotFoundError:
+        raise CommitError(path, "no such file (never written, or pruned)") from None
     if len(data) < _COMMIT_HEADER.size:
         raise CommitError(
             path, f"truncated: {len(data)} bytes, the header alone needs {_COMMIT_HEADER.size}"

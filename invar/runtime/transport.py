@@ -23,6 +23,8 @@ from typing import Any, BinaryIO, Protocol
 
 MAX_HEADER = 1 << 20
 MAX_BLOB = 1 << 30
+CLOSE_GRACE_SECONDS = 2.0
+"""How long a worker whose stdin was closed may take to exit before it is killed."""
 _LENGTH = struct.Struct(">I")
 
 
@@ -161,10 +163,16 @@ class LocalProcessTransport(StreamTransport):
     async def close(self) -> None:
         await super().close()
         if self.process.returncode is None:
+            # A worker exits by itself at the end of its stdin. Killing it unasked races with
+            # its exit: Popen.kill() polls first and may reap the child under asyncio's child
+            # watcher ("Unknown child process pid ..., will report returncode 255").
             try:
-                self.process.kill()
-            except ProcessLookupError:
-                pass
+                await asyncio.wait_for(self.process.wait(), CLOSE_GRACE_SECONDS)
+            except asyncio.TimeoutError:
+                try:
+                    self.process.kill()
+                except ProcessLookupError:
+                    pass
         await self.process.wait()
 
 

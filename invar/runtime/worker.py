@@ -60,7 +60,8 @@ class WorkerArgs:
     top_p: float = 1.0
     threads: int = 1
     faults: tuple[str, ...] = ()
-    """Test-only misbehaviour: "wrong_version_once", "garbage_frame_once", "exit_after:N"."""
+    """Test-only misbehaviour: "wrong_version_once", "garbage_frame_once", "exit_after:N"
+    (exit after exactly N replies, dropping the rest of the batch it was working on)."""
 
 
 class RolloutWorker:
@@ -165,6 +166,15 @@ def main(argv: list[str]) -> int:
     exit_after = next((int(f.split(":")[1]) for f in args.faults if f.startswith("exit_after:")),
                       None)
     write_frame_blocking(stdout, {"kind": "hello", "name": args.name})
+
+    def reply(replies: list[dict[str, Any]]) -> bool:
+        """Send replies (at most up to exit_after of them); True when it is time to crash."""
+        if exit_after is not None:
+            replies = replies[:max(exit_after - worker.sent, 0)]
+        _reply_all(stdout, replies)
+        worker.sent += len(replies)
+        return exit_after is not None and worker.sent >= exit_after
+
     while True:
         items = [inbox.get()]
         while not inbox.empty():
@@ -180,7 +190,8 @@ def main(argv: list[str]) -> int:
             message = decode(header["message"])
             if isinstance(message, LoadWeights):
                 # Requests asked before the load are answered first, in order.
-                _reply_all(stdout, worker.launch(launches))
+                if reply(worker.launch(launches)):
+                    return 3  # simulated crash, for tests
                 launches = []
                 loaded = worker.load(message, blob, header["params_digest"])
                 write_frame_blocking(stdout, {"kind": "event", "message": encode(loaded)})
@@ -188,10 +199,8 @@ def main(argv: list[str]) -> int:
         if "garbage_frame_once" in worker.faults and replies:
             worker.faults.discard("garbage_frame_once")
             write_frame_blocking(stdout, {"kind": "event", "message": {"type": "Nonsense"}})
-        _reply_all(stdout, replies)
-        worker.sent += len(replies)
-        if exit_after is not None and worker.sent >= exit_after:
-            return 3  # simulated crash, for tests
+        if reply(replies):
+            return 3  # simulated crash, for tests: the rest of this batch is lost
 
 
 def _reply_all(stdout: Any, replies: list[dict[str, Any]]) -> None:

@@ -1,0 +1,261 @@
+"""Messages: a lossless, versioned JSON encoding of every event and command, decode errors
+that name the field at fault, and the naming rule (events are facts, commands imperatives)."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import re
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from invar.model import COMMAND_TYPES, EVENT_TYPES, DecodeError, decode, dumps, encode, loads
+from invar.model import messages as m
+from invar.model.messages import ENCODING_VERSION, ObservationId
+from invar.model.objective import ObjectiveTerms
+from invar.model.schedule import RequestId
+
+# ---------------------------------------------------------------------------------------------
+# Strategies: one per message type, built from explicit field strategies.
+
+ints = st.integers(min_value=-(2 ** 63), max_value=2 ** 63 - 1)
+small = st.integers(min_value=0, max_value=10 ** 6)
+names = st.text(max_size=12)
+digests = st.text(alphabet="0123456789abcdefw.", max_size=32)
+reals = st.floats(allow_nan=False, allow_infinity=False)
+logprobs = st.floats(max_value=0.0, allow_nan=False, allow_infinity=False)
+row = st.lists(logprobs, max_size=5).map(tuple)
+matrix = st.lists(row, max_size=4).map(tuple)
+request_ids = st.builds(RequestId, batch=small, prompt=small, sample=small)
+request_lists = st.lists(request_ids, max_size=5).map(tuple)
+observations = st.builds(ObservationId, update=small, step=small, serial=small)
+terms = st.builds(ObjectiveTerms, loss=reals, clip_fraction=reals, mean_ratio=reals,
+                  mean_behavior_weight=reals, kl=reals, mean_staleness=reals, tokens=small)
+
+STRATEGIES: dict[type, st.SearchStrategy] = {
+    # events
+    m.WorkerConnected: st.builds(m.WorkerConnected, worker=names, incarnation=small),
+    m.WorkerLost: st.builds(m.WorkerLost, worker=names, incarnation=small),
+    m.WeightsLoaded: st.builds(m.WeightsLoaded, worker=names, incarnation=small, load=small,
+                               version=small),
+    m.RequestCompleted: st.builds(
+        m.RequestCompleted, request=request_ids, worker=names, incarnation=small, version=small,
+        tokens=st.lists(ints, max_size=6).map(tuple), behavior_logprobs=row, reward=reals),
+    m.ProbabilitiesReported: st.builds(m.ProbabilitiesReported, update=small, attempt=small,
+                                       proximal=matrix, reference=st.none() | matrix),
+    m.ForwardObserved: st.builds(m.ForwardObserved, observation=observations, attempt=small,
+                                 pre_step_digest=digests, current_logprobs=matrix),
+    m.StepFinished: st.builds(m.StepFinished, observation=observations, attempt=small,
+                              post_step_digest=digests),
+    m.UpdateCommitted: st.builds(m.UpdateCommitted, update=small, weights_digest=digests),
+    m.VersionPublished: st.builds(m.VersionPublished, version=small, weights_digest=digests),
+    m.LearnerStarted: st.builds(m.LearnerStarted, incarnation=small, committed_version=small,
+                                weights_digest=digests),
+    m.TimerFired: st.builds(m.TimerFired),
+    # commands
+    m.LoadWeights: st.builds(m.LoadWeights, worker=names, incarnation=small, load=small,
+                             version=small, weights_digest=digests),
+    m.LaunchRequest: st.builds(m.LaunchRequest, worker=names, incarnation=small,
+                               request=request_ids, version=small, seed=ints, prompt_index=small),
+    m.ScoreProbabilities: st.builds(m.ScoreProbabilities, update=small, attempt=small,
+                                    requests=request_lists, reference=st.booleans()),
+    m.RunForward: st.builds(m.RunForward, observation=observations, attempt=small,
+                            requests=request_lists),
+    m.ApplyCotangent: st.builds(m.ApplyCotangent, observation=observations, attempt=small,
+                                pre_step_digest=digests,
+                                cotangent=st.lists(st.lists(reals, max_size=4).map(tuple),
+                                                   max_size=3).map(tuple),
+                                terms=terms),
+    m.Commit: st.builds(m.Commit, update=small, attempt=small, expected_digest=digests),
+    m.Publish: st.builds(m.Publish, version=small, weights_digest=digests),
+    m.RetainVersion: st.builds(m.RetainVersion, version=small),
+    m.ReleaseVersion: st.builds(m.ReleaseVersion, version=small),
+    m.Evaluate: st.builds(m.Evaluate, version=small),
+    m.Checkpoint: st.builds(m.Checkpoint, version=small),
+    m.SetTimer: st.builds(m.SetTimer),
+}
+ALL_TYPES = (*EVENT_TYPES, *COMMAND_TYPES)
+any_message = st.one_of(*STRATEGIES.values())
+
+
+def test_every_message_type_has_a_strategy():
+    """A new event or command without a strategy here fails (so it cannot dodge the tests)."""
+    assert set(STRATEGIES) == set(ALL_TYPES)
+    assert len(ALL_TYPES) == len(set(ALL_TYPES))
+    assert not set(EVENT_TYPES) & set(COMMAND_TYPES)
+
+
+def test_message_types_are_frozen_dataclasses():
+    for cls in ALL_TYPES:
+        assert dataclasses.is_dataclass(cls), cls
+        assert cls.__dataclass_params__.frozen, f"{cls.__name__} is not frozen"
+
+
+@pytest.mark.parametrize("cls", ALL_TYPES, ids=lambda c: c.__name__)
+@settings(max_examples=25, deadline=None)
+@given(data=st.data())
+def test_round_trip(cls, data):
+    message = data.draw(STRATEGIES[cls])
+    assert type(message) is cls
+    encoded = encode(message)
+    assert encoded["type"] == cls.__name__ and encoded["v"] == ENCODING_VERSION
+    assert decode(encoded) == message
+    assert loads(dumps(message)) == message
+    assert loads(dumps(message).encode()) == message
+    # The JSON text is stable: encoding the decoded message gives the same text.
+    assert dumps(loads(dumps(message))) == dumps(message)
+    # The encoding is plain JSON data.
+    assert json.loads(json.dumps(encoded)) == json.loads(dumps(message))
+
+
+@settings(max_examples=60, deadline=None)
+@given(message=any_message)
+def test_decoded_types_are_exact(message):
+    """Named tuples and nested dataclasses come back as themselves, not as lists or dicts."""
+    back = loads(dumps(message))
+    for f in dataclasses.fields(message):
+        original, decoded = getattr(message, f.name), getattr(back, f.name)
+        assert type(decoded) is type(original), f.name
+    if isinstance(message, m.RequestCompleted):
+        assert isinstance(back.request, RequestId)
+    if hasattr(message, "observation"):
+        assert isinstance(back.observation, ObservationId)
+
+
+# ---------------------------------------------------------------------------------------------
+# Decode errors name what is wrong.
+
+
+def decode_error(data) -> str:
+    with pytest.raises(DecodeError) as info:
+        decode(data)
+    return str(info.value)
+
+
+def test_unknown_type_is_named():
+    message = decode_error({"type": "WorkerExploded", "v": ENCODING_VERSION})
+    assert message.startswith("type") and "WorkerExploded" in message
+    assert decode_error({"v": ENCODING_VERSION}).startswith("type")
+
+
+def test_not_an_object_or_not_json():
+    decode_error(["WorkerLost", "w0", 0])
+    with pytest.raises(DecodeError):
+        loads("{not json")
+    with pytest.raises(DecodeError):
+        loads(b"\xff\xfe")
+
+
+@settings(max_examples=40, deadline=None)
+@given(message=any_message, version=st.none() | st.integers().filter(lambda v: v != ENCODING_VERSION))
+def test_wrong_version_is_named(message, version):
+    data = encode(message)
+    if version is None:
+        del data["v"]
+    else:
+        data["v"] = version
+    text = decode_error(data)
+    assert text.startswith("v:") and type(message).__name__ in text
+
+
+@settings(max_examples=60, deadline=None)
+@given(data=st.data())
+def test_missing_field_is_named(data):
+    cls = data.draw(st.sampled_from([c for c in ALL_TYPES if dataclasses.fields(c)]))
+    encoded = encode(data.draw(STRATEGIES[cls]))
+    field = data.draw(st.sampled_from([f.name for f in dataclasses.fields(cls)]))
+    del encoded[field]
+    text = decode_error(encoded)
+    assert "missing" in text and repr(field) in text and cls.__name__ in text
+
+
+@settings(max_examples=60, deadline=None)
+@given(message=any_message, extra=st.text(min_size=1, max_size=8))
+def test_extra_field_is_named(message, extra):
+    encoded = encode(message)
+    if extra in encoded:
+        extra = extra + "_extra"
+    encoded[extra] = 1
+    text = decode_error(encoded)
+    assert "unknown field" in text and repr(extra) in text
+
+
+WRONG_VALUES = ({"bad": 1}, "text", 1.5, True, [[["deep"]]])
+
+
+@settings(max_examples=100, deadline=None)
+@given(data=st.data())
+def test_wrong_field_type_is_named(data):
+    cls = data.draw(st.sampled_from([c for c in ALL_TYPES if dataclasses.fields(c)]))
+    encoded = encode(data.draw(STRATEGIES[cls]))
+    field = data.draw(st.sampled_from([f.name for f in dataclasses.fields(cls)]))
+    original = encoded[field]
+    wrong = data.draw(st.sampled_from([v for v in WRONG_VALUES
+                                       if not _acceptable(original, v)]))
+    encoded[field] = wrong
+    try:
+        decode(encoded)
+    except DecodeError as exc:
+        assert f"{cls.__name__}.{field}" in str(exc), str(exc)
+    else:
+        raise AssertionError(f"{cls.__name__}.{field} = {wrong!r} was accepted")
+
+
+def _acceptable(original, wrong) -> bool:
+    """Values of the same JSON shape as the original may legitimately decode."""
+    if isinstance(original, str):
+        return isinstance(wrong, str)
+    if isinstance(original, bool):
+        return isinstance(wrong, bool)
+    if isinstance(original, float):
+        return isinstance(wrong, (int, float)) and not isinstance(wrong, bool)
+    if isinstance(original, list) and not original:
+        return isinstance(wrong, list)  # an empty list says nothing about its items
+    return False
+
+
+@pytest.mark.parametrize("mutate, where", [
+    (lambda d: d["request"].__setitem__(1, "p"), "RequestCompleted.request[1]"),
+    (lambda d: d.__setitem__("request", [1, 2]), "RequestCompleted.request"),
+    (lambda d: d["tokens"].__setitem__(0, 1.5), "RequestCompleted.tokens[0]"),
+    (lambda d: d["behavior_logprobs"].__setitem__(1, "x"), "RequestCompleted.behavior_logprobs[1]"),
+    (lambda d: d.__setitem__("reward", None), "RequestCompleted.reward"),
+    (lambda d: d.__setitem__("incarnation", True), "RequestCompleted.incarnation"),
+])
+def test_nested_errors_name_the_path(mutate, where):
+    message = m.RequestCompleted(RequestId(0, 1, 0), "w0", 0, 0, (1, 2), (-0.5, -0.25), 1.0)
+    data = encode(message)
+    mutate(data)
+    assert where in decode_error(data)
+
+
+def test_nested_dataclass_error_names_the_path():
+    command = m.ApplyCotangent(ObservationId(0, 0, 0), 0, "w0", ((0.1,),),
+                               ObjectiveTerms(0.0, 0.0, 1.0, 1.0, 0.0, 0.0, 1))
+    data = encode(command)
+    data["terms"]["tokens"] = "many"
+    assert "ApplyCotangent.terms.tokens" in decode_error(data)
+    data = encode(command)
+    del data["terms"]["kl"]
+    text = decode_error(data)
+    assert "ApplyCotangent.terms" in text and "'kl'" in text
+
+
+# ---------------------------------------------------------------------------------------------
+# Naming: events are facts (past tense), commands are imperatives.
+
+IRREGULAR_PARTICIPLE = re.compile(r"(Lost|Sent|Done|Gone|Begun|Known|Made|Held|Built|Kept)$")
+
+
+@pytest.mark.parametrize("cls", EVENT_TYPES, ids=lambda c: c.__name__)
+def test_event_names_are_past_tense(cls):
+    assert re.search(r"ed$", cls.__name__) or IRREGULAR_PARTICIPLE.search(cls.__name__), \
+        f"event {cls.__name__} is not named as a fact (past tense)"
+
+
+@pytest.mark.parametrize("cls", COMMAND_TYPES, ids=lambda c: c.__name__)
+def test_command_names_are_not_past_tense(cls):
+    assert not re.search(r"ed$", cls.__name__) and not IRREGULAR_PARTICIPLE.search(cls.__name__), \
+        f"command {cls.__name__} is named as a fact, not an imperative"

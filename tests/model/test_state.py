@@ -1,0 +1,157 @@
+"""The state is a hashable value: equal logical histories give equal states and digests, and
+numeric payloads (tokens, log-probabilities, rewards, cotangents) take no part in equality."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from dataclasses import fields, replace
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from invar_model_harness import Driver, small_config  # noqa: E402
+
+from invar.model import (  # noqa: E402
+    LearnerPhase,
+    outstanding_commands,
+    step,
+    ObjectiveConfig,
+    RunConfig,
+    initial_state,
+    state_digest,
+)
+from invar.model.state import NoOps, Sample  # noqa: E402
+from invar.model.messages import RunForward, TimerFired  # noqa: E402
+from invar.testing import canonical_run, reply  # noqa: E402
+
+CONFIG = small_config()
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def states_of_a_run(config=CONFIG, workers=("a", "b")):
+    d = Driver(config, workers=workers)
+    states = [d.state]
+    while (event := d.next_reply()) is not None:
+        d.apply(event)
+        states.append(d.state)
+    return states
+
+
+def test_every_state_of_a_run_is_hashable():
+    states = states_of_a_run()
+    hashes = {hash(s) for s in states}
+    assert len(hashes) > 1
+    assert len({state_digest(s) for s in states}) == len(set(states))
+
+
+def test_equal_runs_give_equal_states_and_digests():
+    a = canonical_run(CONFIG, ("a", "b")).state
+    b = canonical_run(CONFIG, ("a", "b")).state
+    assert a == b and hash(a) == hash(b) and state_digest(a) == state_digest(b)
+    for x, y in zip(states_of_a_run(), states_of_a_run()):
+        assert x == y and hash(x) == hash(y) and state_digest(x) == state_digest(y)
+
+
+def test_different_states_have_different_digests():
+    state = canonical_run(CONFIG).state
+    for changed in (replace(state, admitted=state.admitted + 1),
+                    replace(state, timer_armed=not state.timer_armed),
+                    replace(state, published=state.published[:-1]),
+                    replace(state, learner=replace(state.learner, attempt=7))):
+        assert changed != state
+        assert state_digest(changed) != state_digest(state)
+
+
+def mid_run_state():
+    d = Driver(CONFIG)
+    d.pump_to_phase(LearnerPhase.APPLYING, 1)
+    return d.state
+
+
+def test_sample_payload_is_excluded_from_equality():
+    state = mid_run_state()
+    batch = state.batches[0]
+    position, sample = next((i, s) for i, s in enumerate(batch.slots) if isinstance(s, Sample))
+    other = replace(sample, tokens=(9, 9, 9), behavior_logprobs=(-3.0, -3.0, -3.0),
+                    reward=-42.0)
+    assert other == sample and hash(other) == hash(sample)
+    slots = batch.slots[:position] + (other,) + batch.slots[position + 1:]
+    twin = replace(state, batches=(replace(batch, slots=slots),) + state.batches[1:])
+    assert twin.batches[0].slots[position].tokens == (9, 9, 9)
+    assert twin == state and hash(twin) == hash(state)
+    assert state_digest(twin) == state_digest(state)
+    # ... but the sample's digest is compared.
+    forged = replace(sample, digest="0" * len(sample.digest))
+    slots = batch.slots[:position] + (forged,) + batch.slots[position + 1:]
+    assert replace(state, batches=(replace(batch, slots=slots),) + state.batches[1:]) != state
+
+
+def test_scores_and_cotangent_payloads_are_excluded_from_equality():
+    state = mid_run_state()
+    learner = state.learner
+    assert learner.scores is not None and learner.cotangent is not None
+    scores = replace(learner.scores,
+                     proximal=tuple(tuple(-1.0 for _ in row) for row in learner.scores.proximal))
+    twin = replace(state, learner=replace(learner, scores=scores, cotangent=None))
+    assert twin == state and hash(twin) == hash(state)
+    assert state_digest(twin) == state_digest(state)
+
+
+def test_noop_counts_are_excluded_from_equality():
+    state = mid_run_state()
+    counted = replace(state, noops=NoOps(**{f.name: 3 for f in fields(NoOps)}))
+    assert counted == state and hash(counted) == hash(state)
+    assert state_digest(counted) == state_digest(state)
+
+
+PINNED_CONFIG = RunConfig(prompts_per_batch=2, group_size=2, max_staleness=1, sync_period=1,
+                          optimizer_steps=2, total_updates=3, seed=7)
+PINNED_DIGEST = "2ce61f72bbf84dd3c2719de8f18b3dc5"
+
+
+def test_state_digest_is_pinned():
+    """Journals record state digests: a change here breaks every existing journal. If the
+    state's shape changed on purpose, update the literal (and the journal format version)."""
+    assert state_digest(initial_state(PINNED_CONFIG)) == PINNED_DIGEST
+
+
+def test_state_digest_is_stable_across_processes():
+    code = ("import sys; from invar.model import *; from invar.testing import canonical_run;"
+            "c = RunConfig(prompts_per_batch=2, group_size=2, max_staleness=1, sync_period=1,"
+            " optimizer_steps=2, total_updates=3, seed=7);"
+            "print(state_digest(initial_state(c)), state_digest(canonical_run(c, ('a','b')).state))")
+    digests = set()
+    for seed in ("1", "2"):
+        env = {**os.environ, "PYTHONHASHSEED": seed, "PYTHONPATH": str(ROOT)}
+        out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True,
+                             text=True, check=True, cwd=ROOT)
+        digests.add(out.stdout.strip())
+    here = f"{state_digest(initial_state(PINNED_CONFIG))} " \
+           f"{state_digest(canonical_run(PINNED_CONFIG, ('a', 'b')).state)}"
+    assert digests == {here}
+
+
+def test_equal_states_have_equal_digests_whatever_the_number_spelling():
+    a = initial_state(RunConfig(objective=ObjectiveConfig(kl_coef=0)))
+    b = initial_state(RunConfig(objective=ObjectiveConfig(kl_coef=0.0)))
+    assert a == b and hash(a) == hash(b)
+    assert state_digest(a) == state_digest(b)
+
+
+def test_states_with_different_cotangents_differ():
+    """The pending cotangent is derived from the forward's log-probs, which stand behind
+    `forward_digest`: states that would re-send different cotangents are not equal."""
+    d = Driver(CONFIG)
+    d.pump_to_phase(LearnerPhase.FORWARD, 0)
+    (forward,) = [c for c in outstanding_commands(d.state) if isinstance(c, RunForward)]
+    observed = reply(forward, CONFIG.optimizer_steps)
+    other = replace(observed, current_logprobs=tuple(tuple(v - 0.3 for v in row)
+                                                     for row in observed.current_logprobs))
+    a, _ = step(d.state, observed)
+    b, _ = step(d.state, other)
+    assert a != b and state_digest(a) != state_digest(b)
+    assert step(a, TimerFired())[1] != step(b, TimerFired())[1]
