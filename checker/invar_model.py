@@ -209,7 +209,8 @@ class InvarModel(BaseModel[World, tuple]):
                 yield ("duplicate", ample)
             return
         for key in distinct:
-            yield ("deliver", key)
+            if not _overtakes_connection(world, key):
+                yield ("deliver", key)
         if world.budget.drops:
             for key in wire:
                 yield ("drop", key)
@@ -275,7 +276,12 @@ class InvarModel(BaseModel[World, tuple]):
                             budget=replace(world.budget,
                                            driver_restarts=world.budget.driver_restarts - 1))
             world = self._restart_learner(world)
-            return replace(world, network=_insert(world.network, [message(CORE, TimerFired())]))
+            # Workers are reached through the driver's connections: the new driver opens new
+            # ones, which the core sees as new incarnations.
+            workers = tuple(Component(w.name, w.incarnation + 1, True) for w in world.workers)
+            hello = [message(CORE, WorkerConnected(w.name, w.incarnation)) for w in workers]
+            return replace(world, workers=workers, network=_insert(
+                world.network, [*hello, message(CORE, TimerFired())]))
         raise ValueError(f"unknown action {action!r}")  # pragma: no cover
 
     def is_final(self, world: World) -> bool:
@@ -441,6 +447,15 @@ def independent_completion(state: State, event: RequestCompleted) -> bool:
 
 _LOCAL_FACTS = tuple(f"{CORE}|{t.__name__}(" for t in (WorkerConnected, WorkerLost, LearnerStarted,
                                                         TimerFired))
+
+
+def _overtakes_connection(world: World, key: str) -> bool:
+    """A worker's loss is observed after its connection (one reader task sees both)."""
+    if not key.startswith(f"{CORE}|WorkerLost("):
+        return False
+    lost = next(m.body for m in world.network if m.key == key)
+    return message(CORE, WorkerConnected(lost.worker, lost.incarnation)).key in \
+        {m.key for m in world.network}
 
 
 def _destination(command: Any) -> str:

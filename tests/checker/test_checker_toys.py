@@ -375,3 +375,31 @@ def test_trace_invariants() -> None:
         Trace((("a", 1),))
     t = Trace(((None, 0), ("inc", 1)))
     assert len(t) == 1 and t.initial_state == 0 and t.last_state == 1 and not t.is_lasso
+
+
+@pytest.mark.parametrize(
+    "model",
+    [
+        Clock(),
+        Counter(3),
+        Counter(3, final_at_limit=True, props=(Property.final("ends even", lambda s: s % 2 == 0),)),
+        Graph(LOOPY, {"done"}, [DONE]),
+        Mutex(broken=True),
+    ],
+    ids=["transition", "deadlock", "final", "eventually", "dataclass-states"],
+)
+def test_parallel_bfs_agrees_on_every_property_kind(model: BaseModel) -> None:
+    seq = Checker(model).bfs()
+    par = Checker(model, processes=2).bfs()
+    assert (par.distinct_states, par.states_generated, par.coverage) == (
+        seq.distinct_states,
+        seq.states_generated,
+        seq.coverage,
+    )
+    for name, p in seq.properties.items():
+        q = par.properties[name]
+        assert q.verdict is p.verdict
+        assert (q.trace is None) == (p.trace is None)
+        if p.trace is not None:  # equally short; possibly another path of that length
+            assert len(q.trace) == len(p.trace)
+            assert q.trace.is_lasso == p.trace.is_lasso

@@ -1,0 +1,169 @@
+"""The hot loop of the breadth-first engines, specialised per configuration.
+
+Expanding states is where all the time goes (for 2PC with 7 RMs: 2.7 M transitions to
+fingerprint and look up).  A single loop full of ``if feature_enabled:`` tests pays for every
+feature on every transition, so the loop is generated from a template holding only the lines a
+given configuration needs (coverage by type or by action, transition properties, a
+fingerprint key, an integer-key fast path, graph recording, owner routing for the parallel
+engine), compiled once and cached.  The generated code is plain Python and can be printed
+with ``expander_source(...)`` for inspection.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+__all__ = ["FOREIGN", "ExpandEnv", "expander", "expander_source"]
+
+_KNUTH = 0x9E3779B97F4A7C15  # must match checker.fingerprint.owner_of
+FOREIGN = -2  # a parallel worker's mark for a fingerprint it has seen but does not own
+_TWO64 = 1 << 64
+
+
+@dataclass
+class ExpandEnv:
+    """Everything the generated loop reads (bound once per chunk)."""
+
+    succ: Callable[[Any], Any]
+    key: Callable[[Any], Any] | None
+    fp: Callable[[Any], int]
+    visited: dict[int, int]
+    nxt_append: Callable[[Any], None]
+    cov_buf: list[Any] | None  # the coverage buffer (None: coverage off)
+    props: Any
+    is_final: Callable[[Any], bool] | None
+    graph_edge: Callable[[int, int, Any], None] | None = None
+    graph_node: Callable[[Any, int], None] | None = None
+    graph_final: Callable[[int], None] | None = None
+    # parallel routing
+    me: int = 0
+    nparts: int = 1
+    # per destination worker: the append methods of its (states, fingerprints, parents) lists
+    out_appends: list[tuple[Callable[[Any], None], Callable[[Any], None], Callable[[Any], None]]] | None = None
+
+
+NO_SUCCESSOR = object()  # sentinel: the loop over successors did not run
+
+_cache: dict[tuple[Any, ...], Callable[..., int]] = {}
+
+
+def expander_source(
+    *,
+    coverage: bool,
+    transition: bool,
+    key: bool,
+    int_keys: bool,
+    check_new: bool,
+    final: bool,
+    deadlock: bool,
+    graph: bool,
+    route: bool,
+) -> str:
+    """The source of the specialised ``expand(chunk, depth, env) -> generated`` function."""
+    body = [
+        "def expand(chunk, depth, env):",
+        "    succ = env.succ",
+        "    key = env.key",
+        "    fp = env.fp",
+        "    visited = env.visited",
+        "    nxt_append = env.nxt_append",
+        "    props = env.props",
+        "    always = props.always",
+        "    sometimes = props.sometimes",
+        "    fail_always = props.fail_always",
+        "    hit_sometimes = props.hit_sometimes",
+        "    check_transition = props.check_transition",
+        "    check_expanded = props.check_expanded",
+        "    is_final = env.is_final",
+        "    graph_edge = env.graph_edge",
+        "    graph_node = env.graph_node",
+        "    graph_final = env.graph_final",
+        "    me = env.me",
+        "    nparts = env.nparts",
+        "    out_appends = env.out_appends",
+        "    d1 = depth + 1",
+    ]
+    add = body.append
+    # With coverage on, every transition is appended to the coverage buffer anyway: its growth
+    # is the number of transitions, and "no successor" is seen from `t` keeping a sentinel,
+    # so the loop needs no counter of its own.
+    if coverage:
+        add("    cov_buf = env.cov_buf")
+        add("    cov_append = cov_buf.append")
+        add("    start = len(cov_buf)")
+        add("    for s, f in chunk:")
+        add("        t = NO_SUCCESSOR")
+        add("        for a, t in succ(s):")
+        add("            cov_append(a)")
+        empty = "t is NO_SUCCESSOR"
+    else:
+        add("    generated = 0")
+        add("    for s, f in chunk:")
+        add("        n = 0")
+        add("        for a, t in succ(s):")
+        add("            n += 1")
+        empty = "n == 0"
+    if transition:
+        add("            check_transition(s, f, depth, a, t)")
+    k = "k" if key else "t"
+    if key:
+        add("            k = key(t)")
+    if int_keys:
+        add(f"            g = {k} if {k}.__class__ is int and -1 < {k} < {_TWO64} else fp({k})")
+    else:
+        add(f"            g = fp({k})")
+    if graph:
+        add("            graph_edge(f, g, a)")
+    add("            if g in visited:")
+    add("                continue")
+    if route:
+        # First sight of g in this worker: owned states are handled below; the others are
+        # marked FOREIGN in the local dict (so every later duplicate costs one lookup) and
+        # batched for their owner.
+        add(f"            o = (((g * {_KNUTH}) & {_TWO64 - 1}) >> 32) % nparts")
+        add("            if o != me:")
+        add(f"                visited[g] = {FOREIGN}")
+        add("                put_t, put_g, put_f = out_appends[o]")
+        add("                put_t(t)")
+        add("                put_g(g)")
+        add("                put_f(f)")
+        add("                continue")
+    add("            visited[g] = f")
+    if check_new:
+        add("            for pn, pp in always:")
+        add("                if not pp(t):")
+        add("                    fail_always(pn, g, d1)")
+        add("            for pn, pp in sometimes:")
+        add("                if pp(t):")
+        add("                    hit_sometimes(pn, g, d1)")
+    if graph:
+        add("            graph_node(t, g)")
+    add("            nxt_append((t, g))")
+    if not coverage:
+        add("        generated += n")
+    if final:
+        add("        fin = is_final(s)")
+        add(f"        if fin or {empty}:")
+        add(f"            check_expanded(s, f, depth, 0 if {empty} else 1, fin)")
+        if graph:
+            add("            if fin:")
+            add("                graph_final(f)")
+    elif deadlock:
+        add(f"        if {empty}:")
+        add("            check_expanded(s, f, depth, 0, False)")
+    add("    return len(cov_buf) - start" if coverage else "    return generated")
+    return "\n".join(body) + "\n"
+
+
+def expander(**flags: bool) -> Callable[[list[tuple[Any, int]], int, ExpandEnv], int]:
+    """The compiled, cached expand function for `flags` (see `expander_source`)."""
+    cache_key = tuple(sorted(flags.items()))
+    fn = _cache.get(cache_key)
+    if fn is None:
+        namespace: dict[str, Any] = {"NO_SUCCESSOR": NO_SUCCESSOR}
+        exec(compile(expander_source(**flags), "<checker-expand>", "exec"), namespace)  # noqa: S102
+        fn = namespace["expand"]
+        _cache[cache_key] = fn
+    return fn
