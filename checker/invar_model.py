@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import itertools
 import tomllib
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
 from typing import Any, Iterator
@@ -45,6 +45,7 @@ from invar.model.messages import (
 )
 from invar.model.objective import ObjectiveConfig
 from invar.model.state import Assigned, State, initial_state
+from invar.model.state import evolve as replace
 from invar.testing import canonical_run, learner_reply, version_digest, worker_reply
 
 from checker.model import BaseModel, Property
@@ -175,6 +176,8 @@ class InvarModel(BaseModel[World, tuple]):
         self.worker_names = tuple(f"wkr{i}" for i in range(bounds.workers))
         self.symmetry = symmetry and bounds.workers > 1
         self.reduction = reduction
+        self._config_text = repr(self.config)
+        self._last_step: tuple[State, Event, Any] | None = None
 
     @cached_property
     def canonical_projection(self) -> tuple:
@@ -313,7 +316,7 @@ class InvarModel(BaseModel[World, tuple]):
         return props
 
     def fingerprint_key(self, world: World) -> Any:
-        text = _key_text(world)
+        text = _key_text(world, self._config_text)
         if not self.symmetry:
             return text
         # Interchangeable workers: the representative is the least renaming (names are
@@ -384,8 +387,17 @@ class InvarModel(BaseModel[World, tuple]):
         return replace(world, learner=fresh,
                        network=_insert(world.network, [message(CORE, started)]))
 
+    def _step(self, core: State, event: Event) -> Any:
+        """`step`, remembering the last call: the transition property asks again at once."""
+        last = self._last_step
+        if last is not None and last[0] is core and last[1] == event:
+            return last[2]
+        outcome = step(core, event)
+        self._last_step = (core, event, outcome)
+        return outcome
+
     def _to_core(self, world: World, event: Event) -> World:
-        outcome = step(world.core, event)
+        outcome = self._step(world.core, event)
         if isinstance(outcome, ProtocolError):
             return replace(world, refused=f"{outcome.reason.value}: {outcome.detail}")
         core, commands = outcome
@@ -405,7 +417,7 @@ class InvarModel(BaseModel[World, tuple]):
             event = msg.body
         else:
             return True
-        outcome = step(world.core, event)
+        outcome = self._step(world.core, event)
         if isinstance(outcome, ProtocolError):
             return True  # reported by correct_components_never_refused
         return not transition_violations(world.core, outcome[1], outcome[0])
@@ -484,9 +496,12 @@ def _put(world: World, worker: Component) -> World:
                                         for w in world.workers))
 
 
-def _key_text(world: World) -> str:
-    """Canonical text of a world: reprs leave out payloads that stand behind digests."""
+def _key_text(world: World, config_text: str) -> str:
+    """Canonical text of a world: reprs leave out payloads that stand behind digests, and the
+    configuration (the same in every state). What a driver restart would recover counts only
+    while a restart can still happen."""
+    durable = repr(world.durable) if world.budget.driver_restarts else ""
     return "\n".join((
-        repr(world.core), repr(world.durable),
+        repr(world.core).replace(config_text, ""), durable.replace(config_text, ""),
         "|".join(m.key for m in world.network), repr(world.learner), repr(world.workers),
         repr(world.budget), world.refused))

@@ -16,7 +16,6 @@ from __future__ import annotations
 import hashlib
 import math
 import struct
-from dataclasses import replace
 from typing import Any, Callable
 
 import numpy as np
@@ -67,9 +66,11 @@ from invar.model.state import (
     WorkerState,
     chain_ledger,
 )
+from invar.model.state import evolve as replace
 from invar.model.transitions import learner_accepts
 
 Result = tuple[State, tuple[Command, ...]] | ProtocolError
+
 
 
 def step(state: State, event: Event) -> Result:

@@ -10,10 +10,38 @@ from __future__ import annotations
 import enum
 import hashlib
 from dataclasses import dataclass, field
+from typing import Any
 
 from invar.model.config import RunConfig
 from invar.model.messages import ApplyCotangent, Matrix, ObservationId
 from invar.model.schedule import RequestId
+
+
+def evolve(obj: Any, **changes: Any) -> Any:
+    """A copy of a frozen record with `changes`: `dataclasses.replace` without re-running
+    `__init__` (the hottest call of the model checker). Drops the cached repr."""
+    new = object.__new__(type(obj))
+    fields = new.__dict__
+    fields.update(obj.__dict__)
+    fields.pop("_repr", None)
+    fields.update(changes)
+    return new
+
+
+def cached_repr(cls: type) -> type:
+    """Cache a frozen dataclass's repr on the instance: state digests and the checker's
+    fingerprints are built from reprs, and records are shared between many states."""
+    generated = cls.__repr__
+
+    def __repr__(self: Any) -> str:
+        text = self.__dict__.get("_repr")
+        if text is None:
+            text = generated(self)
+            object.__setattr__(self, "_repr", text)
+        return text
+
+    cls.__repr__ = __repr__  # type: ignore[method-assign]
+    return cls
 
 
 class LearnerPhase(enum.Enum):
@@ -44,6 +72,7 @@ class WorkerPhase(enum.Enum):
     """This incarnation is gone; kept so its late replies are recognised."""
 
 
+@cached_repr
 @dataclass(frozen=True)
 class WorkerState:
     name: str
@@ -57,6 +86,7 @@ class WorkerState:
     """Requests currently assigned to this incarnation."""
 
 
+@cached_repr
 @dataclass(frozen=True)
 class Assigned:
     """A request launched on a worker incarnation, not yet completed."""
@@ -65,6 +95,7 @@ class Assigned:
     incarnation: int
 
 
+@cached_repr
 @dataclass(frozen=True)
 class Sample:
     """A completed request. Only the digest takes part in equality and hashing."""
@@ -79,6 +110,7 @@ Slot = None | Assigned | Sample
 """A request's progress: None = pending (not launched on a live worker)."""
 
 
+@cached_repr
 @dataclass(frozen=True)
 class BatchState:
     """An admitted, not yet consumed rollout batch; slots in request-id order.
@@ -119,6 +151,7 @@ def _slot_hash(position: int, slot: Slot) -> int:
     return int.from_bytes(hashlib.blake2b(text, digest_size=16).digest(), "big")
 
 
+@cached_repr
 @dataclass(frozen=True)
 class Scores:
     """Proximal and reference log-probs of the batch under update, behind their digest."""
@@ -128,6 +161,7 @@ class Scores:
     reference: Matrix | None = field(compare=False, repr=False)
 
 
+@cached_repr
 @dataclass(frozen=True)
 class LearnerState:
     attempt: int
@@ -172,6 +206,7 @@ class NoOps:
     numerically invariant (the first completion is kept)."""
 
 
+@cached_repr
 @dataclass(frozen=True)
 class State:
     config: RunConfig

@@ -1,0 +1,231 @@
+"""`invar-check`: model-check the Invar protocol, validate a real run's journal, or prove the
+schedule's arithmetic.
+
+    invar-check [SPEC.toml] [--bfs|--dfs|--simulate N] [--processes N] [--max-states N]
+                [--json FILE] [--dot FILE] [--regression FILE]
+    invar-check --trace RUN_DIR/journal.jsonl
+    invar-check --prove
+
+Exit status: 0 every property holds, 1 a violation (or a departure, or a failed lemma),
+2 bad input (the message names the field or file).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+
+from checker.invar_model import CORE, Bounds, InvarModel, load_bounds
+from checker.report import ProgressPrinter, print_result
+from checker.search import Checker
+from checker.trace import Trace, trace_to_json
+from invar.model.errors import ConfigError
+from invar.model.messages import TimerFired, dumps
+
+DEFAULT_SPEC = Path(__file__).resolve().parent.parent / "spec" / "quick.toml"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="invar-check", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("spec", nargs="?", help=f"bounded model configuration "
+                                                f"(default: {DEFAULT_SPEC.name})")
+    mode = parser.add_mutually_exclusive_group()
+    mode.add_argument("--bfs", action="store_true", help="breadth-first (default): shortest "
+                                                         "counterexamples")
+    mode.add_argument("--dfs", action="store_true", help="depth-first")
+    mode.add_argument("--simulate", type=int, metavar="N", help="N random walks")
+    mode.add_argument("--trace", metavar="JOURNAL", help="validate a run's journal.jsonl")
+    mode.add_argument("--prove", action="store_true", help="prove the schedule lemmas (z3)")
+    parser.add_argument("--processes", type=int, default=None, help="BFS worker processes")
+    parser.add_argument("--max-states", type=int, help="stop after this many distinct states")
+    parser.add_argument("--max-depth", type=int, help="do not expand beyond this depth")
+    parser.add_argument("--seed", type=int, default=0, help="simulation seed")
+    parser.add_argument("--json", metavar="FILE", help="write the result (and traces) as JSON")
+    parser.add_argument("--dot", metavar="FILE", help="write the explored graph as DOT")
+    parser.add_argument("--graphml", metavar="FILE", help="write the explored graph as GraphML")
+    parser.add_argument("--regression", metavar="FILE",
+                        help="on a violation, write a pytest file replaying it through step")
+    parser.add_argument("--no-symmetry", action="store_true", help="disable worker symmetry")
+    parser.add_argument("--no-reduction", action="store_true",
+                        help="disable partial-order reduction")
+    parser.add_argument("--livelock", action="store_true",
+                        help="check that a completed state stays reachable (records the graph)")
+    parser.add_argument("--checkpoint", metavar="FILE", help="write BFS checkpoints here")
+    parser.add_argument("--resume", metavar="FILE", help="resume BFS from a checkpoint")
+    parser.add_argument("--quiet", action="store_true", help="no progress lines")
+    args = parser.parse_args(argv)
+    console = Console(stderr=False)
+    if args.prove:
+        return _prove(console)
+    if args.trace:
+        return _trace(Path(args.trace), console)
+    spec = Path(args.spec) if args.spec else DEFAULT_SPEC
+    try:
+        bounds, options = load_bounds(spec)
+        options = _check_options(options, spec)
+    except ConfigError as error:
+        print(f"invar-check: {error}", file=sys.stderr)
+        return 2
+    model = InvarModel(bounds, symmetry=options["symmetry"] and not args.no_symmetry,
+                       reduction=options["reduction"] and not args.no_reduction)
+    livelock = args.livelock or options["livelock"] or bool(args.dot or args.graphml)
+    checker = Checker(
+        model, max_states=args.max_states or options["max_states"], max_depth=args.max_depth,
+        processes=1 if livelock else (args.processes or options["processes"]),
+        check_livelock=livelock,
+        progress=None if args.quiet else ProgressPrinter(console), progress_interval=2.0,
+        checkpoint_path=args.checkpoint, checkpoint_interval=60.0 if args.checkpoint else None,
+        resume_from=args.resume)
+    console.print(f"[bold]invar-check[/bold] {spec}: {_describe(bounds)}; symmetry "
+                  f"{'on' if model.symmetry else 'off'}, reduction "
+                  f"{'on' if model.reduction else 'off'}")
+    if args.simulate:
+        result = checker.simulate(runs=args.simulate, max_depth=args.max_depth or 400,
+                                  seed=args.seed)
+    elif args.dfs:
+        result = checker.dfs()
+    else:
+        result = checker.bfs()
+    print_result(result, model, console)
+    if args.json:
+        Path(args.json).write_text(json.dumps(_result_json(result, model, bounds), indent=2))
+    if args.dot:
+        result.write_dot(args.dot)
+    if args.graphml:
+        result.write_graphml(args.graphml)
+    violated = [p for p in result.violations if p.trace is not None]
+    if violated and args.regression:
+        Path(args.regression).write_text(regression_test(bounds, violated[0].name,
+                                                         violated[0].trace, model))
+        console.print(f"regression test written to {args.regression}")
+    return 0 if result.ok else 1
+
+
+def _check_options(options: dict[str, Any], spec: Path) -> dict[str, Any]:
+    known = {"symmetry": True, "reduction": True, "livelock": False, "max_states": None,
+             "processes": 1}
+    for key, value in options.items():
+        if key not in known:
+            raise ConfigError((f"check.{key}",), f"unknown key in {spec}")
+        if key in ("symmetry", "reduction", "livelock") and not isinstance(value, bool):
+            raise ConfigError((f"check.{key}",), "expected true or false")
+        if key in ("max_states", "processes") and (isinstance(value, bool)
+                                                   or not isinstance(value, int) or value < 1):
+            raise ConfigError((f"check.{key}",), "expected a positive integer")
+    return {**known, **options}
+
+
+def _describe(b: Bounds) -> str:
+    return (f"B={b.prompts_per_batch} G={b.group_size} S={b.max_staleness} P={b.sync_period} "
+            f"K={b.optimizer_steps} N={b.total_updates} W={b.workers}; faults: drop {b.drops}, "
+            f"duplicate {b.duplicates}, worker crash {b.worker_crashes}, learner crash "
+            f"{b.learner_crashes}, driver restart {b.driver_restarts}, early timer "
+            f"{b.early_timers}")
+
+
+def core_events(trace: Trace, model: InvarModel) -> list[Any]:
+    """The events the core saw along a trace, in order (what a regression test replays)."""
+    events = []
+    for index, (action, state) in enumerate(trace.steps):
+        if action is None:
+            continue
+        kind, arg = action
+        if kind == "deliver" and arg.startswith(f"{CORE}|"):
+            previous = trace.steps[index - 1][1]
+            events.append(next(m.body for m in previous.network if m.key == arg))
+        elif kind == "timer":
+            events.append(TimerFired())
+        elif kind == "restart_driver":
+            events.append(("driver_restarted",))
+    return events
+
+
+def regression_test(bounds: Bounds, prop: str, trace: Trace, model: InvarModel) -> str:
+    """A ready-to-run pytest file replaying the counterexample's core events through `step`."""
+    events = core_events(trace, model)
+    encoded = [None if isinstance(e, tuple) else dumps(e) for e in events]
+    fields = ", ".join(f"{k}={v!r}" for k, v in vars(bounds).items())
+    return f'''"""Regression test generated by invar-check: counterexample for {prop!r}.
+
+Replays the core's events of the shortest counterexample through `step`; it fails while the
+bug is there. A `None` entry is a driver restart: the core returns to its last journal fsync.
+"""
+
+from invar.model import ProtocolError, loads, requires_fsync, step, violations, transition_violations
+from checker.invar_model import Bounds
+
+BOUNDS = Bounds({fields})
+EVENTS = {json.dumps(encoded, indent=4)}
+
+
+def test_counterexample_{prop}_is_fixed():
+    from invar.model import initial_state
+    state = durable = initial_state(BOUNDS.protocol())
+    for index, text in enumerate(EVENTS):
+        if text is None:
+            state = durable
+            continue
+        event = loads(text)
+        outcome = step(state, event)
+        assert not isinstance(outcome, ProtocolError), f"step {{index}}: {{outcome}}"
+        after, commands = outcome
+        assert not violations(after), f"step {{index}}: {{violations(after)}}"
+        assert not transition_violations(state, commands, after), f"step {{index}}"
+        if requires_fsync(event, commands):
+            durable = after
+        state = after
+'''
+
+
+def _result_json(result: Any, model: InvarModel, bounds: Bounds) -> dict[str, Any]:
+    doc = dict(result.summary())
+    doc["bounds"] = vars(bounds)
+    traces = {}
+    for p in result.violations:
+        if p.trace is not None:
+            traces[p.name] = json.loads(trace_to_json(
+                p.trace, encode_action=model.format_action,
+                encode_state=lambda w: {"core": repr(w.core), "network": [m.key for m in w.network],
+                                        "refused": w.refused}))
+            traces[p.name]["core_events"] = [e if isinstance(e, tuple) else json.loads(dumps(e))
+                                             for e in core_events(p.trace, model)]
+    doc["counterexamples"] = traces
+    return doc
+
+
+def _trace(path: Path, console: Console) -> int:
+    """Trace validation: replay a real journal through `step` with every invariant."""
+    from invar.runtime import journal
+    try:
+        config, entries = journal.read(path)
+    except (OSError, journal.JournalError, ConfigError) as error:
+        print(f"invar-check: {error}", file=sys.stderr)
+        return 2
+    checked = 0
+    for entry, _, after in journal.replay(config, entries, check_invariants=True):
+        if isinstance(after, journal.Departure):
+            console.print(f"[red bold]departure[/red bold] at {path}:{after.line} "
+                          f"(event {after.seq}, {type(entry.event).__name__}): {after.reason}")
+            console.print(f"the first {checked} events match the model")
+            return 1
+        checked += 1
+    console.print(f"[green]{path}: all {checked} events match the model[/green]; every "
+                  f"invariant holds and every recorded digest agrees")
+    return 0
+
+
+def _prove(console: Console) -> int:
+    from checker.prove import check_lemmas, format_results
+    results = check_lemmas(assume_valid=True)
+    console.print(format_results(results))
+    return 0 if all(r.holds for r in results) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
