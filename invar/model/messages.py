@@ -268,7 +268,7 @@ class DecodeError(ValueError):
 
 
 def encode(message: Any) -> dict[str, Any]:
-    body = {f.name: _to_json(getattr(message, f.name)) for f in dataclasses.fields(message)}
+    body = {name: _to_json(getattr(message, name)) for name in _schema(type(message))[1]}
     return {"type": type(message).__name__, "v": ENCODING_VERSION, **body}
 
 
@@ -297,11 +297,22 @@ def loads(text: str | bytes) -> Any:
     return decode(data)
 
 
+_SCALARS = (int, float, str, bool, type(None))
+
+
 def _to_json(value: Any) -> Any:
-    if dataclasses.is_dataclass(value):
-        return {f.name: _to_json(getattr(value, f.name)) for f in dataclasses.fields(value)}
-    if isinstance(value, tuple):
+    kind = type(value)
+    if kind in _SCALARS:
+        return value
+    if kind is tuple:
+        # Payload fast path: rows of numbers become lists without a call per number.
+        if not value or type(value[0]) in _SCALARS:
+            return list(value)
         return [_to_json(v) for v in value]
+    if dataclasses.is_dataclass(value):
+        return {name: _to_json(getattr(value, name)) for name in _schema(kind)[1]}
+    if isinstance(value, tuple):  # named tuples (RequestId, ObservationId)
+        return list(value)
     return value
 
 
@@ -340,6 +351,9 @@ def _from_json(tp: Any, value: Any, where: str) -> Any:
         if not isinstance(value, list):
             raise DecodeError(f"{where}: expected a list, got {type(value).__name__}")
         if len(args) == 2 and args[1] is Ellipsis:
+            fast = _fast_row(args[0], value)
+            if fast is not None:
+                return fast
             return tuple(_from_json(args[0], v, f"{where}[{i}]") for i, v in enumerate(value))
         if len(args) != len(value):
             raise DecodeError(f"{where}: expected {len(args)} items, got {len(value)}")
@@ -361,3 +375,14 @@ def _from_json(tp: Any, value: Any, where: str) -> Any:
             raise DecodeError(f"{where}: expected {tp.__name__}, got {value!r}")
         return value
     raise DecodeError(f"{where}: cannot decode type {tp!r}")  # pragma: no cover
+
+
+def _fast_row(element: Any, value: list) -> tuple | None:
+    """A list of plain numbers decoded in one pass (None: take the checked, slow path)."""
+    if element is float:
+        if all(type(v) is float or type(v) is int for v in value):
+            return tuple(float(v) for v in value)
+    elif element is int:
+        if all(type(v) is int for v in value):
+            return tuple(value)
+    return None

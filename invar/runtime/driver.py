@@ -246,6 +246,7 @@ class Driver:
         self._stopping = False
         self._terms: dict[int, list[dict[str, float]]] = {}
         self._update_started = time.perf_counter()
+        self._received: dict[int, dict[str, Any]] = {}
         self.state: State = initial_state(config.protocol)
 
     # -- lifecycle ---------------------------------------------------------------------------
@@ -331,6 +332,8 @@ class Driver:
         if isinstance(event, _Crash):
             raise RuntimeError("a driver task failed") from event.error
         began = time.perf_counter()
+        # Popped first, while `event` is alive: its id cannot have been reused.
+        encoded = self._received.pop(id(event), None)
         before_state = self.state
         outcome = step(before_state, event)
         if isinstance(outcome, ProtocolError):
@@ -352,7 +355,8 @@ class Driver:
             # it (a row whose commit the journal missed is redone, and replaced on resume).
             self._record_update(before_state)
         self.journal.append(self.seq, event, before, after,
-                            sync=requires_fsync(event, commands))
+                            sync=requires_fsync(event, commands),
+                            encoded=encoded)
         self.seq += 1
         self.stats.events += 1
         self.state = after_state
@@ -471,6 +475,8 @@ class Driver:
             event = decode(raw)
             if not isinstance(event, (RequestCompleted, WeightsLoaded)):
                 raise FrameError(f"a worker cannot report {type(event).__name__}")
+            # The journal writes the event as received instead of encoding it again.
+            self._received[id(event)] = raw
             self.events.put_nowait(event)
 
     async def _send(self, handle: WorkerHandle, header: dict[str, Any], blob: bytes = b"") -> None:

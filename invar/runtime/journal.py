@@ -50,8 +50,11 @@ class Journal:
             self._write({"journal": JOURNAL_FORMAT, "protocol": protocol_to_dict(config)})
             self.sync()
 
-    def append(self, seq: int, event: Event, before: str, after: str, sync: bool) -> None:
-        self._write({"seq": seq, "before": before, "after": after, "event": encode(event)})
+    def append(self, seq: int, event: Event, before: str, after: str, sync: bool,
+               encoded: dict[str, Any] | None = None) -> None:
+        """`encoded`: the event's encoding when the caller already has it (as received)."""
+        self._write({"seq": seq, "before": before, "after": after,
+                     "event": encoded if encoded is not None else encode(event)})
         if sync:
             self.sync()
 

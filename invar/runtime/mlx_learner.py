@@ -1,0 +1,411 @@
+"""The learner backend in MLX: the same interface and checks as `TorchLearner`, run synchronously.
+
+MLX takes part in Invar's protocol with max_staleness = 0 (`TrainConfig.validate` refuses
+anything else): the same core `step`, events and commands, and the same cotangent route.
+
+* `score` gives float64 proximal (and reference) log-probs of response tokens.
+* `forward` computes the current log-probs and binds the pending step to
+  (update, step, observation, pre_step_digest). MLX keeps no autograd graph between calls,
+  so what is kept is the forward's input; the cotangent's backward pass re-traces the same
+  deterministic forward under `mx.vjp` (the values it differentiates at are those reported).
+* `apply_cotangent` refuses any cotangent not bound to exactly that pending forward, naming
+  every mismatched field (`BindingError`), and otherwise takes `mx.vjp` of the log-probs
+  with the core's cotangent d(loss)/d(log-probs), clips the global gradient norm like
+  `torch.nn.utils.clip_grad_norm_`, and steps `mlx.optimizers.AdamW` (with bias correction,
+  as torch's AdamW).
+* Commits use the torch backend's file format: the same header (magic, length, blake2b
+  checksum), the same fields, written with `atomic_write` (temporary file, fsync, rename,
+  directory fsync) and read back with `read_commit`, so a corrupt or truncated commit is
+  refused with the same `CommitError`. Parameters are stored under their torch names, so a
+  commit's model is also a torch `Policy` state dict: `published_weights` returns the same
+  blob format the torch backend publishes, and workers load it unchanged (a worker of an MLX
+  run converts it into its MLX sampler; see `invar.runtime.worker`).
+
+The initial weights are those of the torch `Policy(config, seed)`, converted, so both
+backends start from the same point.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any
+
+import mlx.core as mx
+import mlx.nn as nn
+import mlx.optimizers as optim
+import numpy as np
+import torch
+from mlx.utils import tree_flatten, tree_map, tree_unflatten
+
+from invar.runtime.mlx_policy import MLXPolicy, numpy_to_parameters, sequence_logprobs
+from invar.runtime.mlx_sampler import generate
+from invar.runtime.policy import PolicyConfig
+from invar.runtime.task import DigitReversal
+from invar.runtime.torch_learner import (
+    COMMIT_PREFIX,
+    Binding,
+    BindingError,
+    CommitError,
+    OptimConfig,
+    commit_path,
+    encode_commit,
+    list_commits,
+    read_commit,
+)
+from invar.runtime.weights import (
+    atomic_write,
+    atomic_write_leftovers,
+    state_dict_to_bytes,
+    weights_digest,
+)
+
+BACKEND = "mlx"
+
+
+def response_logprobs(policy: MLXPolicy, tokens: mx.array, response_start: int) -> mx.array:
+    """Float64 log-probs [n, L - response_start] of the response tokens of `tokens` [n, L]."""
+    # The logits at position t predict token t + 1, so the last position is never needed.
+    logits = policy(tokens[:, :-1])[:, response_start - 1 :]
+    return sequence_logprobs(logits, tokens[:, response_start:])
+
+
+def _to_numpy(tree: Any) -> dict[str, np.ndarray]:
+    """Arrays of an MLX tree by flattened name; the optimizer's uint64 step count becomes an
+    int64 (torch tensors and torch.save have no general uint64 support)."""
+    out = {}
+    for name, value in tree_flatten(tree):
+        array = np.array(value)
+        out[name] = array.astype(np.int64) if array.dtype.kind == "u" else array
+    return out
+
+
+def mlx_state_digest(model: Mapping[str, np.ndarray], optimizer: Mapping[str, Any]) -> str:
+    """Blake2b digest of parameters (torch names) plus optimizer moments, step count and
+    hyperparameters: the same construction as the torch backend's `state_digest_of`."""
+    tensors = {f"model/{name}": torch.from_numpy(np.ascontiguousarray(value))
+               for name, value in model.items()}
+    for name, value in optimizer["state"].items():
+        tensors[f"optimizer/{name}"] = torch.from_numpy(np.ascontiguousarray(value))
+    groups = json.dumps({"backend": BACKEND, **optimizer["hyper"]}, sort_keys=True)
+    combined = f"{weights_digest(tensors)}\n{groups}".encode()
+    return hashlib.blake2b(combined, digest_size=32).hexdigest()
+
+
+class MLXLearner:
+    """MLX policy, frozen reference and AdamW state, with checked commits and bound updates."""
+
+    def __init__(
+        self,
+        policy_config: PolicyConfig,
+        optim_config: OptimConfig,
+        seed: int,
+        commit_dir: str | Path,
+        keep_commits: int = 3,
+        compile: bool = True,
+    ) -> None:
+        if keep_commits < 1:
+            raise ValueError(f"keep_commits must be at least 1, got {keep_commits}")
+        self.policy_config = policy_config
+        self.optim_config = optim_config
+        self.seed = seed
+        self.commit_dir = Path(commit_dir)
+        self.keep_commits = keep_commits
+        self.compile = compile
+        self.model = MLXPolicy.initial(policy_config, seed)
+        # The reference is the initial policy, frozen: the anchor for KL penalties.
+        self.reference = MLXPolicy(policy_config)
+        self.reference.update(self.model.parameters())
+        self.reference.freeze()
+        self.optimizer = self._new_optimizer()
+        self.committed_version: int | None = None
+        self.applied_steps = 0
+        self._digest: str | None = None
+        self._pending: tuple[Binding, mx.array, int, tuple[int, ...]] | None = None
+        self._functions: dict[tuple[str, int], Callable[..., Any]] = {}
+
+    def _new_optimizer(self) -> optim.AdamW:
+        config = self.optim_config
+        optimizer = optim.AdamW(learning_rate=config.lr, betas=list(config.betas),
+                                eps=config.eps, weight_decay=config.weight_decay,
+                                bias_correction=True)
+        optimizer.init(self.model.trainable_parameters())
+        return optimizer
+
+    def _hyperparameters(self) -> dict[str, Any]:
+        config = self.optim_config
+        return {"lr": config.lr, "betas": list(config.betas), "eps": config.eps,
+                "weight_decay": config.weight_decay, "bias_correction": True,
+                "grad_clip": config.grad_clip}
+
+    def _optimizer_numpy(self) -> dict[str, Any]:
+        return {"state": _to_numpy(self.optimizer.state), "hyper": self._hyperparameters()}
+
+    def _compute_digest(self) -> str:
+        return mlx_state_digest(self.model.numpy_parameters(), self._optimizer_numpy())
+
+    # -- lifecycle ---------------------------------------------------------------------------
+
+    def start(self) -> tuple[int, str]:
+        """Restore the newest commit, or initialise and write commit 0 if there is none.
+
+        Returns `(committed_version, state_digest)`. A newest commit that fails verification
+        raises `CommitError` and nothing is loaded (no silent fallback to an older one).
+        """
+        self.commit_dir.mkdir(parents=True, exist_ok=True)
+        for leftover in atomic_write_leftovers(self.commit_dir, COMMIT_PREFIX):
+            leftover.unlink()  # a commit interrupted by a crash; its target is intact
+        self._pending = None
+        commits = list_commits(self.commit_dir)
+        if commits:
+            version, path = commits[-1]
+            self._restore(version, path)
+        else:
+            self._digest = self._compute_digest()
+            self.commit(0)
+        return self.committed_version, self._digest
+
+    def _restore(self, version: int, path: Path) -> None:
+        content = read_commit(path)
+        # Every check comes before the first array is loaded, so a refusal loads nothing.
+        if content.get("backend") != BACKEND:
+            raise CommitError(path, f"written by the {content.get('backend', 'torch')} "
+                                    f"backend, not {BACKEND}")
+        if content["version"] != version:
+            raise CommitError(path, f"holds version {content['version']}, its name says {version}")
+        if content["policy_config"] != dataclasses.asdict(self.policy_config):
+            raise CommitError(path, f"written for policy {content['policy_config']}")
+        if content["seed"] != self.seed:
+            raise CommitError(path, f"written for seed {content['seed']}, not {self.seed}")
+        model = {name: t.numpy() for name, t in content["model"].items()}
+        expected = {name: a.shape for name, a in self.model.numpy_parameters().items()}
+        if {name: a.shape for name, a in model.items()} != expected:
+            raise CommitError(path, "model tensors do not match the policy's names and shapes")
+        optimizer = content["optimizer"]
+        state = {name: t.numpy() for name, t in optimizer["state"].items()}
+        expected_state = {name: a.shape for name, a in _to_numpy(self.optimizer.state).items()}
+        if {name: a.shape for name, a in state.items()} != expected_state:
+            raise CommitError(path, "optimizer state does not match the policy's parameters")
+        if optimizer["hyper"] != self._hyperparameters():
+            raise CommitError(path, f"written with optimizer {optimizer['hyper']}")
+        if mlx_state_digest(model, {"state": state, "hyper": optimizer["hyper"]}) != \
+                content["state_digest"]:
+            raise CommitError(path, "state does not hash to its recorded state_digest")
+        try:
+            parameters = numpy_to_parameters(model, self.model)
+        except ValueError as error:
+            raise CommitError(path, str(error)) from None
+        self.model.update(parameters)
+        self.optimizer = self._new_optimizer()
+        dtypes = {name: value.dtype for name, value in tree_flatten(self.optimizer.state)}
+        self.optimizer.state = tree_unflatten([
+            (name, mx.array(value).astype(dtypes[name]))
+            for name, value in state.items()])
+        mx.eval(self.model.parameters(), self.optimizer.state)
+        self._functions.clear()
+        torch.set_rng_state(content["torch_rng"])
+        self.applied_steps = content["counters"]["applied_steps"]
+        self.committed_version = version
+        self._digest = self._compute_digest()
+        if self._digest != content["state_digest"]:
+            raise CommitError(path, "restored state differs from the committed state")
+
+    def commit(self, version: int) -> str:
+        """Write `commit-{version:06d}.pt` atomically, prune old commits, return the digest."""
+        digest = self.state_digest()
+        if self.committed_version is not None and version <= self.committed_version:
+            raise ValueError(f"commit {version} is not newer than commit {self.committed_version}")
+        state = _to_numpy(self.optimizer.state)
+        content = {
+            "version": version,
+            "backend": BACKEND,
+            "model": {name: torch.from_numpy(a) for name, a in
+                      self.model.numpy_parameters().items()},
+            "optimizer": {
+                "state": {name: torch.from_numpy(a) for name, a in state.items()},
+                "hyper": self._hyperparameters(),
+            },
+            "torch_rng": torch.get_rng_state(),
+            "counters": {"applied_steps": self.applied_steps},
+            "policy_config": dataclasses.asdict(self.policy_config),
+            "seed": self.seed,
+            "state_digest": digest,
+        }
+        atomic_write(commit_path(self.commit_dir, version), encode_commit(content))
+        self.committed_version = version
+        for _, old in list_commits(self.commit_dir)[: -self.keep_commits]:
+            old.unlink()
+        return digest
+
+    def state_digest(self) -> str:
+        """Digest of parameters and optimizer state (only start and a step change it)."""
+        if self._digest is None:
+            raise RuntimeError("the learner has no state yet: call start() first")
+        return self._digest
+
+    # -- scoring and updates -----------------------------------------------------------------
+
+    def _tokens(self, sequences: np.ndarray, response_start: int) -> mx.array:
+        sequences = np.asarray(sequences)
+        if sequences.ndim != 2 or not np.issubdtype(sequences.dtype, np.integer):
+            raise ValueError(
+                f"sequences must be a 2-D integer array, got {sequences.dtype} {sequences.shape}"
+            )
+        if not 1 <= response_start < sequences.shape[1]:
+            raise ValueError(
+                f"response_start {response_start} is outside 1..{sequences.shape[1] - 1}"
+            )
+        return mx.array(sequences.astype(np.int32))
+
+    def _function(self, kind: str, response_start: int) -> Callable[..., Any]:
+        """The (optionally `mx.compile`d) log-prob or gradient function for this start.
+
+        Compiled functions take the model's parameters as explicit state, so each call sees
+        the current weights rather than those at tracing time.
+        """
+        key = (kind, response_start)
+        if key in self._functions:
+            return self._functions[key]
+        model = self.model
+        if kind == "logprobs":
+            def function(tokens: mx.array) -> mx.array:
+                return response_logprobs(model, tokens, response_start)
+        elif kind == "reference":
+            reference = self.reference
+
+            def function(tokens: mx.array) -> mx.array:
+                return response_logprobs(reference, tokens, response_start)
+        else:
+            def pullback(tokens: mx.array, cotangent: mx.array) -> mx.array:
+                # d/d(params) of sum(logp * cotangent) is the VJP of logp with the cotangent.
+                return (response_logprobs(model, tokens, response_start) * cotangent).sum()
+
+            function = nn.value_and_grad(model, pullback)
+        if self.compile:
+            state = self.reference.state if kind == "reference" else model.state
+            # The gradient function swaps tracers into the model and back (value_and_grad),
+            # so the model's state is an output of the compiled function too.
+            function = mx.compile(function, inputs=state,
+                                  outputs=state if kind == "gradient" else None)
+        self._functions[key] = function
+        return function
+
+    def score(
+        self, sequences: np.ndarray, response_start: int, need_reference: bool
+    ) -> tuple[np.ndarray, np.ndarray | None]:
+        """Float64 log-probs [n, R] of the response tokens under the current weights (the
+        proximal policy) and, if asked, under the frozen reference."""
+        self.state_digest()  # refuses before start()
+        tokens = self._tokens(sequences, response_start)
+        proximal = self._function("logprobs", response_start)(tokens)
+        if not need_reference:
+            return np.array(proximal), None
+        reference = self._function("reference", response_start)(tokens)
+        mx.eval(proximal, reference)
+        return np.array(proximal), np.array(reference)
+
+    def forward(
+        self, update: int, step: int, observation: int, sequences: np.ndarray, response_start: int
+    ) -> tuple[str, np.ndarray]:
+        """Current log-probs [n, R]; the step waits for the cotangent bound to this call.
+
+        Returns `(pre_step_digest, current_logprobs)`. A later forward replaces a pending one.
+        """
+        pre_step_digest = self.state_digest()
+        tokens = self._tokens(sequences, response_start)
+        logprobs = np.array(self._function("logprobs", response_start)(tokens))
+        self._pending = (Binding(update, step, observation, pre_step_digest), tokens,
+                         response_start, logprobs.shape)
+        return pre_step_digest, logprobs
+
+    def apply_cotangent(
+        self,
+        update: int,
+        step: int,
+        observation: int,
+        pre_step_digest: str,
+        cotangent: np.ndarray,
+    ) -> str:
+        """Pull d(loss)/d(log-probs) back through the pending forward and step AdamW.
+
+        Refuses with `BindingError` (changing nothing, the forward stays pending) unless the
+        binding equals the pending forward's and `pre_step_digest` is the current state.
+        Returns the post-step state digest.
+        """
+        if self._pending is None:
+            raise BindingError(("forward",), "no forward is pending")
+        pending, tokens, response_start, shape = self._pending
+        offered = Binding(update, step, observation, pre_step_digest)
+        mismatches = {
+            field.name: f"got {getattr(offered, field.name)!r}, "
+            f"the pending forward has {getattr(pending, field.name)!r}"
+            for field in dataclasses.fields(Binding)
+            if getattr(offered, field.name) != getattr(pending, field.name)
+        }
+        if "pre_step_digest" not in mismatches and pre_step_digest != self.state_digest():
+            mismatches["pre_step_digest"] = f"not the current state {self.state_digest()!r}"
+        if mismatches:
+            detail = "; ".join(f"{name}: {why}" for name, why in mismatches.items())
+            raise BindingError(tuple(mismatches), detail)
+        cotangent = np.asarray(cotangent, dtype=np.float64)
+        if cotangent.shape != tuple(shape):
+            raise BindingError(("cotangent",), f"shape {cotangent.shape}, forward gave {shape}")
+        if not np.isfinite(cotangent).all():
+            raise ValueError("cotangent has non-finite entries")
+
+        _, gradients = self._function("gradient", response_start)(
+            tokens, mx.array(cotangent, dtype=mx.float64))
+        if self.optim_config.grad_clip > 0:
+            gradients = clip_grad_norm(gradients, self.optim_config.grad_clip)
+        self._apply_gradients(gradients)
+        self._pending = None
+        self.applied_steps += 1
+        self._digest = self._compute_digest()
+        return self._digest
+
+    def _apply_gradients(self, gradients: dict[str, Any]) -> None:
+        """One AdamW step with these (already clipped) gradients."""
+        self.optimizer.update(self.model, gradients)
+        mx.eval(self.model.parameters(), self.optimizer.state)
+
+    # -- weights for workers and evaluation --------------------------------------------------
+
+    def torch_state_dict(self) -> dict[str, torch.Tensor]:
+        """The current weights as a torch `Policy` state dict."""
+        return {name: torch.from_numpy(a) for name, a in self.model.numpy_parameters().items()}
+
+    def weights_bytes(self) -> bytes:
+        """Current policy weights, serialised like the torch backend's (torch names)."""
+        return state_dict_to_bytes(self.torch_state_dict())
+
+    def commit_file(self, version: int) -> Path | None:
+        """The commit file of `version`, if it is still kept."""
+        path = commit_path(self.commit_dir, version)
+        return path if path.exists() else None
+
+    def published_weights(self, version: int) -> tuple[bytes, str, str]:
+        """Weights of committed `version` for workers: (blob, weights digest, state digest).
+
+        Read from the verified commit file. The blob is the torch backend's format (tensors
+        by torch `Policy` name), which both the torch and the MLX worker load.
+        """
+        content = read_commit(commit_path(self.commit_dir, version))
+        model = content["model"]
+        return state_dict_to_bytes(model), weights_digest(model), content["state_digest"]
+
+    def evaluate_greedy(self, task: DigitReversal, prompts: np.ndarray) -> float:
+        """Mean reward of greedy answers to `prompts` [n, P] under the current weights."""
+        responses, _ = generate(self.model, prompts, task.response_length, greedy=True)
+        return float(task.rewards(prompts, responses).mean())
+
+
+def clip_grad_norm(gradients: dict[str, Any], max_norm: float) -> dict[str, Any]:
+    """Scale the gradients by min(1, max_norm / (norm + 1e-6)), as torch's clip_grad_norm_."""
+    squares = [mx.sum(mx.square(g)) for _, g in tree_flatten(gradients)]
+    norm = mx.sqrt(sum(squares[1:], squares[0]))
+    scale = mx.minimum(max_norm / (norm + 1e-6), 1.0)
+    return tree_map(lambda g: g * scale, gradients)
+
