@@ -59,10 +59,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--checkpoint", metavar="FILE", help="write BFS checkpoints here")
     parser.add_argument("--resume", metavar="FILE", help="resume BFS from a checkpoint")
     parser.add_argument("--quiet", action="store_true", help="no progress lines")
+    parser.add_argument("--drop-validity", action="store_true",
+                        help="with --prove: drop the config rule P <= S+1 to see what fails")
     args = parser.parse_args(argv)
     console = Console(stderr=False)
     if args.prove:
-        return _prove(console)
+        return _prove(console, assume_valid=not args.drop_validity)
     if args.trace:
         return _trace(Path(args.trace), console)
     spec = Path(args.spec) if args.spec else DEFAULT_SPEC
@@ -220,9 +222,9 @@ def _trace(path: Path, console: Console) -> int:
     return 0
 
 
-def _prove(console: Console) -> int:
+def _prove(console: Console, assume_valid: bool) -> int:
     from checker.prove import check_lemmas, format_results
-    results = check_lemmas(assume_valid=True)
+    results = check_lemmas(assume_valid=assume_valid)
     console.print(format_results(results))
     return 0 if all(r.holds for r in results) else 1
 
