@@ -1,11 +1,16 @@
-"""Regenerate the computed parts of spec/PROTOCOL.md from the code (nothing here is hand-typed).
+"""Regenerate the computed parts of spec/PROTOCOL.md from the code (nothing there is hand-typed).
 
-    .venv/bin/python spec/generate.py            # print the worked tables and the phase table
-    .venv/bin/python spec/generate.py --write    # also rewrite spec/phases.dot (and .svg if `dot`)
+    .venv/bin/python spec/generate.py            # print every generated block
+    .venv/bin/python spec/generate.py --write    # rewrite the blocks in PROTOCOL.md, and
+                                                 # phases.dot (and phases.svg if `dot` exists)
+    .venv/bin/python spec/generate.py --check    # exit 1 if PROTOCOL.md or phases.dot is stale
+
+A block sits between `<!-- BEGIN generated: NAME -->` and `<!-- END generated: NAME -->`.
 """
 
 from __future__ import annotations
 
+import re
 import shutil
 import subprocess
 import sys
@@ -16,62 +21,127 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from invar.model import schedule, transitions  # noqa: E402
 from invar.model.config import RunConfig  # noqa: E402
 
-CONFIGS = (
-    dict(max_staleness=1, sync_period=1, total_updates=6),
-    dict(max_staleness=2, sync_period=3, total_updates=9),
-    dict(max_staleness=3, sync_period=2, checkpoint_every=5, total_updates=12),
-    dict(max_staleness=11, sync_period=12, eval_every=10, total_updates=30),
+HERE = Path(__file__).resolve().parent
+
+TABLES = (  # (label, declared fields); B, G, K do not enter the schedule's versions
+    ("a", dict(max_staleness=1, sync_period=1, total_updates=6)),
+    ("b", dict(max_staleness=2, sync_period=3, total_updates=9)),
+    ("c", dict(max_staleness=3, sync_period=2, checkpoint_every=5, total_updates=12)),
+    ("d", dict(max_staleness=11, sync_period=12, eval_every=10, total_updates=30)),
 )
+SHORT = {"max_staleness": "S", "sync_period": "P", "eval_every": "E", "checkpoint_every": "C",
+         "total_updates": "N", "max_inflight_batches": "M"}
+WIDE = 12
+"""Tables with more batches than this are printed with one row per run of equal columns."""
 
 
-def worked_table(**declared: int) -> str:
+def _set(values) -> str:
+    return "{" + ", ".join(map(str, values)) + "}"
+
+
+def worked_table(label: str, declared: dict[str, int]) -> str:
     config = RunConfig(prompts_per_batch=1, group_size=2, optimizer_steps=1, **declared).validate()
+    n = config.total_updates
     pub = schedule.published_versions(config)
+    hard = sorted(schedule.hard_boundaries(config))
+    generating = sorted({schedule.gen_version(config, b) for b in range(n)})
+    dead = [v for v in pub if v not in generating and v not in hard]
     report = schedule.report(config)
-    used = sorted({schedule.gen_version(config, b) for b in range(config.total_updates)})
-    lines = [
-        "Declared: " + ", ".join(f"{k}={v}" for k, v in declared.items())
-        + f" (max_inflight_batches={config.max_inflight_batches})",
-        "",
-        f"Pub = {{{', '.join(map(str, pub))}}}; hard boundaries = "
-        f"{{{', '.join(map(str, sorted(schedule.hard_boundaries(config))))}}}; "
-        f"versions that generate a batch = {{{', '.join(map(str, used))}}}",
-        "",
-        "| b | b−S | min{v∈Pub : v ≥ b−S} | last boundary ≤ b | gen_version(b) | staleness(b) |",
-        "|---|---|---|---|---|---|",
-    ]
-    for b in range(config.total_updates):
-        lowest = max(0, b - config.max_staleness)
-        oldest = next(v for v in pub if v >= lowest)
-        lines.append(f"| {b} | {b - config.max_staleness} | {oldest} | "
-                     f"{schedule.last_boundary(config, b)} | {schedule.gen_version(config, b)} | "
-                     f"{schedule.staleness(config, b)} |")
-    lines += ["", f"report: effective_staleness={report.effective_staleness}, "
-              f"effective_sync_period={report.effective_sync_period}"]
-    lines += [f"- note: {note}" for note in report.notes]
-    return "\n".join(lines) + "\n"
+    shown = {**declared, "max_inflight_batches": config.max_inflight_batches}
+    head = ", ".join(f"{SHORT[k]}={v}" for k, v in shown.items())
+    notes = "; ".join(note.split(": ", 1)[0] for note in report.notes) or "none"
+    lines = [f"({label}) {head}. Pub = {_set(pub)}; Hard = {_set(hard)}; generating versions = "
+             f"{_set(generating)}; published, not hard, generating nothing = {_set(dead)}. "
+             f"`report`: effective_staleness = {report.effective_staleness}, "
+             f"effective_sync_period = {report.effective_sync_period}; notes: {notes}.", ""]
+    columns = []
+    for b in range(n):
+        notes_value = next(v for v in pub if v >= max(0, b - config.max_staleness))
+        gen = schedule.gen_version(config, b)
+        columns.append((notes_value, schedule.last_boundary(config, b), gen,
+                        schedule.staleness(config, b)))
+
+    def gen_cell(notes_value: int, gen: int) -> str:
+        return str(gen) if gen == notes_value else f"**{gen}** (notes: {notes_value})"
+
+    if n <= WIDE:
+        lines += ["| b | " + " | ".join(map(str, range(n))) + " |",
+                  "|---|" + "---|" * n]
+        rows = (("min{v∈Pub : v ≥ b−S}", lambda c: str(c[0])),
+                ("last_boundary(b)", lambda c: str(c[1])),
+                ("gen_version(b)", lambda c: gen_cell(c[0], c[2])),
+                ("staleness(b)", lambda c: str(c[3])))
+        for name, cell in rows:
+            lines.append(f"| {name} | " + " | ".join(cell(c) for c in columns) + " |")
+    else:
+        lines += ["| b | min{v∈Pub : v ≥ b−S} | last_boundary(b) | gen_version(b) | staleness(b) |",
+                  "|---|---|---|---|---|"]
+        start = 0
+        for b in range(1, n + 1):
+            if b < n and columns[b][:3] == columns[start][:3]:
+                continue
+            first, last = columns[start], columns[b - 1]
+            span = str(start) if b - 1 == start else f"{start}–{b - 1}"
+            stale = str(first[3]) if b - 1 == start else f"{first[3]}–{last[3]}"
+            lines.append(f"| {span} | {first[0]} | {first[1]} | {gen_cell(first[0], first[2])} "
+                         f"| {stale} |")
+            start = b
+    return "\n".join(lines)
 
 
-def main() -> None:
-    for declared in CONFIGS:
-        print(worked_table(**declared))
+def blocks() -> dict[str, str]:
     plan_config = RunConfig(prompts_per_batch=2, group_size=3, optimizer_steps=4, seed=0)
-    for u in (0, 1):
-        print(f"minibatch_plan(B=2,G=3,K=4,seed=0, u={u}) = "
-              f"{schedule.minibatch_plan(plan_config, u)}")
-    for request in (schedule.RequestId(0, 0, 0), schedule.RequestId(0, 0, 1),
-                    schedule.RequestId(1, 0, 0)):
-        print(f"sampling_seed(seed=0, {tuple(request)}) = "
-              f"{schedule.sampling_seed(plan_config, request)}")
-    print()
-    print(transitions.to_markdown())
-    if "--write" in sys.argv:
-        here = Path(__file__).resolve().parent
-        (here / "phases.dot").write_text(transitions.to_dot())
-        if shutil.which("dot"):
-            subprocess.run(["dot", "-Tsvg", str(here / "phases.dot"), "-o",
-                            str(here / "phases.svg")], check=True)
+    seeds = ", ".join(
+        f"`sampling_seed({tuple(r)}) = {schedule.sampling_seed(plan_config, r)}`"
+        for r in (schedule.RequestId(0, 0, 0), schedule.RequestId(0, 0, 1),
+                  schedule.RequestId(1, 0, 0)))
+    plans = ", ".join(f"`minibatch_plan({u}) = {schedule.minibatch_plan(plan_config, u)}`"
+                      for u in (0, 1))
+    n, k = plan_config.samples_per_batch, plan_config.optimizer_steps
+    cuts = ", ".join(str(round(j * n / k)) for j in range(k + 1))
+    return {
+        "seeds": f"Example (seed = 0): {seeds}.",
+        "plan": f"Example (B=2, G=3, K=4, seed=0; cuts {cuts}): {plans}.",
+        "tables": "\n\n".join(worked_table(label, declared) for label, declared in TABLES),
+        "phases": transitions.to_markdown().rstrip("\n"),
+    }
+
+
+def render(text: str, generated: dict[str, str]) -> str:
+    for name, body in generated.items():
+        pattern = re.compile(rf"(<!-- BEGIN generated: {name} -->\n)(?:.*?\n)?"
+                             rf"(<!-- END generated: {name} -->)", re.S)
+        if not pattern.search(text):
+            raise SystemExit(f"PROTOCOL.md has no generated block {name!r}")
+        text = pattern.sub(lambda m: m.group(1) + body + "\n" + m.group(2), text)
+    return text
+
+
+def main() -> int:
+    generated = blocks()
+    if "--check" not in sys.argv and "--write" not in sys.argv:
+        for name, body in generated.items():
+            print(f"<!-- {name} -->\n{body}\n")
+        return 0
+    spec = HERE / "PROTOCOL.md"
+    current = spec.read_text()
+    wanted = render(current, generated)
+    dot = transitions.to_dot()
+    if "--check" in sys.argv:
+        stale = [p.name for p, ok in ((spec, wanted == current),
+                                      (HERE / "phases.dot", (HERE / "phases.dot").read_text() == dot))
+                 if not ok]
+        if stale:
+            print(f"out of date: {', '.join(stale)} (run spec/generate.py --write)")
+            return 1
+        return 0
+    spec.write_text(wanted)
+    (HERE / "phases.dot").write_text(dot)
+    if shutil.which("dot"):
+        subprocess.run(["dot", "-Tsvg", str(HERE / "phases.dot"), "-o",
+                        str(HERE / "phases.svg")], check=True)
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

@@ -1,4 +1,5 @@
-"""`invar train [CONFIG.toml] [--set key=value ...] [--resume RUN_DIR] [--serial]`."""
+"""`invar train [CONFIG.toml] [--set key=value ...] [--backend torch|mlx] [--resume RUN_DIR]
+[--serial]`."""
 
 from __future__ import annotations
 
@@ -50,12 +51,17 @@ def main(argv: list[str] | None = None) -> int:
     run.add_argument("config", nargs="?", help="TOML configuration (defaults if omitted)")
     run.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                      help="override a key, e.g. --set optim.lr=3e-4 (repeatable)")
+    run.add_argument("--backend", choices=("torch", "mlx"),
+                     help="learner and sampler backend: shorthand for --set learner.backend=... "
+                          "(mlx runs synchronously: it needs protocol.max_staleness=0)")
     run.add_argument("--resume", metavar="RUN_DIR",
                      help="continue the run in RUN_DIR from its journal and last commit")
     run.add_argument("--serial", action="store_true",
                      help="execute the schedule one command at a time, in one process")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    if args.backend:
+        args.set.append(f"learner.backend={json.dumps(args.backend)}")
     try:
         if args.resume:
             saved = Path(args.resume) / "config.json"
@@ -63,8 +69,14 @@ def main(argv: list[str] | None = None) -> int:
                 raise ConfigError(("--resume",), f"{saved} not found: not a run directory")
             # The run lives where it is now, whatever path it was started under.
             here = f"output.run_dir={json.dumps(str(args.resume))}"
-            config = load_config(None, _flatten(json.loads(saved.read_text())) + [here]
-                                 + args.set)
+            started = json.loads(saved.read_text())
+            config = load_config(None, _flatten(started) + [here] + args.set)
+            backend = started.get("learner", {}).get("backend", "torch")
+            if config.learner.backend != backend:
+                # Each backend's commits hold its own optimizer state.
+                raise ConfigError(("learner.backend",),
+                                  f"the run was started with the {backend} backend; a run "
+                                  "cannot change its backend")
         else:
             config = load_config(args.config, args.set)
     except ConfigError as error:

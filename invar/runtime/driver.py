@@ -219,6 +219,12 @@ class Stats:
     malformed_frames: int = 0
     core_seconds: float = 0.0
     worker_deaths: int = 0
+    rollout_seconds: float = 0.0
+    """Generation seconds the workers reported in their reply frames (measurement only)."""
+    load_seconds: float = 0.0
+    """Weight-loading seconds the workers reported (measurement only)."""
+    rollout_replies: int = 0
+    """Replies received in frames that reported generation seconds (measurement only)."""
     started: float = field(default_factory=time.perf_counter)
 
 
@@ -246,6 +252,8 @@ class Driver:
         self._stopping = False
         self._terms: dict[int, list[dict[str, float]]] = {}
         self._update_started = time.perf_counter()
+        # Learner, rollout, core seconds and rollout replies at the last metrics row.
+        self._timing_marks: tuple[float, ...] = (0.0, 0.0, 0.0, 0)
         self._received: dict[int, dict[str, Any]] = {}
         self.state: State = initial_state(config.protocol)
 
@@ -465,10 +473,15 @@ class Driver:
 
     def _accept_frame(self, name: str, header: dict[str, Any]) -> None:
         kind = header["kind"]
+        # Worker-reported compute time (benchmarks: rollout time R per batch).
+        self.stats.rollout_seconds += float(header.get("compute_seconds", 0.0))
+        self.stats.load_seconds += float(header.get("load_seconds", 0.0))
         if kind == "event":
             messages = [header["message"]]
         elif kind == "events":
             messages = header["messages"]
+            if "compute_seconds" in header:
+                self.stats.rollout_replies += len(messages)
         else:
             raise FrameError(f"unexpected frame kind {kind!r}")
         for raw in messages:
@@ -502,6 +515,12 @@ class Driver:
         rewards = [s.reward for s in batch.slots if isinstance(s, Sample)]
         terms = self._terms.pop(update, [])
         now = time.perf_counter()
+        marks = (self.executor.busy_seconds, self.stats.rollout_seconds, self.stats.core_seconds,
+                 self.stats.rollout_replies)
+        timing = {name: now_ - then for name, now_, then in
+                  zip(("learner_seconds", "rollout_seconds", "core_seconds", "rollout_replies"),
+                      marks, self._timing_marks)}
+        self._timing_marks = marks
         self.metrics.update(
             update=update,
             reward=float(np.mean(rewards)),
@@ -510,6 +529,7 @@ class Driver:
             seconds=now - self._update_started,
             refused=self.stats.refused,
             noops=self.stats.noops,
+            timing=timing,
         )
         self._update_started = now
         self._progress(update + 1, float(np.mean(rewards)),
@@ -618,7 +638,7 @@ def worker_args(config: TrainConfig, name: str, incarnation: int = 0) -> dict[st
                 prompts_per_batch=c.protocol.prompts_per_batch, group_size=c.protocol.group_size,
                 chunk_prompts=c.rollout.chunk_prompts, temperature=c.sampling.temperature,
                 top_k=c.sampling.top_k, top_p=c.sampling.top_p, threads=c.rollout.threads,
-                faults=faults)
+                backend=c.learner.backend, faults=faults)
 
 
 def pin_current_process(cpus: tuple[int, ...]) -> None:

@@ -65,10 +65,13 @@ class MetricsLog:
         self.counters[name] += 1
 
     def update(self, update: int, reward: float, staleness: int, terms: dict[str, float],
-               seconds: float, refused: int, noops: int) -> None:
+               seconds: float, refused: int, noops: int,
+               timing: dict[str, float] | None = None) -> None:
+        """`timing`: seconds of learner work, worker generation and core + driver, and the
+        count of rollout replies, since the previous row (JSONL only; for benchmarks)."""
         row = {"update": update, "reward": reward, "staleness": staleness, **terms,
                "seconds": seconds, "wall": time.perf_counter() - self.started,
-               "refused": refused, "noops": noops}
+               "refused": refused, "noops": noops, **(timing or {})}
         while self.updates and self.updates[-1]["update"] >= update:
             self.updates.pop()  # a row written just before a crash, for an update redone
         self.updates.append(row)
@@ -134,6 +137,13 @@ class MetricsLog:
             "worker_deaths": stats.worker_deaths,
             "core_and_driver_share": stats.core_seconds / wall if wall else 0.0,
             "learner_busy_share": learner_seconds / wall if wall else 0.0,
+            # Absolute seconds behind the shares, and the workers' reported generation and
+            # weight-loading seconds (summed over workers): for benchmarks.
+            "core_and_driver_seconds": stats.core_seconds,
+            "learner_busy_seconds": learner_seconds,
+            "rollout_compute_seconds": getattr(stats, "rollout_seconds", 0.0),
+            "rollout_load_seconds": getattr(stats, "load_seconds", 0.0),
+            "rollout_replies": getattr(stats, "rollout_replies", 0),
             "counters": dict(self.counters),
         }
         (self.run_dir / "summary.json").write_text(json.dumps(summary, indent=2))

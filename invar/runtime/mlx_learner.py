@@ -8,6 +8,7 @@ anything else): the same core `step`, events and commands, and the same cotangen
   (update, step, observation, pre_step_digest). MLX keeps no autograd graph between calls,
   so what is kept is the forward's input; the cotangent's backward pass re-traces the same
   deterministic forward under `mx.vjp` (the values it differentiates at are those reported).
+  A step therefore costs two forwards and one backward, against torch's one and one.
 * `apply_cotangent` refuses any cotangent not bound to exactly that pending forward, naming
   every mismatched field (`BindingError`), and otherwise takes `mx.vjp` of the log-probs
   with the core's cotangent d(loss)/d(log-probs), clips the global gradient norm like
@@ -23,13 +24,24 @@ anything else): the same core `step`, events and commands, and the same cotangen
 
 The initial weights are those of the torch `Policy(config, seed)`, converted, so both
 backends start from the same point.
+
+Speed on a CPU (benchmarks/bench_mlx.py measures all of it): MLX's Linux CPU build runs
+matrix products on the reference BLAS and evaluates each stream on one thread, so it is about
+10x slower than torch here. The options: `fast` (default on) uses the policy's `Linear` and
+`GELU` kernels, about a third faster; `compile` wraps the functions in `mx.compile`, which
+measured no faster and costs seconds on each new shape, so it is off; `streams` splits each
+batch over that many CPU streams (one thread each), for machines with idle cores.
+MLX streams are per thread, and the driver calls the learner from whichever thread is free,
+so no array is left unevaluated between calls and each thread makes its own streams.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import hashlib
 import json
+import threading
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
@@ -105,26 +117,33 @@ class MLXLearner:
         seed: int,
         commit_dir: str | Path,
         keep_commits: int = 3,
-        compile: bool = True,
+        compile: bool = False,
+        fast: bool = True,
+        streams: int = 1,
     ) -> None:
         if keep_commits < 1:
             raise ValueError(f"keep_commits must be at least 1, got {keep_commits}")
+        if streams < 1:
+            raise ValueError(f"streams must be at least 1, got {streams}")
         self.policy_config = policy_config
         self.optim_config = optim_config
         self.seed = seed
         self.commit_dir = Path(commit_dir)
         self.keep_commits = keep_commits
         self.compile = compile
-        self.model = MLXPolicy.initial(policy_config, seed)
+        self.streams = streams
+        self._local = threading.local()  # MLX streams belong to the thread that made them
+        self.model = MLXPolicy.initial(policy_config, seed, fast=fast)
         # The reference is the initial policy, frozen: the anchor for KL penalties.
-        self.reference = MLXPolicy(policy_config)
+        self.reference = MLXPolicy(policy_config, fast=fast)
         self.reference.update(self.model.parameters())
         self.reference.freeze()
+        mx.eval(self.model.parameters(), self.reference.parameters())
         self.optimizer = self._new_optimizer()
         self.committed_version: int | None = None
         self.applied_steps = 0
         self._digest: str | None = None
-        self._pending: tuple[Binding, mx.array, int, tuple[int, ...]] | None = None
+        self._pending: tuple[Binding, np.ndarray, int, tuple[int, ...]] | None = None
         self._functions: dict[tuple[str, int], Callable[..., Any]] = {}
 
     def _new_optimizer(self) -> optim.AdamW:
@@ -133,6 +152,9 @@ class MLXLearner:
                                 eps=config.eps, weight_decay=config.weight_decay,
                                 bias_correction=True)
         optimizer.init(self.model.trainable_parameters())
+        # Evaluate now: MLX streams are per thread, and the driver calls the learner from
+        # whichever thread is free, so no state may be left lazy between calls.
+        mx.eval(optimizer.state)
         return optimizer
 
     def _hyperparameters(self) -> dict[str, Any]:
@@ -293,6 +315,39 @@ class MLXLearner:
         self._functions[key] = function
         return function
 
+    def _split(self, rows: int) -> list[tuple[mx.Stream | None, slice]]:
+        """The rows each CPU stream works on: one part on the default stream, or `streams`
+        contiguous parts, each on a stream of its own (MLX runs each CPU stream on a thread
+        of its own; the split depends on the row count only, so results stay reproducible)."""
+        if self.streams == 1 or rows < 2:
+            return [(None, slice(None))]
+        if getattr(self._local, "streams", None) is None:
+            self._local.streams = [mx.new_stream(mx.cpu) for _ in range(self.streams)]
+        bounds = np.linspace(0, rows, min(self.streams, rows) + 1).round().astype(int)
+        return [(stream, slice(int(a), int(b)))
+                for stream, a, b in zip(self._local.streams, bounds[:-1], bounds[1:])]
+
+    def _logprobs(self, kind: str, tokens: mx.array, response_start: int) -> mx.array:
+        function = self._function(kind, response_start)
+        parts = []
+        for stream, rows in self._split(tokens.shape[0]):
+            with contextlib.nullcontext() if stream is None else mx.stream(stream):
+                parts.append(function(tokens[rows]))
+        return parts[0] if len(parts) == 1 else mx.concatenate(parts, axis=0)
+
+    def _gradients(self, tokens: mx.array, cotangent: mx.array, response_start: int
+                   ) -> dict[str, Any]:
+        """Gradient of sum(log-probs * cotangent): the VJP of the log-probs, summed over the
+        streams' parts in a fixed order."""
+        function = self._function("gradient", response_start)
+        parts = []
+        for stream, rows in self._split(tokens.shape[0]):
+            with contextlib.nullcontext() if stream is None else mx.stream(stream):
+                parts.append(function(tokens[rows], cotangent[rows])[1])
+        if len(parts) == 1:
+            return parts[0]
+        return tree_map(lambda *gradients: sum(gradients[1:], gradients[0]), *parts)
+
     def score(
         self, sequences: np.ndarray, response_start: int, need_reference: bool
     ) -> tuple[np.ndarray, np.ndarray | None]:
@@ -300,10 +355,10 @@ class MLXLearner:
         proximal policy) and, if asked, under the frozen reference."""
         self.state_digest()  # refuses before start()
         tokens = self._tokens(sequences, response_start)
-        proximal = self._function("logprobs", response_start)(tokens)
+        proximal = self._logprobs("logprobs", tokens, response_start)
         if not need_reference:
             return np.array(proximal), None
-        reference = self._function("reference", response_start)(tokens)
+        reference = self._logprobs("reference", tokens, response_start)
         mx.eval(proximal, reference)
         return np.array(proximal), np.array(reference)
 
@@ -316,9 +371,10 @@ class MLXLearner:
         """
         pre_step_digest = self.state_digest()
         tokens = self._tokens(sequences, response_start)
-        logprobs = np.array(self._function("logprobs", response_start)(tokens))
-        self._pending = (Binding(update, step, observation, pre_step_digest), tokens,
-                         response_start, logprobs.shape)
+        logprobs = np.array(self._logprobs("logprobs", tokens, response_start))
+        # The sequences are kept as numpy: the cotangent may arrive on another thread.
+        self._pending = (Binding(update, step, observation, pre_step_digest),
+                         np.asarray(sequences), response_start, logprobs.shape)
         return pre_step_digest, logprobs
 
     def apply_cotangent(
@@ -337,7 +393,7 @@ class MLXLearner:
         """
         if self._pending is None:
             raise BindingError(("forward",), "no forward is pending")
-        pending, tokens, response_start, shape = self._pending
+        pending, sequences, response_start, shape = self._pending
         offered = Binding(update, step, observation, pre_step_digest)
         mismatches = {
             field.name: f"got {getattr(offered, field.name)!r}, "
@@ -356,8 +412,8 @@ class MLXLearner:
         if not np.isfinite(cotangent).all():
             raise ValueError("cotangent has non-finite entries")
 
-        _, gradients = self._function("gradient", response_start)(
-            tokens, mx.array(cotangent, dtype=mx.float64))
+        gradients = self._gradients(self._tokens(sequences, response_start),
+                                    mx.array(cotangent, dtype=mx.float64), response_start)
         if self.optim_config.grad_clip > 0:
             gradients = clip_grad_norm(gradients, self.optim_config.grad_clip)
         self._apply_gradients(gradients)

@@ -19,7 +19,7 @@ from collections.abc import Sequence
 import mlx.core as mx
 import numpy as np
 
-from invar.runtime.mlx_policy import MLXKVCache, MLXPolicy
+from invar.runtime.mlx_policy import MLXKVCache, MLXPolicy, float64_stream
 
 
 def sampling_logprobs(
@@ -37,7 +37,7 @@ def sampling_logprobs(
         raise ValueError(f"top_k must be non-negative (0 disables it), got {top_k}")
     if not 0 < top_p <= 1:
         raise ValueError(f"top_p must be in (0, 1], got {top_p}")
-    with mx.stream(mx.cpu):
+    with float64_stream():
         minus_inf = mx.array(-math.inf, dtype=mx.float64)
         logprobs = _log_softmax(logits.astype(mx.float64) / temperature)
         vocab = logprobs.shape[-1]
@@ -117,7 +117,7 @@ def generate(
             logprob = mx.zeros((rows,), dtype=mx.float64, stream=mx.cpu)
         else:
             logprobs = sampling_logprobs(last, temperature, top_k, top_p)
-            with mx.stream(mx.cpu):
+            with float64_stream():
                 token = mx.argmax(logprobs + noise[:, position], axis=-1).astype(mx.int32)
                 logprob = mx.take_along_axis(logprobs, token[:, None], axis=-1)[:, 0]
         step_input = token[:, None]

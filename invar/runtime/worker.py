@@ -15,6 +15,7 @@ import json
 import queue
 import sys
 import threading
+import time
 from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Any
@@ -59,6 +60,8 @@ class WorkerArgs:
     top_k: int = 0
     top_p: float = 1.0
     threads: int = 1
+    backend: str = "torch"
+    """Sampler: "torch" or "mlx" (the learner's backend; both load the same weights blob)."""
     faults: tuple[str, ...] = ()
     """Test-only misbehaviour: "wrong_version_once", "garbage_frame_once", "exit_after:N"
     (exit after exactly N replies, dropping the rest of the batch it was working on)."""
@@ -70,7 +73,13 @@ class RolloutWorker:
     def __init__(self, args: WorkerArgs) -> None:
         self.args = args
         self.task = DigitReversal(args.task_length)
-        self.policy = Policy(PolicyConfig(**args.policy), seed=0).eval()
+        if args.backend == "mlx":
+            from invar.runtime.mlx_policy import MLXPolicy
+            self.policy = MLXPolicy(PolicyConfig(**args.policy))
+        elif args.backend == "torch":
+            self.policy = Policy(PolicyConfig(**args.policy), seed=0).eval()
+        else:
+            raise ValueError(f"unknown backend {args.backend!r}; known: torch, mlx")
         self.version: int | None = None
         self.replies: OrderedDict[tuple, dict[str, Any]] = OrderedDict()
         self.faults = set(args.faults)
@@ -81,7 +90,10 @@ class RolloutWorker:
         state = state_dict_from_bytes(blob)
         if weights_digest(state) != params_digest:
             raise FrameError(f"weights of version {command.version} do not match their digest")
-        self.policy.load_state_dict(state)
+        if self.args.backend == "mlx":
+            self.policy.load_torch_state_dict(state)  # the same names and shapes, converted
+        else:
+            self.policy.load_state_dict(state)
         self.version = command.version
         self.replies.clear()
         return WeightsLoaded(command.worker, command.incarnation, command.load, command.version)
@@ -121,10 +133,16 @@ class RolloutWorker:
             row = (command.request.prompt - first_prompt) * g + command.request.sample
             prompt_of_row[row] = self._prompt(command.prompt_index)
             seeds[row] = command.seed
-        prompts = torch.as_tensor(np.array(prompt_of_row), dtype=torch.long)
-        tokens, logprobs = generate(self.policy, prompts, self.task.response_length, seeds,
-                                    temperature=self.args.temperature, top_k=self.args.top_k,
-                                    top_p=self.args.top_p)
+        if self.args.backend == "mlx":
+            from invar.runtime.mlx_sampler import generate as mlx_generate
+            tokens, logprobs = mlx_generate(
+                self.policy, np.array(prompt_of_row), self.task.response_length, seeds,
+                temperature=self.args.temperature, top_k=self.args.top_k, top_p=self.args.top_p)
+        else:
+            prompts = torch.as_tensor(np.array(prompt_of_row), dtype=torch.long)
+            tokens, logprobs = generate(self.policy, prompts, self.task.response_length, seeds,
+                                        temperature=self.args.temperature,
+                                        top_k=self.args.top_k, top_p=self.args.top_p)
         out = []
         for command in group:
             row = (command.request.prompt - first_prompt) * g + command.request.sample
@@ -167,11 +185,18 @@ def main(argv: list[str]) -> int:
                       None)
     write_frame_blocking(stdout, {"kind": "hello", "name": args.name})
 
-    def reply(replies: list[dict[str, Any]]) -> bool:
+    def launch(launches: list[LaunchRequest]) -> tuple[list[dict[str, Any]], float]:
+        """The replies to these launches and the seconds spent computing them (measurement
+        only: reported in the reply frame's header, never part of any event)."""
+        began = time.perf_counter()
+        replies = worker.launch(launches)
+        return replies, time.perf_counter() - began
+
+    def reply(replies: list[dict[str, Any]], seconds: float) -> bool:
         """Send replies (at most up to exit_after of them); True when it is time to crash."""
         if exit_after is not None:
             replies = replies[:max(exit_after - worker.sent, 0)]
-        _reply_all(stdout, replies)
+        _reply_all(stdout, replies, seconds)
         worker.sent += len(replies)
         return exit_after is not None and worker.sent >= exit_after
 
@@ -190,22 +215,27 @@ def main(argv: list[str]) -> int:
             message = decode(header["message"])
             if isinstance(message, LoadWeights):
                 # Requests asked before the load are answered first, in order.
-                if reply(worker.launch(launches)):
+                if reply(*launch(launches)):
                     return 3  # simulated crash, for tests
                 launches = []
+                began = time.perf_counter()
                 loaded = worker.load(message, blob, header["params_digest"])
-                write_frame_blocking(stdout, {"kind": "event", "message": encode(loaded)})
-        replies = worker.launch(launches)
+                write_frame_blocking(stdout, {"kind": "event", "message": encode(loaded),
+                                              "load_seconds": time.perf_counter() - began})
+        replies, seconds = launch(launches)
         if "garbage_frame_once" in worker.faults and replies:
             worker.faults.discard("garbage_frame_once")
             write_frame_blocking(stdout, {"kind": "event", "message": {"type": "Nonsense"}})
-        if reply(replies):
+        if reply(replies, seconds):
             return 3  # simulated crash, for tests: the rest of this batch is lost
 
 
-def _reply_all(stdout: Any, replies: list[dict[str, Any]]) -> None:
+def _reply_all(stdout: Any, replies: list[dict[str, Any]], seconds: float = 0.0) -> None:
+    """One frame of replies; `compute_seconds` (generation time, for benchmarks) rides in
+    the header beside the events, so the events and the journal are unchanged."""
     if replies:
-        write_frame_blocking(stdout, {"kind": "events", "messages": replies})
+        write_frame_blocking(stdout, {"kind": "events", "messages": replies,
+                                      "compute_seconds": seconds})
 
 
 if __name__ == "__main__":

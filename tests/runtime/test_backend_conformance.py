@@ -1,0 +1,503 @@
+"""What every learner backend must do, checked the same way for each: torch and MLX.
+
+A backend is reached only through the interface the driver uses (start, score, forward,
+apply_cotangent, commit, published_weights, ...) plus a small adapter per framework below
+that builds a learner, snapshots its state as numpy, captures the gradient the cotangent
+route hands to the optimizer, and differentiates a loss written natively in the framework.
+A new backend adds an adapter and a name to BACKENDS.
+"""
+
+from __future__ import annotations
+
+import copy
+import importlib.util
+import os
+
+import numpy as np
+import pytest
+import torch
+
+from invar.model.objective import ObjectiveConfig, objective
+from invar.runtime.policy import Policy, PolicyConfig
+from invar.runtime.task import DigitReversal
+from invar.runtime.torch_learner import (
+    BindingError,
+    CommitError,
+    OptimConfig,
+    commit_path,
+    encode_commit,
+    list_commits,
+    load_weights_bytes,
+    read_commit,
+)
+from invar.runtime.weights import weights_digest
+
+TASK = DigitReversal(4)
+CONFIG = PolicyConfig(max_len=TASK.sequence_length)
+START = TASK.prompt_length  # where responses begin in a sequence
+HAVE_MLX = importlib.util.find_spec("mlx") is not None
+BACKENDS = ["torch", pytest.param("mlx", marks=pytest.mark.skipif(
+    not HAVE_MLX, reason="mlx is not installed (pip install 'mlx[cpu]')"))]
+
+
+@pytest.fixture(autouse=True)
+def few_threads():
+    previous = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(previous)
+
+
+# -- adapters ----------------------------------------------------------------------------------
+
+
+def decoupled_ppo_loss(ops, current, proximal, behavior, advantages, config):
+    """The core's decoupled-PPO loss (every token valid), written with framework ops `ops`:
+    the expression whose gradient the core's hand-written cotangent claims to be. Only
+    `current` carries a gradient; the other inputs are numpy arrays."""
+    ratio = ops.exp(current - ops.constant(proximal))
+    # The behaviour weight depends on p and b only: a constant.
+    weight = np.exp(np.minimum(proximal - behavior, np.log(config.behavior_weight_cap)))
+    low, high = 1.0 - config.clip_low, 1.0 + config.clip_high
+    a = advantages[:, None]
+    token_loss = ops.constant(weight) * ops.maximum(-ops.constant(a) * ratio,
+                                                    -ops.constant(a) * ops.clip(ratio, low, high))
+    return ops.sum(token_loss) / current.shape[0] / current.shape[1]
+
+
+class TorchAdapter:
+    name = "torch"
+
+    def make(self, commit_dir, seed=0, keep_commits=3, **optim):
+        from invar.runtime.torch_learner import TorchLearner
+        return TorchLearner(CONFIG, OptimConfig(**optim), seed, commit_dir,
+                            keep_commits=keep_commits)
+
+    def snapshot(self, learner):
+        out = {f"model/{n}": t.detach().numpy().copy()
+               for n, t in learner.model.state_dict().items()}
+        optimizer = learner.optimizer.state_dict()
+        for index, state in optimizer["state"].items():
+            for key, value in state.items():
+                out[f"optimizer/{index}/{key}"] = torch.as_tensor(value).numpy().copy()
+        out["optimizer/groups"] = np.array(repr(optimizer["param_groups"]))
+        return out
+
+    def capture_gradients(self, learner, monkeypatch):
+        captured = {}
+
+        def capture():
+            captured.update({n: p.grad.numpy().copy()
+                             for n, p in learner.model.named_parameters()})
+
+        monkeypatch.setattr(learner.optimizer, "step", capture)
+        return captured
+
+    def native_gradients(self, learner, sequences, proximal, behavior, advantages, config):
+        from invar.runtime.torch_learner import response_logprobs
+
+        class Ops:
+            exp, maximum, sum = torch.exp, torch.maximum, torch.sum
+            clip = staticmethod(torch.clamp)
+            constant = staticmethod(torch.as_tensor)
+
+        twin = copy.deepcopy(learner.model)
+        current = response_logprobs(twin, torch.as_tensor(sequences), START)
+        loss = decoupled_ppo_loss(Ops, current, proximal, behavior, advantages, config)
+        loss.backward()
+        return loss.item(), {n: p.grad.numpy() for n, p in twin.named_parameters()}
+
+    def weights_state_dict(self, learner):
+        return learner.model.state_dict()
+
+
+class MLXAdapter:
+    name = "mlx"
+
+    def make(self, commit_dir, seed=0, keep_commits=3, **optim):
+        from invar.runtime.mlx_learner import MLXLearner
+        return MLXLearner(CONFIG, OptimConfig(**optim), seed, commit_dir,
+                          keep_commits=keep_commits)
+
+    def snapshot(self, learner):
+        from invar.runtime.mlx_learner import _to_numpy
+        out = {f"model/{n}": a for n, a in learner.model.numpy_parameters().items()}
+        out.update({f"optimizer/{n}": a for n, a in _to_numpy(learner.optimizer.state).items()})
+        return out
+
+    def capture_gradients(self, learner, monkeypatch):
+        from mlx.utils import tree_flatten
+        captured = {}
+
+        def capture(gradients):
+            captured.update({n: np.array(g) for n, g in tree_flatten(gradients)})
+
+        monkeypatch.setattr(learner, "_apply_gradients", capture)
+        return captured
+
+    def native_gradients(self, learner, sequences, proximal, behavior, advantages, config):
+        import mlx.core as mx
+        import mlx.nn as nn
+        from mlx.utils import tree_flatten
+
+        from invar.runtime.mlx_learner import response_logprobs
+        from invar.runtime.mlx_policy import MLXPolicy
+
+        class Ops:
+            exp, maximum, sum, clip = mx.exp, mx.maximum, mx.sum, mx.clip
+
+            @staticmethod
+            def constant(value):
+                return mx.array(np.asarray(value), dtype=mx.float64)
+
+        twin = MLXPolicy(CONFIG)
+        twin.update(learner.model.parameters())
+        tokens = mx.array(sequences.astype(np.int32))
+
+        def loss_of_twin():
+            current = response_logprobs(twin, tokens, START)
+            with mx.stream(mx.cpu):  # float64 lives on the CPU stream
+                return decoupled_ppo_loss(Ops, current, proximal, behavior, advantages,
+                                          config)
+
+        loss, gradients = nn.value_and_grad(twin, loss_of_twin)()
+        return loss.item(), {n: np.array(g) for n, g in tree_flatten(gradients)}
+
+    def weights_state_dict(self, learner):
+        return learner.torch_state_dict()
+
+
+ADAPTERS = {"torch": TorchAdapter(), "mlx": MLXAdapter()}
+
+
+@pytest.fixture(params=BACKENDS)
+def backend(request):
+    return ADAPTERS[request.param]
+
+
+def batch(rows, seed):
+    """Sequences [rows, L]: train prompts with fixed pseudo-random digit responses."""
+    prompts = TASK.prompts("train", range(seed * 100, seed * 100 + rows))
+    responses = np.random.default_rng(seed).integers(0, 10, size=(rows, TASK.response_length))
+    return np.concatenate([prompts, responses], axis=1)
+
+
+def take_steps(learner, count, first_update=0):
+    """`count` bound forward/cotangent round trips with a fixed synthetic cotangent."""
+    digests = []
+    for update in range(first_update, first_update + count):
+        digest, logprobs = learner.forward(update, 0, update, batch(6, update), START)
+        cotangent = np.linspace(-1, 1, logprobs.size).reshape(logprobs.shape)
+        digests.append(learner.apply_cotangent(update, 0, update, digest, cotangent))
+    return digests
+
+
+def assert_same_snapshot(left, right):
+    assert left.keys() == right.keys()
+    for name in left:
+        assert left[name].dtype == right[name].dtype, name
+        assert np.array_equal(left[name], right[name]), name
+
+
+# -- lifecycle ---------------------------------------------------------------------------------
+
+
+def test_start_writes_commit_zero_and_nothing_runs_before(tmp_path, backend):
+    learner = backend.make(tmp_path)
+    with pytest.raises(RuntimeError, match="start"):
+        learner.score(batch(2, 0), START, need_reference=False)
+    version, digest = learner.start()
+    assert (version, digest) == (0, learner.state_digest())
+    assert [path.name for _, path in list_commits(tmp_path)] == ["commit-000000.pt"]
+    assert read_commit(commit_path(tmp_path, 0))["state_digest"] == digest
+
+
+def test_the_state_digest_changes_with_a_step_and_only_then(tmp_path, backend):
+    learner = backend.make(tmp_path)
+    _, initial = learner.start()
+    sequences = batch(6, 0)
+    proximal, reference = learner.score(sequences, START, need_reference=True)
+    assert proximal.dtype == np.float64 and proximal.shape == (6, TASK.response_length)
+    np.testing.assert_array_equal(proximal, reference)  # nothing learnt yet
+    assert learner.score(sequences, START, need_reference=False)[1] is None
+    digest, current = learner.forward(0, 0, 0, sequences, START)
+    np.testing.assert_array_equal(current, proximal)
+    assert learner.state_digest() == digest == initial  # scoring and forwards change nothing
+    after = learner.apply_cotangent(0, 0, 0, digest, np.full_like(current, 0.1))
+    assert after != initial and learner.state_digest() == after
+    moved, still_reference = learner.score(sequences, START, need_reference=True)
+    np.testing.assert_array_equal(still_reference, reference)
+    assert np.abs(moved - proximal).max() > 1e-4
+    assert learner.state_digest() == after
+
+
+def test_score_refuses_malformed_sequences(tmp_path, backend):
+    learner = backend.make(tmp_path)
+    learner.start()
+    with pytest.raises(ValueError, match="response_start"):
+        learner.score(batch(2, 0), 0, need_reference=False)
+    with pytest.raises(ValueError, match="2-D integer"):
+        learner.score(batch(2, 0).astype(np.float32), START, need_reference=False)
+
+
+# -- binding checks ----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("field", ["update", "step", "observation", "pre_step_digest"])
+def test_a_cotangent_with_any_mismatched_binding_is_refused(tmp_path, backend, field):
+    learner = backend.make(tmp_path)
+    learner.start()
+    take_steps(learner, 1)
+    digest, logprobs = learner.forward(5, 2, 17, batch(4, 1), START)
+    before = backend.snapshot(learner)
+    binding = dict(update=5, step=2, observation=17, pre_step_digest=digest)
+    wrong = "0" * 64 if field == "pre_step_digest" else binding[field] + 1
+    with pytest.raises(BindingError) as refusal:
+        learner.apply_cotangent(**dict(binding, **{field: wrong}),
+                                cotangent=np.ones_like(logprobs))
+    assert refusal.value.fields == (field,)
+    assert field in str(refusal.value)
+    assert learner.state_digest() == digest  # nothing changed...
+    assert_same_snapshot(backend.snapshot(learner), before)
+    # ...and the pending forward survives a refusal: the right cotangent still lands.
+    assert learner.apply_cotangent(**binding, cotangent=np.ones_like(logprobs)) != digest
+
+
+def test_every_mismatch_is_named(tmp_path, backend):
+    learner = backend.make(tmp_path)
+    learner.start()
+    digest, logprobs = learner.forward(1, 1, 1, batch(4, 0), START)
+    with pytest.raises(BindingError) as refusal:
+        learner.apply_cotangent(2, 1, 3, digest, np.ones_like(logprobs))
+    assert refusal.value.fields == ("update", "observation")
+
+
+def test_cotangents_without_a_matching_forward_are_refused(tmp_path, backend):
+    learner = backend.make(tmp_path)
+    _, start_digest = learner.start()
+    with pytest.raises(BindingError, match="no forward is pending"):
+        learner.apply_cotangent(0, 0, 0, start_digest, np.zeros((4, 4)))
+    digest, logprobs = learner.forward(0, 0, 0, batch(4, 0), START)
+    with pytest.raises(BindingError, match="shape") as refusal:
+        learner.apply_cotangent(0, 0, 0, digest, np.zeros((4, 3)))
+    assert refusal.value.fields == ("cotangent",)
+    with pytest.raises(ValueError, match="non-finite"):
+        learner.apply_cotangent(0, 0, 0, digest, np.full(logprobs.shape, np.nan))
+    assert learner.state_digest() == start_digest
+    learner.apply_cotangent(0, 0, 0, digest, np.ones_like(logprobs))
+    # The forward is spent: replaying the same cotangent is refused.
+    with pytest.raises(BindingError, match="no forward is pending"):
+        learner.apply_cotangent(0, 0, 0, digest, np.ones_like(logprobs))
+
+
+# -- the cotangent route -----------------------------------------------------------------------
+
+
+def test_cotangent_route_gradient_equals_autograd_of_the_loss(tmp_path, backend, monkeypatch):
+    """The core's decoupled-PPO cotangent, pulled back by the backend, is the gradient that
+    the framework's own autograd gives for the same loss written natively."""
+    learner = backend.make(tmp_path, grad_clip=0.0)
+    learner.start()
+    sequences = batch(12, 3)
+    digest, current = learner.forward(0, 0, 0, sequences, START)
+    rng = np.random.default_rng(3)
+    # Proximal and behaviour policies a little off the current one: some tokens clip.
+    proximal = current + rng.normal(scale=0.3, size=current.shape)
+    behavior = proximal + rng.normal(scale=0.3, size=current.shape)
+    advantages = rng.normal(size=len(sequences))
+    config = ObjectiveConfig(loss="decoupled_ppo", clip_low=0.2, clip_high=0.28,
+                             behavior_weight_cap=5.0, kl_coef=0.0)
+    mask = np.ones(current.shape, dtype=bool)
+    terms, cotangent = objective(config, advantages, current, proximal, behavior, mask)
+    assert 0 < terms.clip_fraction < 1  # both branches of the max are exercised
+
+    loss, expected = backend.native_gradients(learner, sequences, proximal, behavior,
+                                              advantages, config)
+    assert loss == pytest.approx(terms.loss, rel=1e-6, abs=1e-9)
+    captured = backend.capture_gradients(learner, monkeypatch)
+    learner.apply_cotangent(0, 0, 0, digest, cotangent)
+    assert captured.keys() == expected.keys()
+    for name, gradient in expected.items():
+        np.testing.assert_allclose(captured[name], gradient, rtol=1e-5,
+                                   atol=1e-6 * np.abs(gradient).max() + 1e-12, err_msg=name)
+
+
+def test_gradient_norm_is_clipped(tmp_path, backend, monkeypatch):
+    learner = backend.make(tmp_path, grad_clip=1e-3)
+    learner.start()
+    captured = backend.capture_gradients(learner, monkeypatch)
+    digest, logprobs = learner.forward(0, 0, 0, batch(8, 0), START)
+    learner.apply_cotangent(0, 0, 0, digest, np.ones_like(logprobs))
+    norm = np.sqrt(sum(np.sum(g.astype(np.float64) ** 2) for g in captured.values()))
+    assert 1e-3 * 0.99 <= norm <= 1e-3 * (1 + 1e-5)
+
+
+def test_same_inputs_give_bitwise_identical_results(tmp_path, backend):
+    runs = []
+    for name in ("first", "second"):
+        learner = backend.make(tmp_path / name)
+        learner.start()
+        digests = take_steps(learner, 3)
+        scores = learner.score(batch(8, 9), START, need_reference=True)
+        runs.append((digests, scores, backend.snapshot(learner)))
+    (digests_a, scores_a, state_a), (digests_b, scores_b, state_b) = runs
+    assert digests_a == digests_b and len(set(digests_a)) == 3
+    np.testing.assert_array_equal(scores_a[0], scores_b[0])
+    np.testing.assert_array_equal(scores_a[1], scores_b[1])
+    assert_same_snapshot(state_a, state_b)
+
+
+# -- commits -----------------------------------------------------------------------------------
+
+
+def test_commit_restore_round_trip_is_bitwise(tmp_path, backend):
+    learner = backend.make(tmp_path)
+    learner.start()
+    take_steps(learner, 3)
+    committed_digest = learner.commit(3)
+
+    restored = backend.make(tmp_path)
+    assert restored.start() == (3, committed_digest)
+    assert restored.applied_steps == learner.applied_steps == 3
+    assert_same_snapshot(backend.snapshot(restored), backend.snapshot(learner))
+    # Both continue identically from the restored state.
+    assert take_steps(learner, 2, first_update=3) == take_steps(restored, 2, first_update=3)
+    assert_same_snapshot(backend.snapshot(restored), backend.snapshot(learner))
+
+
+def test_commits_are_pruned_and_must_move_forward(tmp_path, backend):
+    learner = backend.make(tmp_path, keep_commits=2)
+    learner.start()
+    for version in (1, 2, 5):
+        learner.commit(version)
+    assert [version for version, _ in list_commits(tmp_path)] == [2, 5]
+    with pytest.raises(ValueError, match="not newer"):
+        learner.commit(5)
+
+
+def corrupt_flip_byte(path):
+    data = bytearray(path.read_bytes())
+    data[len(data) // 2] ^= 0x01
+    path.write_bytes(bytes(data))
+
+
+def corrupt_truncate(path):
+    path.write_bytes(path.read_bytes()[:-100])
+
+
+def corrupt_truncate_header(path):
+    path.write_bytes(path.read_bytes()[:20])
+
+
+def corrupt_append(path):
+    path.write_bytes(path.read_bytes() + b"\0")
+
+
+def corrupt_magic(path):
+    path.write_bytes(b"NOTACOMM" + path.read_bytes()[8:])
+
+
+def corrupt_missing_field(path):
+    content = read_commit(path)
+    del content["optimizer"]
+    path.write_bytes(encode_commit(content))  # a well-checksummed but incomplete commit
+
+
+def corrupt_other_seed(path):
+    content = read_commit(path)
+    content["seed"] = 7
+    path.write_bytes(encode_commit(content))
+
+
+def corrupt_digest(path):
+    content = read_commit(path)
+    content["model"]["head.weight"][0, 0] += 1
+    path.write_bytes(encode_commit(content))
+
+
+@pytest.mark.parametrize(
+    "corrupt, reason",
+    [
+        (corrupt_flip_byte, "checksum mismatch"),
+        (corrupt_truncate, "truncated: payload has"),
+        (corrupt_truncate_header, "truncated: 20 bytes"),
+        (corrupt_append, "unexpected bytes"),
+        (corrupt_magic, "not a commit file"),
+        (corrupt_missing_field, "missing field.*optimizer"),
+        (corrupt_other_seed, "seed 7"),
+        (corrupt_digest, "state_digest"),
+    ],
+    ids=["flipped byte", "truncated", "truncated header", "trailing bytes", "bad magic",
+         "missing field", "other seed", "tampered state"],
+)
+def test_a_bad_commit_is_refused_and_never_loaded(tmp_path, backend, corrupt, reason):
+    learner = backend.make(tmp_path)
+    learner.start()
+    take_steps(learner, 1)
+    learner.commit(1)
+    newest = commit_path(tmp_path, 1)
+    corrupt(newest)
+
+    fresh = backend.make(tmp_path)
+    untouched = backend.snapshot(fresh)
+    with pytest.raises(CommitError, match=reason) as refusal:
+        fresh.start()
+    assert refusal.value.path == newest
+    assert str(newest) in str(refusal.value)
+    assert_same_snapshot(backend.snapshot(fresh), untouched)
+    assert fresh.committed_version is None
+
+
+def test_a_crash_mid_commit_leaves_the_old_commit_loadable(tmp_path, backend, monkeypatch):
+    learner = backend.make(tmp_path)
+    learner.start()
+    take_steps(learner, 1)
+    old_digest = learner.commit(1)
+    take_steps(learner, 1, first_update=1)
+
+    def crash(*args):
+        raise OSError("simulated crash before the rename")
+
+    monkeypatch.setattr(os, "replace", crash)
+    with pytest.raises(OSError, match="simulated crash"):
+        learner.commit(2)
+    monkeypatch.undo()
+    (tmp_path / ".commit-000002.pt.x7y8z9.tmp").write_bytes(b"half a commit")
+
+    restored = backend.make(tmp_path)
+    assert restored.start() == (1, old_digest)
+    assert sorted(os.listdir(tmp_path)) == ["commit-000000.pt", "commit-000001.pt"]
+
+
+# -- weights for workers and evaluation --------------------------------------------------------
+
+
+def test_published_weights_are_read_back_from_the_commit(tmp_path, backend):
+    learner = backend.make(tmp_path, keep_commits=1)
+    learner.start()
+    take_steps(learner, 1)
+    state_digest = learner.commit(1)
+    committed_weights = weights_digest(backend.weights_state_dict(learner))
+    take_steps(learner, 1, first_update=1)  # the live weights move on; the commit does not
+    blob, digest, committed_digest = learner.published_weights(1)
+    assert committed_digest == state_digest and digest == committed_weights
+    worker = Policy(CONFIG, seed=5)  # published weights load into a torch worker as they are
+    assert load_weights_bytes(worker, blob) == digest
+    assert digest != weights_digest(backend.weights_state_dict(learner))
+    assert learner.commit_file(1) == commit_path(tmp_path, 1)
+    assert learner.commit_file(0) is None  # pruned
+    with pytest.raises(CommitError, match="no such file"):
+        learner.published_weights(0)
+
+
+def test_evaluate_greedy_is_the_mean_greedy_reward(tmp_path, backend):
+    from invar.runtime.sampler import generate
+    learner = backend.make(tmp_path)
+    learner.start()
+    take_steps(learner, 2)
+    prompts = TASK.prompts("heldout", range(16))
+    twin = Policy(CONFIG, seed=0)
+    twin.load_state_dict(backend.weights_state_dict(learner))
+    tokens, _ = generate(twin, torch.as_tensor(prompts), TASK.response_length, greedy=True)
+    expected = np.mean([TASK.reward(p, r) for p, r in zip(prompts, tokens.numpy())])
+    assert learner.evaluate_greedy(TASK, prompts) == pytest.approx(expected)
