@@ -305,7 +305,8 @@ def _on_forward_observed(state: State, event: ForwardObserved) -> Handled:
     if status == "late":
         return _LATE
     if status == "pending" and learner.phase is LearnerPhase.APPLYING:
-        return _DUPLICATE
+        same = _matrix_digest(event.current_logprobs) == learner.forward_digest
+        return _DUPLICATE if same else _DIVERGENT
     if status != "pending" or not learner_accepts(learner.phase, ForwardObserved):
         return ProtocolError(state, event, Reason.UNREQUESTED_OBSERVATION,
                              f"forward {tuple(event.observation)} was never requested "
@@ -345,6 +346,9 @@ def _on_step_finished(state: State, event: StepFinished) -> Handled:
 
 
 def _on_update_committed(state: State, event: UpdateCommitted) -> Handled:
+    if event.update < 0:
+        return ProtocolError(state, event, Reason.MALFORMED_PAYLOAD,
+                             f"update: {event.update} is negative")
     if event.update < state.committed:
         if event.weights_digest != state.commit_digests[event.update + 1]:
             return ProtocolError(state, event, Reason.COMMIT_DIGEST_MISMATCH,

@@ -91,6 +91,8 @@ class ObjectiveConfig:
             value = getattr(self, name)
             if isinstance(value, numbers.Real) and not isinstance(value, bool):
                 object.__setattr__(self, name, float(value))
+        if isinstance(self.normalize_advantages, np.bool_):
+            object.__setattr__(self, "normalize_advantages", bool(self.normalize_advantages))
 
     def validate(self) -> None:
         """Raise `ConfigError` naming every field whose value cannot describe an objective."""
