@@ -304,9 +304,12 @@ class InvarModel(BaseModel[World, tuple]):
             props.append(Property.sometimes("a_message_is_dropped",
                                             lambda w: w.budget.drops < b.drops))
         if b.learner_crashes:
-            props.append(Property.sometimes("learner_restarts_mid_update",
-                                            lambda w: w.learner.incarnation > 0
-                                            and w.core.learner.attempt > 0))
+            k = self.config.optimizer_steps
+            # More forwards than K per update so far: some update's steps ran twice.
+            props.append(Property.sometimes(
+                "learner_restart_redoes_an_update",
+                lambda w: w.core.learner.attempt > 0
+                and w.core.learner.observations > k * (w.core.committed + 1)))
         if b.worker_crashes:
             props.append(Property.sometimes("worker_reconnects",
                                             lambda w: any(x.incarnation > 0 for x in w.workers)))
@@ -319,19 +322,18 @@ class InvarModel(BaseModel[World, tuple]):
         text = _key_text(world, self._config_text)
         if not self.symmetry:
             return text
-        # Interchangeable workers: the representative is the least renaming (names are
-        # tokens that occur nowhere else in the text).
+        # Interchangeable workers: the representative is the least text over every renaming
+        # of the world. The renaming is done on the objects, not on the text: collections
+        # ordered by name (the core's workers, the network, the world's workers) must be
+        # re-sorted, and a batch's slots stand behind a digest that hashes the names, so a
+        # textual replace would map most states to a text no mirror state produces.
         best = text
         names = self.worker_names
         for perm in itertools.permutations(names):
             if perm == names:
                 continue
-            renamed = text
-            for i, name in enumerate(names):
-                renamed = renamed.replace(name, f"\x00{i}\x00")
-            for i, name in enumerate(perm):
-                renamed = renamed.replace(f"\x00{i}\x00", name)
-            best = min(best, renamed)
+            mapping = dict(zip(names, perm))
+            best = min(best, _key_text(_rename_world(world, mapping, names), self._config_text))
         return best
 
     def format_action(self, action: tuple) -> str:
@@ -494,6 +496,35 @@ def _remove(network: tuple[Message, ...], key: str) -> tuple[Message, ...]:
 def _put(world: World, worker: Component) -> World:
     return replace(world, workers=tuple(worker if w.name == worker.name else w
                                         for w in world.workers))
+
+
+def _rename_world(world: World, mapping: dict[str, str], names: tuple[str, ...]) -> World:
+    """`world` with its workers renamed by `mapping`, every name-ordered collection re-sorted."""
+    by_name = {mapping[w.name]: replace(w, name=mapping[w.name]) for w in world.workers}
+    durable = world.durable
+    if world.budget.driver_restarts:  # only then part of the key (see _key_text)
+        durable = _rename_core(durable, mapping)
+    return replace(world, core=_rename_core(world.core, mapping), durable=durable,
+                   network=tuple(sorted(_rename_message(m, mapping) for m in world.network)),
+                   workers=tuple(by_name[n] for n in names))
+
+
+def _rename_core(core: State, mapping: dict[str, str]) -> State:
+    workers = tuple(sorted((replace(w, name=mapping[w.name]) for w in core.workers),
+                           key=lambda w: w.name))
+    batches = tuple(
+        batch.with_slots({p: Assigned(mapping[s.worker], s.incarnation)
+                          for p, s in enumerate(batch.slots) if isinstance(s, Assigned)})
+        for batch in core.batches)
+    return replace(core, workers=workers, batches=batches)
+
+
+def _rename_message(msg: Message, mapping: dict[str, str]) -> Message:
+    body = msg.body
+    name = getattr(body, "worker", None)
+    if name is None:
+        return msg
+    return message(mapping.get(msg.to, msg.to), replace(body, worker=mapping[name]))
 
 
 def _key_text(world: World, config_text: str) -> str:

@@ -1,0 +1,293 @@
+"""Seeded bugs: small, plausible mistakes applied to the pure core with pytest's `monkeypatch`.
+
+Each `SeededBug` names the mistake, the smallest bounds under which `invar-check` must catch
+it, the properties allowed to catch it (the first one is the one it is *meant* to violate),
+and `apply(monkeypatch)`, which swaps one module attribute of `invar.model.core` (a handler
+in `core._HANDLERS`, a helper function, or the core's reference to `schedule`). The invariants
+(`invar.model.invariants`) and the world's fakes (`invar.testing`) are never touched: they
+keep their own references, so the mutant is judged by the correct specification.
+
+`replay(bug, events, model)` steps the core events of a counterexample (as extracted by
+`checker.cli.core_events`) through the core as it currently is (mutated or not) and says
+which properties the last event violates: the check that a trace really is a counterexample.
+"""
+
+from __future__ import annotations
+
+import types
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+from checker.invar_model import Bounds, InvarModel
+from invar.model import core, schedule
+from invar.model.core import logical_projection, requires_fsync, run_complete
+from invar.model.errors import ProtocolError
+from invar.model.invariants import transition_violations, violations
+from invar.model.messages import (
+    ForwardObserved,
+    LaunchRequest,
+    LearnerStarted,
+    Publish,
+    RequestCompleted,
+    RetainVersion,
+    VersionPublished,
+)
+from invar.model.state import LearnerPhase, Sample, initial_state
+from invar.model.state import evolve as replace
+from invar.model.transitions import learner_accepts
+
+REFUSED = "correct_components_never_refused"
+TRANSITION = "transition_invariants"
+FINAL = "completed_run_matches_canonical_schedule"
+
+
+@dataclass(frozen=True)
+class SeededBug:
+    name: str
+    description: str
+    bounds: Bounds
+    prop: str
+    """The property the bug must be caught by."""
+    detail: str
+    """Text the replayed violation's message must contain (which check, what went wrong)."""
+    apply: Callable[[Any], None] = field(repr=False)
+    """apply(monkeypatch): install the mutant."""
+    finish_when: str = "any_failure"
+    """How far the search goes: the first alarm, or (for a bug whose first alarm is another
+    property) every property decided."""
+
+
+# ---------------------------------------------------------------------------------------------
+# The mutants. Each wraps or replaces one attribute; `original` is read at apply time.
+
+
+def _duplicate_completion_applied_twice(mp: Any) -> None:
+    original = core._HANDLERS[RequestCompleted]
+
+    def handler(state, event):
+        outcome = original(state, event)
+        batch = state.batch(event.request.batch)
+        if outcome is core._DUPLICATE and batch is not None:
+            # The bug: a re-delivered completion is applied again: written over its slot and
+            # counted a second time.
+            position = event.request.prompt * state.config.group_size + event.request.sample
+            again = batch.with_slots({position: batch.slots[position]})
+            again = replace(again, completed=again.completed + 1)
+            return core._put_batch(state, again), []
+        return outcome
+
+    mp.setitem(core._HANDLERS, RequestCompleted, handler)
+
+
+class _OlderGenVersion(types.ModuleType):
+    """The core's view of `schedule`, with gen_version one version older (never below 0)."""
+
+    def __init__(self) -> None:
+        super().__init__("schedule_off_by_one")
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(schedule, name)
+
+    @staticmethod
+    def gen_version(config, batch):  # noqa: ANN001, ANN205
+        return max(0, schedule.gen_version(config, batch) - 1)
+
+
+def _staleness_off_by_one(mp: Any) -> None:
+    # Only the core's reference: invariants and schedule's own helpers keep the true one.
+    mp.setattr(core, "schedule", _OlderGenVersion())
+
+
+def _publish_before_commit(mp: Any) -> None:
+    reconcile = core._reconcile
+    on_published = core._HANDLERS[VersionPublished]
+
+    def early_reconcile(state, commands):
+        state, out = reconcile(state, commands)
+        learner = state.learner
+        version = state.committed + 1
+        # The bug: the version being committed is published as soon as its last step
+        # finishes, without waiting for UpdateCommitted.
+        if (state.publishing is None and learner.phase is LearnerPhase.COMMITTING
+                and schedule.is_published(state.config, version)
+                and version not in state.published):
+            state = replace(state, publishing=version)
+            out = (*out, Publish(version, learner.step_digest))
+        return state, out
+
+    def accept_early(state, event):
+        if (event.version == state.publishing and event.version not in state.published
+                and event.version >= len(state.commit_digests)):
+            state = replace(state, published=state.published + (event.version,),
+                            publishing=None,
+                            retained=tuple(sorted({*state.retained, event.version})))
+            return state, [RetainVersion(event.version)]
+        return on_published(state, event)
+
+    mp.setattr(core, "_reconcile", early_reconcile)
+    mp.setitem(core._HANDLERS, VersionPublished, accept_early)
+
+
+def _committed_update_redone_after_restart(mp: Any) -> None:
+    original = core._HANDLERS[LearnerStarted]
+
+    def handler(state, event):
+        restart = state.learner.phase is not LearnerPhase.OFFLINE
+        outcome = original(state, event)
+        if restart and not isinstance(outcome, (ProtocolError, core._NoOp)):
+            after, commands = outcome
+            if after.committed > 0:
+                # The bug: a restarted learner resumes at the update *before* the last commit,
+                # so that committed update is done (and committed) again.
+                after = replace(after, commit_digests=after.commit_digests[:-1])
+                after = replace(after, learner=core._fresh_learner(after, event.incarnation))
+            return after, commands
+        return outcome
+
+    mp.setitem(core._HANDLERS, LearnerStarted, handler)
+
+
+def _cotangent_for_another_step(mp: Any) -> None:
+    original = core._HANDLERS[ForwardObserved]
+
+    def handler(state, event):
+        learner = state.learner
+        batch = state.batch(event.observation.update)
+        if (learner_accepts(learner.phase, ForwardObserved) and event.attempt == learner.attempt
+                and batch is not None):
+            # The bug: the binding check (observation id and pre-step digest) is skipped: any
+            # forward of this attempt is taken as the current step's.
+            plan = schedule.minibatch_plan(state.config, event.observation.update)[learner.step]
+            command = core._cotangent(state, batch, plan, event)
+            learner = replace(learner, phase=LearnerPhase.APPLYING, cotangent=command,
+                              forward_digest=core._matrix_digest(event.current_logprobs))
+            return replace(state, learner=learner), [command]
+        return original(state, event)
+
+    mp.setitem(core._HANDLERS, ForwardObserved, handler)
+
+
+def _reissued_request_new_seed(mp: Any) -> None:
+    original = core._launch
+
+    def launch(state, batch, position, slot):
+        command = original(state, batch, position, slot)
+        # The bug: the seed is derived with the worker's incarnation, so a request re-issued
+        # to a reconnected worker samples with a new seed (the first issue is unaffected).
+        seed = schedule.derive_seed(command.seed, "incarnation", slot.incarnation) \
+            if slot.incarnation else command.seed
+        return LaunchRequest(command.worker, command.incarnation, command.request,
+                             command.version, seed, command.prompt_index)
+
+    mp.setattr(core, "_launch", launch)
+
+
+def _batch_filled_in_completion_order(mp: Any) -> None:
+    original = core._HANDLERS[RequestCompleted]
+
+    def handler(state, event):
+        before = state.batch(event.request.batch)
+        outcome = original(state, event)
+        if before is None or isinstance(outcome, (ProtocolError, core._NoOp)):
+            return outcome
+        after, commands = outcome
+        batch = after.batch(event.request.batch)
+        position = event.request.prompt * state.config.group_size + event.request.sample
+        first_free = next(i for i, s in enumerate(before.slots) if not isinstance(s, Sample))
+        if first_free != position:
+            # The bug: the k-th completion to arrive fills slot k (arrival order), not the
+            # slot of its request id.
+            batch = batch.with_slots({first_free: batch.slots[position],
+                                      position: batch.slots[first_free]})
+            after = core._put_batch(after, batch)
+        return after, commands
+
+    mp.setitem(core._HANDLERS, RequestCompleted, handler)
+
+
+def _version_released_too_early(mp: Any) -> None:
+    def needed(state, version):
+        batches = schedule.batches_of_version(state.config, version)
+        if not batches:
+            return version == state.published[-1]
+        # The bug: a version is kept only until its last batch is *admitted*, not completed.
+        if any(b >= state.admitted for b in batches):
+            return True
+        return any(w.phase is core.WorkerPhase.LOADING and w.version == version
+                   for w in state.workers)
+
+    mp.setattr(core, "_version_needed", needed)
+
+
+SEEDED_BUGS: tuple[SeededBug, ...] = (
+    SeededBug("duplicate_completion_applied_twice",
+              "a re-delivered RequestCompleted is applied (and counted) again",
+              Bounds(duplicates=1), "batch_counters_consistent", "counts 0/2, holds 0/1",
+              _duplicate_completion_applied_twice),
+    # The first alarm is launch_only_published_and_loaded (the batch is admitted before its
+    # true version is published); searched on, the consumption record is caught too.
+    SeededBug("staleness_off_by_one",
+              "the core's gen_version returns one version older than the schedule",
+              Bounds(max_staleness=0), "consumed_version_is_scheduled",
+              "update 1 consumed data of version 0, scheduled 1", _staleness_off_by_one,
+              finish_when="exhausted"),
+    SeededBug("publish_before_commit",
+              "the version being committed is published before UpdateCommitted",
+              Bounds(), TRANSITION, "commands_respect_schedule: version 1 published before "
+              "its commit", _publish_before_commit),
+    SeededBug("committed_update_redone_after_restart",
+              "a restarted learner resumes at the update before the last commit",
+              Bounds(learner_crashes=1), "each_update_commits_once",
+              "0 versions committed for 1 commits", _committed_update_redone_after_restart),
+    SeededBug("cotangent_for_another_step",
+              "ForwardObserved's binding check is skipped: a forward of another step is used",
+              Bounds(optimizer_steps=2, duplicates=1), TRANSITION,
+              "cotangent_bound_to_its_step", _cotangent_for_another_step),
+    SeededBug("reissued_request_new_seed",
+              "a request re-issued to a new worker incarnation gets a new seed",
+              Bounds(worker_crashes=1, total_updates=1), TRANSITION,
+              "commands_respect_schedule: request (0, 0, 0) launched with another seed",
+              _reissued_request_new_seed),
+    SeededBug("batch_filled_in_completion_order",
+              "completions fill a batch's slots in arrival order, not request-id order",
+              Bounds(), FINAL, "projection", _batch_filled_in_completion_order),
+    SeededBug("version_released_too_early",
+              "a version is released once its batches are admitted, though still incomplete",
+              Bounds(), "version_retained_while_in_use",
+              "version 0 released while batch 0 is incomplete", _version_released_too_early),
+)
+
+BY_NAME = {bug.name: bug for bug in SEEDED_BUGS}
+
+
+# ---------------------------------------------------------------------------------------------
+# Replaying a counterexample's core events through the core as it is now.
+
+
+def replay(events: list[Any], model: InvarModel) -> dict[str, str]:
+    """Step `events` (from `checker.cli.core_events`; a tuple entry is a driver restart)
+    through `step` as it is now; return the properties the *last* event violates, each with
+    what is wrong (empty: none). A refusal ends the replay, wherever it happens."""
+    state = durable = initial_state(model.config)
+    broken: dict[str, str] = {}
+    for index, event in enumerate(events):
+        last = index == len(events) - 1
+        if isinstance(event, tuple):
+            state = durable
+            continue
+        outcome = core.step(state, event)
+        if isinstance(outcome, ProtocolError):
+            where = "" if last else f"event {index} of {len(events)}, before the last: "
+            return {REFUSED: f"{where}{outcome.reason.value}: {outcome.detail}"}
+        after, commands = outcome
+        if last:
+            broken.update(violations(after))
+            moved = transition_violations(state, commands, after)
+            if moved:
+                broken[TRANSITION] = "; ".join(f"{k}: {v}" for k, v in moved.items())
+            if run_complete(after) and logical_projection(after) != model.canonical_projection:
+                broken[FINAL] = "the completed run's projection is not the canonical one"
+        if requires_fsync(event, commands):
+            durable = after
+        state = after
+    return broken
