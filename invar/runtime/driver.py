@@ -255,6 +255,8 @@ class Driver:
         # Learner, rollout, core seconds and rollout replies at the last metrics row.
         self._timing_marks: tuple[float, ...] = (0.0, 0.0, 0.0, 0)
         self._received: dict[int, dict[str, Any]] = {}
+        self._digest_of: State | None = None
+        self._digest = ""
         self.state: State = initial_state(config.protocol)
 
     # -- lifecycle ---------------------------------------------------------------------------
@@ -356,7 +358,11 @@ class Driver:
             self.state = after_state  # keeps the no-op counts
             self.stats.core_seconds += time.perf_counter() - began
             return
-        before, after = state_digest(before_state), state_digest(after_state)
+        # The digest of the state before is the one computed after the previous event.
+        if self._digest_of is not before_state:
+            self._digest = state_digest(before_state)
+        before, after = self._digest, state_digest(after_state)
+        self._digest, self._digest_of = after, after_state
         if isinstance(event, (UpdateCommitted, LearnerStarted)) and \
                 after_state.committed > before_state.committed:
             # Its metrics row goes first: a crash right after the journal line must not lose
