@@ -194,11 +194,6 @@ def _prompt(task: DigitReversal, index: int) -> tuple[int, ...]:
     return tuple(task.prompt(index))
 
 
-def publication(learner: Any, version: int) -> tuple[bytes, str, str]:
-    """Weights blob, its parameter digest and the commit's state digest, from the commit file."""
-    return learner.published_weights(version)
-
-
 # ---------------------------------------------------------------------------------------------
 # The asynchronous driver.
 
@@ -208,7 +203,6 @@ class WorkerHandle:
     name: str
     incarnation: int
     transport: Transport
-    reader: asyncio.Task | None = None
 
 
 @dataclass
@@ -433,7 +427,7 @@ class Driver:
 
     async def _publish(self, command: Publish) -> None:
         blob, params_digest, digest = await asyncio.to_thread(
-            publication, self.learner, command.version)
+            self.learner.published_weights, command.version)
         path = self.store / f"weights-{command.version:06d}.bin"
         await asyncio.to_thread(_write_store, path, blob, params_digest)
         self.events.put_nowait(VersionPublished(command.version, digest))
@@ -601,7 +595,7 @@ def run_serial(config: TrainConfig, learner: Any) -> State:
                 blob, params_digest = store[command.version]
                 queue.append(workers[command.worker].load(command, blob, params_digest))
             elif isinstance(command, Publish):
-                blob, params_digest, state_digest_ = publication(learner, command.version)
+                blob, params_digest, state_digest_ = learner.published_weights(command.version)
                 store[command.version] = (blob, params_digest)
                 queue.append(VersionPublished(command.version, state_digest_))
             elif isinstance(command, (ScoreProbabilities, RunForward, ApplyCotangent, Commit,
