@@ -217,10 +217,13 @@ def run(spec: Spec, root: Path, base: dict[str, Any], total: int, window_start: 
     load_before = loadavg()
     busy0, children0, self0 = machine_busy_seconds(), children_cpu_seconds(), self_cpu_seconds()
     began = time.perf_counter()
-    process = subprocess.Popen(args, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT)
+    # SIGINT back to its default in the child: a benchmark started in the background (`cmd &`
+    # from a script) inherits it ignored, and the early stop below relies on it.
+    process = subprocess.Popen(args, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT,
+                               preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     updates: list[dict[str, Any]] = []
     evaluations: list[dict[str, Any]] = []
-    offset, stopped, cpu_marks = 0, False, {}
+    offset, stopped, cpu_marks = 0, 0.0, {}
     metrics = run_dir / "metrics.jsonl"
     while True:
         done = process.poll() is not None
@@ -237,17 +240,15 @@ def run(spec: Spec, root: Path, base: dict[str, Any], total: int, window_start: 
                         and not stopped and not done:
                     # asyncio.run turns SIGINT into a cancellation: the driver closes its
                     # workers in its `finally` and exits.
-                    stopped = True
+                    stopped = time.perf_counter()
                     process.send_signal(signal.SIGINT)
         if done:
             break
-        time.sleep(0.05)
-    if stopped:
-        try:
-            process.wait(timeout=30)
-        except subprocess.TimeoutExpired:
+        if stopped and time.perf_counter() - stopped > 20:
+            process.terminate()  # its workers exit at the end of their stdin
+        if stopped and time.perf_counter() - stopped > 40:
             process.kill()
-            process.wait()
+        time.sleep(0.05)
     wall = time.perf_counter() - began
     log.close()
     busy1, children1, self1 = machine_busy_seconds(), children_cpu_seconds(), self_cpu_seconds()
@@ -265,7 +266,7 @@ def run(spec: Spec, root: Path, base: dict[str, Any], total: int, window_start: 
         tail = (root / f"{spec.name}.log").read_text(errors="replace")[-3000:]
         raise RuntimeError(f"{spec.name} failed (exit {process.returncode}):\n{tail}")
     return Result(spec, process.returncode, wall, summary, updates, evaluations, cpu_total,
-                  cpu_window, window, other, load_before, loadavg(), stopped,
+                  cpu_window, window, other, load_before, loadavg(), bool(stopped),
                   settings["protocol.prompts_per_batch"] * settings["protocol.group_size"])
 
 
