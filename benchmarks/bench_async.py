@@ -289,8 +289,8 @@ def phase_worker(raw: str) -> None:
     torch.set_num_threads(1)
     torch.use_deterministic_algorithms(True)
     task = DigitReversal(8)
-    learner = TorchLearner(PolicyConfig(), OptimConfig(), seed=0,
-                           commit_dir=tempfile.mkdtemp(prefix="invar-bench-phase-"))
+    commits = tempfile.TemporaryDirectory(prefix="invar-bench-phase-")
+    learner = TorchLearner(PolicyConfig(), OptimConfig(), seed=0, commit_dir=commits.name)
     learner.start()
     prompts = np.repeat(task.prompts("train", range(spec["prompts"])), spec["samples"], axis=0)
     rows = len(prompts)
@@ -324,6 +324,7 @@ def phase_worker(raw: str) -> None:
             work()
             if time.time() <= end + 0.05:
                 times.setdefault(label, []).append(time.perf_counter() - began)
+    commits.cleanup()
     print(json.dumps(times))
 
 
