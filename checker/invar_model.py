@@ -22,7 +22,6 @@ from functools import cached_property
 from pathlib import Path
 from typing import Any, Iterator
 
-from invar.model import schedule
 from invar.model.config import RunConfig
 from invar.model.core import logical_projection, requires_fsync, run_complete, step
 from invar.model.errors import ConfigError, ProtocolError

@@ -41,7 +41,7 @@ from __future__ import annotations
 
 import textwrap
 import time
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from typing import Callable, NamedTuple
 
 import z3

@@ -58,7 +58,6 @@ from invar.model.state import (
     Consumption,
     LearnerPhase,
     LearnerState,
-    NoOps,
     Sample,
     Scores,
     State,

@@ -63,13 +63,14 @@ from invar.runtime.torch_learner import (
     BindingError,
     CommitError,
     OptimConfig,
+    check_binding,
+    checked_sequences,
     commit_path,
-    encode_commit,
     list_commits,
     read_commit,
+    write_commit,
 )
 from invar.runtime.weights import (
-    atomic_write,
     atomic_write_leftovers,
     state_dict_to_bytes,
     weights_digest,
@@ -256,10 +257,8 @@ class MLXLearner:
             "seed": self.seed,
             "state_digest": digest,
         }
-        atomic_write(commit_path(self.commit_dir, version), encode_commit(content))
+        write_commit(self.commit_dir, version, content, self.keep_commits)
         self.committed_version = version
-        for _, old in list_commits(self.commit_dir)[: -self.keep_commits]:
-            old.unlink()
         return digest
 
     def state_digest(self) -> str:
@@ -271,15 +270,7 @@ class MLXLearner:
     # -- scoring and updates -----------------------------------------------------------------
 
     def _tokens(self, sequences: np.ndarray, response_start: int) -> mx.array:
-        sequences = np.asarray(sequences)
-        if sequences.ndim != 2 or not np.issubdtype(sequences.dtype, np.integer):
-            raise ValueError(
-                f"sequences must be a 2-D integer array, got {sequences.dtype} {sequences.shape}"
-            )
-        if not 1 <= response_start < sequences.shape[1]:
-            raise ValueError(
-                f"response_start {response_start} is outside 1..{sequences.shape[1] - 1}"
-            )
+        sequences = checked_sequences(sequences, response_start)
         return mx.array(sequences.astype(np.int32))
 
     def _function(self, kind: str, response_start: int) -> Callable[..., Any]:
@@ -395,17 +386,7 @@ class MLXLearner:
             raise BindingError(("forward",), "no forward is pending")
         pending, sequences, response_start, shape = self._pending
         offered = Binding(update, step, observation, pre_step_digest)
-        mismatches = {
-            field.name: f"got {getattr(offered, field.name)!r}, "
-            f"the pending forward has {getattr(pending, field.name)!r}"
-            for field in dataclasses.fields(Binding)
-            if getattr(offered, field.name) != getattr(pending, field.name)
-        }
-        if "pre_step_digest" not in mismatches and pre_step_digest != self.state_digest():
-            mismatches["pre_step_digest"] = f"not the current state {self.state_digest()!r}"
-        if mismatches:
-            detail = "; ".join(f"{name}: {why}" for name, why in mismatches.items())
-            raise BindingError(tuple(mismatches), detail)
+        check_binding(pending, offered, self.state_digest())
         cotangent = np.asarray(cotangent, dtype=np.float64)
         if cotangent.shape != tuple(shape):
             raise BindingError(("cotangent",), f"shape {cotangent.shape}, forward gave {shape}")

@@ -162,6 +162,41 @@ def read_commit(path: str | Path) -> dict[str, Any]:
     return content
 
 
+def check_binding(pending: Binding, offered: Binding, current_digest: str) -> None:
+    """Refuse (BindingError naming every mismatching field) a cotangent not bound to exactly
+    the pending forward, or whose pre-step digest is not the learner's current state."""
+    mismatches = {
+        field.name: f"got {getattr(offered, field.name)!r}, "
+        f"the pending forward has {getattr(pending, field.name)!r}"
+        for field in dataclasses.fields(Binding)
+        if getattr(offered, field.name) != getattr(pending, field.name)
+    }
+    if "pre_step_digest" not in mismatches and offered.pre_step_digest != current_digest:
+        mismatches["pre_step_digest"] = f"not the current state {current_digest!r}"
+    if mismatches:
+        detail = "; ".join(f"{name}: {why}" for name, why in mismatches.items())
+        raise BindingError(tuple(mismatches), detail)
+
+
+def write_commit(commit_dir: Path, version: int, content: Mapping[str, Any], keep: int) -> None:
+    """Write commit `version` atomically, then prune all but the newest `keep` commits."""
+    atomic_write(commit_path(commit_dir, version), encode_commit(content))
+    for _, old in list_commits(commit_dir)[:-keep]:
+        old.unlink()
+
+
+def checked_sequences(sequences: np.ndarray, response_start: int) -> np.ndarray:
+    """`sequences` as a 2-D integer array with a response starting inside it."""
+    sequences = np.asarray(sequences)
+    if sequences.ndim != 2 or not np.issubdtype(sequences.dtype, np.integer):
+        raise ValueError(
+            f"sequences must be a 2-D integer array, got {sequences.dtype} {sequences.shape}"
+        )
+    if not 1 <= response_start < sequences.shape[1]:
+        raise ValueError(f"response_start {response_start} is outside 1..{sequences.shape[1] - 1}")
+    return sequences
+
+
 def state_digest_of(model_state: Mapping[str, Tensor], optimizer_state: Mapping[str, Any]) -> str:
     """Blake2b digest of parameters plus optimizer moments, step counts and hyperparameters."""
     tensors = {f"model/{name}": tensor for name, tensor in model_state.items()}
@@ -284,10 +319,8 @@ class TorchLearner:
             "seed": self.seed,
             "state_digest": digest,
         }
-        atomic_write(commit_path(self.commit_dir, version), encode_commit(content))
+        write_commit(self.commit_dir, version, content, self.keep_commits)
         self.committed_version = version
-        for _, old in list_commits(self.commit_dir)[: -self.keep_commits]:
-            old.unlink()
         return digest
 
     def state_digest(self) -> str:
@@ -299,15 +332,7 @@ class TorchLearner:
     # -- scoring and updates -----------------------------------------------------------------
 
     def _tokens(self, sequences: np.ndarray, response_start: int) -> Tensor:
-        sequences = np.asarray(sequences)
-        if sequences.ndim != 2 or not np.issubdtype(sequences.dtype, np.integer):
-            raise ValueError(
-                f"sequences must be a 2-D integer array, got {sequences.dtype} {sequences.shape}"
-            )
-        if not 1 <= response_start < sequences.shape[1]:
-            raise ValueError(
-                f"response_start {response_start} is outside 1..{sequences.shape[1] - 1}"
-            )
+        sequences = checked_sequences(sequences, response_start)
         return torch.as_tensor(sequences, dtype=torch.long, device=self.device)
 
     @torch.no_grad()
@@ -355,17 +380,7 @@ class TorchLearner:
             raise BindingError(("forward",), "no forward is pending")
         pending, logprobs = self._pending
         offered = Binding(update, step, observation, pre_step_digest)
-        mismatches = {
-            field.name: f"got {getattr(offered, field.name)!r}, "
-            f"the pending forward has {getattr(pending, field.name)!r}"
-            for field in dataclasses.fields(Binding)
-            if getattr(offered, field.name) != getattr(pending, field.name)
-        }
-        if "pre_step_digest" not in mismatches and pre_step_digest != self.state_digest():
-            mismatches["pre_step_digest"] = f"not the current state {self.state_digest()!r}"
-        if mismatches:
-            detail = "; ".join(f"{name}: {why}" for name, why in mismatches.items())
-            raise BindingError(tuple(mismatches), detail)
+        check_binding(pending, offered, self.state_digest())
         cotangent = np.asarray(cotangent, dtype=np.float64)
         if cotangent.shape != tuple(logprobs.shape):
             raise BindingError(

@@ -9,7 +9,6 @@ import sys
 from dataclasses import fields, replace
 from pathlib import Path
 
-import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
