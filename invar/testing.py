@@ -1,92 +1,93 @@
-"""Deterministic fakes of every component, as pure functions of the commands they receive.
+"""Public test fakes (trio style): the world around the core and its components.
 
-Public API (trio style): the model checker's actors, the property tests and the benchmarks
-all use these, so they exercise the very `step` the runtime runs. A fake is *correct*: its
-replies are what a well-behaved worker or learner would send, and they depend only on the
-command's logical content (identity, version, step) — never on the attempt, the worker or the
-time — so a redo or a re-issue yields the same payload, as a numerically invariant worker would.
+`invar.model.world` defines components that keep exactly the rules and the memory real ones
+keep (a learner that holds its pending forward binding and refuses mismatched cotangents,
+workers that hold one loaded version, a weights store, a journal that loses its unsynced
+suffix, forwards that may be non-reproducible), and the world's actions (deliver, drop,
+duplicate, crash, restart). The model checker, the property tests, `canonical_run` and the
+benchmarks all use them, with the very `step` and `shell` the runtime runs.
+
+The stateless replies below (`reply`, `worker_reply`, `learner_reply`) are what those
+components answer when nothing went wrong: handy for step-by-step tests of the core.
 """
 
 from __future__ import annotations
 
-from collections import deque
 from dataclasses import dataclass, field
 
-from invar.model import schedule
 from invar.model.config import RunConfig
-from invar.model.core import step
-from invar.model.errors import ProtocolError
 from invar.model.messages import (
     ApplyCotangent,
+    Checkpoint,
+    CheckpointWritten,
     Command,
     Commit,
+    Evaluate,
     Event,
-    ForwardObserved,
     LaunchRequest,
     LearnerStarted,
     LoadWeights,
-    ProbabilitiesReported,
     Publish,
-    RequestCompleted,
     RunForward,
     ScoreProbabilities,
     StepFinished,
     UpdateCommitted,
+    VersionEvaluated,
     VersionPublished,
     WeightsLoaded,
     WorkerConnected,
 )
-from invar.model.state import State, initial_state
+from invar.model.state import State
+from invar.model.world import (
+    CORE,
+    RESPONSE_TOKENS,
+    Decision,
+    Learner,
+    LearnerRules,
+    Message,
+    World,
+    Worker,
+    crash_learner,
+    crash_worker,
+    deliver_message,
+    drop,
+    duplicate,
+    evaluation_reward,
+    fire_timer,
+    forward_reply,
+    new_world,
+    restart_driver,
+    restart_learner,
+    restart_worker,
+    run_fifo,
+    sample_reply,
+    scores_reply,
+    step_digest,
+    version_digest,
+)
 
-RESPONSE_TOKENS = 2
-"""Tokens per synthetic response: enough to exercise per-token averaging, small to hash."""
-
-
-def version_digest(version: int) -> str:
-    """The synthetic learner's weights digest of committed version `version`."""
-    return f"w{version}"
-
-
-def step_digest(update: int, step: int, optimizer_steps: int) -> str:
-    """Digest of the synthetic learner's state after `step` steps of `update`."""
-    if step == 0:
-        return version_digest(update)
-    if step == optimizer_steps:
-        return version_digest(update + 1)
-    return f"w{update}.{step}"
-
-
-def _logprob(*key: int) -> float:
-    """A deterministic log-probability in [-2, -0.05] from a logical key."""
-    return -0.05 - (schedule.derive_seed(0, "lp", *key) % 1000) / 520.0
+__all__ = [
+    "CORE", "RESPONSE_TOKENS", "Decision", "Learner", "LearnerRules", "Message", "Run", "World",
+    "Worker", "canonical_run", "crash_learner", "crash_worker", "deliver_message", "drop",
+    "duplicate", "fire_timer", "learner_reply", "new_world", "reply", "restart_driver",
+    "restart_learner", "restart_worker", "run_fifo", "start_events", "step_digest",
+    "version_digest", "worker_reply",
+]
 
 
 def worker_reply(command: LaunchRequest | LoadWeights) -> Event:
     """What a correct worker answers to a launch or a load."""
     if isinstance(command, LoadWeights):
         return WeightsLoaded(command.worker, command.incarnation, command.load, command.version)
-    r = command.request
-    tokens = tuple((command.seed >> (4 * i)) % 10 for i in range(RESPONSE_TOKENS))
-    behavior = tuple(_logprob(*r, command.version, i) for i in range(RESPONSE_TOKENS))
-    reward = float(tokens[0] % 2 + r.sample % 2) / 2.0
-    return RequestCompleted(r, command.worker, command.incarnation, command.version, tokens,
-                            behavior, reward)
+    return sample_reply(command)
 
 
 def learner_reply(command: Command, optimizer_steps: int) -> Event | None:
-    """What a correct learner answers to a learner command (None: it sends nothing)."""
+    """What a correct learner (or the store, for Publish) answers (None: nothing)."""
     if isinstance(command, ScoreProbabilities):
-        proximal = tuple(tuple(_logprob(*r, command.update, -1, i) for i in range(RESPONSE_TOKENS))
-                         for r in command.requests)
-        reference = (tuple(tuple(_logprob(*r, -2, i) for i in range(RESPONSE_TOKENS))
-                           for r in command.requests) if command.reference else None)
-        return ProbabilitiesReported(command.update, command.attempt, proximal, reference)
+        return scores_reply(command)
     if isinstance(command, RunForward):
-        obs = command.observation
-        current = tuple(tuple(_logprob(*r, obs.update, obs.step, i) for i in range(RESPONSE_TOKENS))
-                        for r in command.requests)
-        return ForwardObserved(obs, command.attempt,
-                               step_digest(obs.update, obs.step, optimizer_steps), current)
+        return forward_reply(command, optimizer_steps)
     if isinstance(command, ApplyCotangent):
         obs = command.observation
         return StepFinished(obs, command.attempt,
@@ -95,6 +96,10 @@ def learner_reply(command: Command, optimizer_steps: int) -> Event | None:
         return UpdateCommitted(command.update, command.expected_digest)
     if isinstance(command, Publish):
         return VersionPublished(command.version, command.weights_digest)
+    if isinstance(command, Evaluate):
+        return VersionEvaluated(command.version, evaluation_reward(command.version))
+    if isinstance(command, Checkpoint):
+        return CheckpointWritten(command.version, version_digest(command.version))
     return None
 
 
@@ -112,6 +117,7 @@ class Run:
     state: State
     events: list[Event] = field(default_factory=list)
     commands: list[Command] = field(default_factory=list)
+    world: World | None = None
 
 
 def start_events(workers: tuple[str, ...] = ("w0",)) -> list[Event]:
@@ -121,19 +127,21 @@ def start_events(workers: tuple[str, ...] = ("w0",)) -> list[Event]:
 
 def canonical_run(config: RunConfig, workers: tuple[str, ...] = ("w0",),
                   max_events: int = 1_000_000) -> Run:
-    """The reference execution: every command answered at once, in FIFO order, no faults."""
-    run = Run(initial_state(config))
-    queue: deque[Event] = deque(start_events(workers))
-    while queue and len(run.events) < max_events:
-        event = queue.popleft()
-        outcome = step(run.state, event)
-        if isinstance(outcome, ProtocolError):
-            raise AssertionError(f"canonical run refused {event}: {outcome}")
-        run.state, commands = outcome
-        run.events.append(event)
-        run.commands.extend(commands)
-        for command in commands:
-            answer = reply(command, config.optimizer_steps)
-            if answer is not None:
-                queue.append(answer)
+    """The reference execution: the world with no faults, first message first (every command
+    answered in FIFO order). Records the events the core accepted and the commands it sent."""
+    world = new_world(config, workers)
+    run = Run(world.core)
+    for _ in range(max_events):
+        if not world.network:
+            break
+        first = world.network[0]
+        before = world.core
+        sent = len(world.network) - 1
+        world = deliver_message(world, first.key)
+        if world.refused or world.broken:
+            raise AssertionError(f"canonical run: {world.refused or world.broken}")
+        if first.to == CORE and world.core is not before:
+            run.events.append(first.body)
+        run.commands.extend(m.body for m in world.network[sent:] if m.to != CORE)
+    run.state, run.world = world.core, world
     return run

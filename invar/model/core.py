@@ -25,6 +25,7 @@ from invar.model.errors import ProtocolError, Reason
 from invar.model.messages import (
     ApplyCotangent,
     Checkpoint,
+    CheckpointWritten,
     Command,
     Commit,
     Evaluate,
@@ -46,13 +47,16 @@ from invar.model.messages import (
     StepFinished,
     TimerFired,
     UpdateCommitted,
+    VersionEvaluated,
     VersionPublished,
     WeightsLoaded,
     WorkerConnected,
     WorkerLost,
+    matrix_digest,
 )
 from invar.model.objective import group_advantages, objective, pad, unpad
 from invar.model.state import (
+    AppliedStep,
     Assigned,
     BatchState,
     Consumption,
@@ -88,26 +92,28 @@ def step(state: State, event: Event) -> Result:
 
 
 def run_complete(state: State) -> bool:
-    """Every update committed and the final version published."""
+    """Every update committed, the final version published, evaluated and checkpointed."""
     n = state.config.total_updates
-    return state.committed == n and bool(state.published) and state.published[-1] == n
+    return (state.committed == n and bool(state.published) and state.published[-1] == n
+            and not _boundary_commands(state))
 
 
 def logical_projection(state: State) -> tuple:
-    """What must not depend on timing: consumed samples and plan per update, publications."""
-    ledger = tuple((r.update, r.version, r.requests, r.sample_digests, r.plan)
-                   for r in state.ledger)
-    return ledger, state.published
+    """What must not depend on timing: what each update really consumed and applied (as the
+    components reported it), publications, evaluations and checkpoints."""
+    return state.ledger, state.published, state.evaluated, state.checkpointed
 
 
 def requires_fsync(event: Event, commands: tuple[Command, ...] | list[Command]) -> bool:
     """Whether the journal must be durable before `commands` go out: the commit points.
 
     A journal synced here never lags the learner's disk by more than the commit in flight,
-    which `LearnerStarted` resolves; everything else lost with a driver is re-sent.
+    which `LearnerStarted` resolves; a version is deleted from the store only once its
+    release is durable (a restart from an older journal may still need it); everything else
+    lost with a driver is re-sent.
     """
     return isinstance(event, (UpdateCommitted, LearnerStarted)) or any(
-        isinstance(c, (Commit, Publish)) for c in commands)
+        isinstance(c, (Commit, Publish, ReleaseVersion)) for c in commands)
 
 
 def outstanding_commands(state: State) -> tuple[Command, ...]:
@@ -127,7 +133,25 @@ def outstanding_commands(state: State) -> tuple[Command, ...]:
         out.append(learner_command)
     if state.publishing is not None:
         out.append(Publish(state.publishing, state.commit_digests[state.publishing]))
+    out.extend(_boundary_commands(state))
     return tuple(out)
+
+
+def _boundary_commands(state: State) -> list[Command]:
+    """The evaluation and checkpoint of the newest committed version, until acknowledged.
+
+    Only the newest can be outstanding: the learner does not start the next update before
+    both are acknowledged (so it evaluates and keeps exactly these weights)."""
+    if not state.commit_digests:
+        return []
+    version = state.committed
+    out: list[Command] = []
+    if schedule.is_eval_boundary(state.config, version) and version not in state.evaluated[-1:]:
+        out.append(Evaluate(version))
+    if (schedule.is_checkpoint_boundary(state.config, version)
+            and version not in state.checkpointed[-1:]):
+        out.append(Checkpoint(version))
+    return out
 
 
 # ---------------------------------------------------------------------------------------------
@@ -228,7 +252,7 @@ def _on_request_completed(state: State, event: RequestCompleted) -> Handled:
     if isinstance(slot, Sample):
         # Same identity, version and seed: a numerically invariant worker repeats itself.
         return _DUPLICATE if slot.digest == digest else _DIVERGENT
-    sample = Sample(digest, event.tokens, event.behavior_logprobs, event.reward)
+    sample = Sample(digest, event.tokens, event.behavior_logprobs, event.reward, event.version)
     state = _put_batch(state, batch.with_slots({position: sample}))
     if isinstance(slot, Assigned):
         holder = state.worker(slot.worker)
@@ -247,8 +271,7 @@ def _on_learner_started(state: State, event: LearnerStarted) -> Handled:
                                  f"first start must be from version 0, not "
                                  f"{event.committed_version}")
         state = replace(state, commit_digests=(event.weights_digest,))
-        first = [Evaluate(0)] if schedule.is_eval_boundary(state.config, 0) else []
-        return _restart_learner(state, event.incarnation), first
+        return _restart_learner(state, event.incarnation), _boundary_commands(state)
     committed = state.committed
     commands: list[Command] = []
     if event.committed_version == committed + 1 and learner.phase is LearnerPhase.COMMITTING:
@@ -267,6 +290,9 @@ def _on_learner_started(state: State, event: LearnerStarted) -> Handled:
         return ProtocolError(state, event, Reason.COMMIT_DIGEST_MISMATCH,
                              f"version {committed} has digest {state.commit_digests[committed]}, "
                              f"learner restored {event.weights_digest}")
+    else:
+        # The restarted learner lost whatever boundary work was queued for its predecessor.
+        commands = _boundary_commands(state)
     return _restart_learner(state, event.incarnation), commands
 
 
@@ -292,7 +318,7 @@ def _on_probabilities_reported(state: State, event: ProbabilitiesReported) -> Ha
         problem = "reference: not requested (kl_coef is 0)"
     if problem:
         return ProtocolError(state, event, Reason.MALFORMED_PAYLOAD, problem)
-    scores = Scores(_matrix_digest(event.proximal, event.reference), event.proximal,
+    scores = Scores(matrix_digest(event.proximal, event.reference), event.proximal,
                     event.reference)
     learner = replace(learner, scores=scores)
     return _request_forward(replace(state, learner=learner), step=0)
@@ -304,7 +330,7 @@ def _on_forward_observed(state: State, event: ForwardObserved) -> Handled:
     if status == "late":
         return _LATE
     if status == "pending" and learner.phase is LearnerPhase.APPLYING:
-        same = _matrix_digest(event.current_logprobs) == learner.forward_digest
+        same = matrix_digest(event.current_logprobs) == learner.forward_digest
         return _DUPLICATE if same else _DIVERGENT
     if status != "pending" or not learner_accepts(learner.phase, ForwardObserved):
         return ProtocolError(state, event, Reason.UNREQUESTED_OBSERVATION,
@@ -314,7 +340,7 @@ def _on_forward_observed(state: State, event: ForwardObserved) -> Handled:
         return ProtocolError(state, event, Reason.BINDING_MISMATCH,
                              f"forward ran from state {event.pre_step_digest}, step "
                              f"{learner.step} starts from {learner.step_digest}")
-    plan = schedule.minibatch_plan(state.config, event.observation.update)[learner.step]
+    plan = learner.positions
     batch = state.batch(event.observation.update)
     assert batch is not None
     lengths = [len(batch.slots[i].tokens) for i in plan]  # type: ignore[union-attr]
@@ -323,7 +349,7 @@ def _on_forward_observed(state: State, event: ForwardObserved) -> Handled:
         return ProtocolError(state, event, Reason.MALFORMED_PAYLOAD, problem)
     command = _cotangent(state, batch, plan, event)
     learner = replace(learner, phase=LearnerPhase.APPLYING, cotangent=command,
-                      forward_digest=_matrix_digest(event.current_logprobs))
+                      forward_digest=command.forward_digest)
     return replace(state, learner=learner), [command]
 
 
@@ -335,8 +361,10 @@ def _on_step_finished(state: State, event: StepFinished) -> Handled:
     if status != "pending" or not learner_accepts(learner.phase, StepFinished):
         return ProtocolError(state, event, Reason.UNREQUESTED_OBSERVATION,
                              f"no cotangent was sent for {tuple(event.observation)}")
+    applied = AppliedStep(learner.step, learner.positions, learner.forward_digest,
+                          event.post_step_digest)
     learner = replace(learner, step_digest=event.post_step_digest, cotangent=None,
-                      forward_digest="")
+                      forward_digest="", positions=(), applied=learner.applied + (applied,))
     state = replace(state, learner=learner)
     if learner.step + 1 < state.config.optimizer_steps:
         return _request_forward(state, step=learner.step + 1)
@@ -383,6 +411,32 @@ def _on_version_published(state: State, event: VersionPublished) -> Handled:
     return state, [RetainVersion(event.version)]
 
 
+def _on_version_evaluated(state: State, event: VersionEvaluated) -> Handled:
+    if event.version in state.evaluated:
+        return _DUPLICATE
+    if Evaluate(event.version) not in _boundary_commands(state):
+        return ProtocolError(state, event, Reason.UNREQUESTED_BOUNDARY,
+                             f"evaluation of version {event.version} was not requested")
+    if not math.isfinite(event.reward):
+        return ProtocolError(state, event, Reason.MALFORMED_PAYLOAD, "reward: must be finite")
+    return replace(state, evaluated=state.evaluated + (event.version,)), []
+
+
+def _on_checkpoint_written(state: State, event: CheckpointWritten) -> Handled:
+    known = 0 <= event.version < len(state.commit_digests)
+    if known and event.weights_digest != state.commit_digests[event.version]:
+        return ProtocolError(state, event, Reason.COMMIT_DIGEST_MISMATCH,
+                             f"checkpoint of version {event.version} has digest "
+                             f"{event.weights_digest}, the commit has "
+                             f"{state.commit_digests[event.version]}")
+    if event.version in state.checkpointed:
+        return _DUPLICATE
+    if Checkpoint(event.version) not in _boundary_commands(state):
+        return ProtocolError(state, event, Reason.UNREQUESTED_BOUNDARY,
+                             f"checkpoint of version {event.version} was not requested")
+    return replace(state, checkpointed=state.checkpointed + (event.version,)), []
+
+
 def _on_timer_fired(state: State, event: TimerFired) -> Handled:
     if not state.timer_armed:
         return _LATE
@@ -400,6 +454,8 @@ _HANDLERS: dict[type, Callable[[State, Any], Handled]] = {
     StepFinished: _on_step_finished,
     UpdateCommitted: _on_update_committed,
     VersionPublished: _on_version_published,
+    VersionEvaluated: _on_version_evaluated,
+    CheckpointWritten: _on_checkpoint_written,
     TimerFired: _on_timer_fired,
 }
 
@@ -429,18 +485,18 @@ def _restart_learner(state: State, attempt: int) -> State:
 def _request_forward(state: State, step: int) -> tuple[State, list[Command]]:
     learner = state.learner
     observation = ObservationId(state.committed, step, learner.observations)
+    positions = schedule.minibatch_plan(state.config, state.committed)[step]
     learner = replace(learner, phase=LearnerPhase.FORWARD, step=step, observation=observation,
-                      observations=learner.observations + 1)
+                      observations=learner.observations + 1, positions=positions)
     state = replace(state, learner=learner)
     return state, [_forward_command(state, learner)]
 
 
 def _forward_command(state: State, learner: LearnerState) -> RunForward:
     assert learner.observation is not None
-    update = learner.observation.update
-    requests = schedule.request_ids(state.config, update)
-    plan = schedule.minibatch_plan(state.config, update)[learner.observation.step]
-    return RunForward(learner.observation, learner.attempt, tuple(requests[i] for i in plan))
+    requests = schedule.request_ids(state.config, learner.observation.update)
+    return RunForward(learner.observation, learner.attempt,
+                      tuple(requests[i] for i in learner.positions))
 
 
 def _commit_command(update: int, learner: LearnerState) -> Commit:
@@ -467,7 +523,7 @@ def _cotangent(state: State, batch: BatchState, plan: tuple[int, ...],
     terms, cotangent = objective(config.objective, advantages, current, proximal, behavior, mask,
                                  reference=reference, staleness=staleness)
     return ApplyCotangent(event.observation, event.attempt, event.pre_step_digest,
-                          unpad(cotangent, mask), terms)
+                          matrix_digest(event.current_logprobs), unpad(cotangent, mask), terms)
 
 
 def _observation_status(state: State, observation: ObservationId, attempt: int) -> str:
@@ -491,23 +547,21 @@ def _apply_commit(state: State, digest: str) -> tuple[State, list[Command]]:
     config = state.config
     update = state.committed
     batch = state.batches[0]
+    samples: list[Sample] = list(batch.slots)  # type: ignore[arg-type]
+    scores = state.learner.scores
     record = Consumption(
         update=update,
-        version=schedule.gen_version(config, batch.batch),
         requests=schedule.request_ids(config, batch.batch),
-        sample_digests=tuple(s.digest for s in batch.slots),  # type: ignore[union-attr]
-        plan=schedule.minibatch_plan(config, update),
+        sample_versions=tuple(s.version for s in samples),
+        sample_digests=tuple(s.digest for s in samples),
+        scores_digest=scores.digest if scores is not None else "",
+        steps=state.learner.applied,
+        commit_digest=digest,
     )
     state = replace(state, batches=state.batches[1:], commit_digests=state.commit_digests + (digest,),
                     ledger=state.ledger + (record,),
                     ledger_digest=chain_ledger(state.ledger_digest, record))
-    version = update + 1
-    commands: list[Command] = []
-    if schedule.is_eval_boundary(config, version):
-        commands.append(Evaluate(version))
-    if schedule.is_checkpoint_boundary(config, version):
-        commands.append(Checkpoint(version))
-    return state, commands
+    return state, _boundary_commands(state)
 
 
 def _learner_command(state: State) -> Command | None:
@@ -548,7 +602,8 @@ def _reconcile(state: State, commands: list[Command]) -> tuple[State, tuple[Comm
     # The learner starts the next update once its batch is complete.
     learner = state.learner
     if learner.phase is LearnerPhase.WAITING and state.batches and state.batches[0].completed == \
-            config.samples_per_batch and state.batches[0].batch == state.committed:
+            config.samples_per_batch and state.batches[0].batch == state.committed \
+            and not _boundary_commands(state):
         state = replace(state, learner=replace(learner, phase=LearnerPhase.SCORING))
         commands.append(_score_command(state))
     # Publication: one at a time, in version order, only of committed versions.
@@ -717,13 +772,4 @@ def _sample_digest(event: RequestCompleted) -> str:
     h.update(struct.pack(f"<{len(event.tokens)}q", *event.tokens))
     h.update(struct.pack(f"<{len(event.behavior_logprobs)}d", *event.behavior_logprobs))
     h.update(struct.pack("<d", event.reward))
-    return h.hexdigest()
-
-
-def _matrix_digest(*matrices: Matrix | None) -> str:
-    h = hashlib.blake2b(digest_size=12)
-    for matrix in matrices:
-        for row in matrix or ():
-            h.update(struct.pack(f"<{len(row)}d", *row))
-        h.update(b"|")
     return h.hexdigest()

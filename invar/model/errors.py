@@ -36,6 +36,7 @@ class Reason(enum.Enum):
     COMMIT_DIGEST_MISMATCH = "commit_digest_mismatch"
     UNKNOWN_COMMIT = "unknown_commit"
     UNREQUESTED_PUBLICATION = "unrequested_publication"
+    UNREQUESTED_BOUNDARY = "unrequested_boundary"
 
 
 @dataclass(frozen=True)

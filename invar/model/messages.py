@@ -12,7 +12,9 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import hashlib
 import json
+import struct
 import types
 import typing
 from dataclasses import dataclass
@@ -135,6 +137,22 @@ class LearnerStarted:
 
 
 @dataclass(frozen=True)
+class VersionEvaluated:
+    """The learner evaluated committed `version` on the held-out prompts (answers Evaluate)."""
+
+    version: int
+    reward: float
+
+
+@dataclass(frozen=True)
+class CheckpointWritten:
+    """Committed `version` is durably kept as a checkpoint (answers Checkpoint)."""
+
+    version: int
+    weights_digest: str
+
+
+@dataclass(frozen=True)
 class TimerFired:
     """The retry timer the core set has expired."""
 
@@ -192,6 +210,9 @@ class ApplyCotangent:
     observation: ObservationId
     attempt: int
     pre_step_digest: str
+    forward_digest: str
+    """Digest of the current log-probs the cotangent was computed from (`matrix_digest`): a
+    learner whose pending forward returned anything else must refuse it."""
     cotangent: Matrix
     terms: ObjectiveTerms
 
@@ -222,21 +243,24 @@ class RetainVersion:
 
 @dataclass(frozen=True)
 class ReleaseVersion:
-    """`version`'s weights are needed by no unfinished batch: the store may drop them."""
+    """`version`'s weights are needed by no unfinished batch: the store may drop them, once the
+    journal holds the release durably (a restart from an older journal could need them)."""
 
     version: int
 
 
 @dataclass(frozen=True)
 class Evaluate:
-    """Evaluate committed `version` on held-out prompts (a hard boundary)."""
+    """Evaluate committed `version` on held-out prompts (a hard boundary); re-sent until
+    `VersionEvaluated` arrives."""
 
     version: int
 
 
 @dataclass(frozen=True)
 class Checkpoint:
-    """Keep committed `version` as a checkpoint (a hard boundary)."""
+    """Keep committed `version` as a checkpoint, written atomically (a hard boundary); re-sent
+    until `CheckpointWritten` arrives."""
 
     version: int
 
@@ -248,7 +272,8 @@ class SetTimer:
 
 Event = Union[
     WorkerConnected, WorkerLost, WeightsLoaded, RequestCompleted, ProbabilitiesReported,
-    ForwardObserved, StepFinished, UpdateCommitted, VersionPublished, LearnerStarted, TimerFired,
+    ForwardObserved, StepFinished, UpdateCommitted, VersionPublished, LearnerStarted,
+    VersionEvaluated, CheckpointWritten, TimerFired,
 ]
 Command = Union[
     LoadWeights, LaunchRequest, ScoreProbabilities, RunForward, ApplyCotangent, Commit, Publish,
@@ -287,6 +312,17 @@ def decode(data: Any) -> Any:
 
 def dumps(message: Any) -> str:
     return json.dumps(encode(message), separators=(",", ":"))
+
+
+def matrix_digest(*matrices: Matrix | None) -> str:
+    """Content digest of log-prob matrices (rows of float64): binds a cotangent to the forward
+    it was computed from, and a proximal score to the update. Learners compute the same."""
+    h = hashlib.blake2b(digest_size=12)
+    for matrix in matrices:
+        for row in matrix or ():
+            h.update(struct.pack(f"<{len(row)}d", *row))
+        h.update(b"|")
+    return h.hexdigest()
 
 
 def loads(text: str | bytes) -> Any:

@@ -104,6 +104,8 @@ class Sample:
     tokens: tuple[int, ...] = field(compare=False, repr=False)
     behavior_logprobs: tuple[float, ...] = field(compare=False, repr=False)
     reward: float = field(compare=False, repr=False)
+    version: int = field(default=-1, compare=False, repr=False)
+    """The version the worker reported sampling with (recorded in the ledger)."""
 
 
 Slot = None | Assigned | Sample
@@ -163,6 +165,18 @@ class Scores:
 
 @cached_repr
 @dataclass(frozen=True)
+class AppliedStep:
+    """One optimizer step as it happened: the minibatch positions the forward was asked for,
+    the digest of the log-probs it returned, and the learner's digest after the step."""
+
+    step: int
+    positions: tuple[int, ...]
+    forward_digest: str
+    post_step_digest: str
+
+
+@cached_repr
+@dataclass(frozen=True)
 class LearnerState:
     attempt: int
     """The learner's incarnation; -1 before its first start."""
@@ -178,19 +192,32 @@ class LearnerState:
     """Forwards ever requested: the next observation serial, unique across attempts."""
     forward_digest: str = ""
     """Digest of the current log-probs observed in APPLYING: what the cotangent derives from."""
+    positions: tuple[int, ...] = ()
+    """Batch positions of the pending forward (FORWARD, APPLYING), as requested."""
+    applied: tuple[AppliedStep, ...] = ()
+    """The steps of the update in progress applied so far (this attempt): the ledger's record."""
     cotangent: ApplyCotangent | None = field(default=None, compare=False, repr=False)
     """The command sent in APPLYING (kept to re-send on retry; determined by the rest)."""
 
 
 @dataclass(frozen=True)
 class Consumption:
-    """The ledger's record of one committed update: what it consumed, from which version."""
+    """The ledger's record of one committed update: what was really consumed and applied, as
+    the components reported it (nothing here is recomputed from the schedule, so comparing it
+    with the schedule is a check, not a tautology)."""
 
     update: int
-    version: int
     requests: tuple[RequestId, ...]
+    """The consumed batch's request ids, in slot order."""
+    sample_versions: tuple[int, ...]
+    """The generating version each sample's worker reported."""
     sample_digests: tuple[str, ...]
-    plan: tuple[tuple[int, ...], ...]
+    scores_digest: str
+    """Digest of the proximal (and reference) log-probs the cotangents were computed with."""
+    steps: tuple[AppliedStep, ...]
+    """Every optimizer step applied, in order (the forwarded positions, forward digests)."""
+    commit_digest: str
+    """The digest of the committed version update + 1."""
 
 
 @dataclass(frozen=True)
@@ -230,6 +257,10 @@ class State:
     ledger_digest: str
     """Hash chain over the ledger (so a state digest need not walk the whole history)."""
     timer_armed: bool
+    evaluated: tuple[int, ...] = ()
+    """Versions whose evaluation the learner reported, in order (`VersionEvaluated`)."""
+    checkpointed: tuple[int, ...] = ()
+    """Versions durably kept as checkpoints, in order (`CheckpointWritten`)."""
     noops: NoOps = field(default_factory=NoOps, compare=False, repr=False)
 
     @property

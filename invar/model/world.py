@@ -1,0 +1,497 @@
+"""One world around the core: components that misbehave the way real ones do. No I/O.
+
+A `World` is an immutable value: the core's `State`, the journal (what a driver restart
+recovers), the network of in-flight messages, and the components — the learner, the rollout
+workers, the weights store and the checkpoints — each with exactly the memory a real one has
+and loses. The functions at the bottom are the world's actions: deliver a message, drop or
+duplicate one, fire the timer, crash and restart a worker, the learner or the driver. The model
+checker explores them exhaustively, the property tests draw them at random, `canonical_run`
+takes the first message each time; all deliver events through `shell.deliver` and commands
+through `shell.route`, so there is one definition of what happens around `step`.
+
+The components keep the rules the real ones keep (`LearnerRules`, `worker_accepts`, the store),
+so a protocol that relies on more than a real component does cannot pass:
+
+* the learner answers only its own attempt; runs a forward only if it is newer than the pending
+  and the last applied one (an older, re-sent one is ignored: it would replace the binding the
+  core's cotangent is for), answers a re-sent pending forward or applied step from memory,
+  applies a cotangent only when its observation, pre-step digest *and forward digest* are the
+  pending forward's, commits only the state the core expects, evaluates and checkpoints only the
+  weights of exactly that commit; a crash loses everything but its newest commit and the
+  checkpoints;
+* a worker holds the one version it loaded last and refuses launches for any other; it can
+  load only what the store holds;
+* the store holds what was published and not released;
+* with `reproducible_forwards=False`, a forward re-run after a learner restart returns other
+  log-probs (a different digest): non-deterministic kernels.
+
+Payloads are synthetic but deterministic functions of the commands' logical content, so a
+completed run's `logical_projection` must equal the canonical one.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from invar.model import schedule
+from invar.model.config import RunConfig
+from invar.model.core import outstanding_commands, run_complete
+from invar.model.messages import (
+    ApplyCotangent,
+    Checkpoint,
+    CheckpointWritten,
+    Command,
+    Commit,
+    Evaluate,
+    Event,
+    ForwardObserved,
+    LaunchRequest,
+    LearnerStarted,
+    LoadWeights,
+    ObservationId,
+    ProbabilitiesReported,
+    Publish,
+    ReleaseVersion,
+    RequestCompleted,
+    RunForward,
+    ScoreProbabilities,
+    StepFinished,
+    TimerFired,
+    UpdateCommitted,
+    VersionEvaluated,
+    VersionPublished,
+    WeightsLoaded,
+    WorkerConnected,
+    WorkerLost,
+    matrix_digest,
+)
+from invar.model.shell import LEARNER, STORE, TIMER, Verdict, deliver, route
+from invar.model.state import State
+from invar.model.state import evolve as replace
+
+CORE = "core"
+RESPONSE_TOKENS = 2
+"""Tokens per synthetic response: enough to exercise per-token averaging, small to hash."""
+
+
+# ---------------------------------------------------------------------------------------------
+# Synthetic numerics: deterministic functions of logical content.
+
+
+def version_digest(version: int) -> str:
+    """The synthetic learner's weights digest of committed version `version`."""
+    return f"w{version}"
+
+
+def step_digest(update: int, step: int, optimizer_steps: int) -> str:
+    """Digest of the synthetic learner's state after `step` steps of `update`."""
+    if step == 0:
+        return version_digest(update)
+    if step == optimizer_steps:
+        return version_digest(update + 1)
+    return f"w{update}.{step}"
+
+
+def _logprob(*key: int) -> float:
+    """A deterministic log-probability in [-2, -0.05] from a logical key."""
+    return -0.05 - (schedule.derive_seed(0, "lp", *key) % 1000) / 520.0
+
+
+def sample_reply(command: LaunchRequest) -> RequestCompleted:
+    """What a correct, numerically invariant worker samples for a launch."""
+    r = command.request
+    tokens = tuple((command.seed >> (4 * i)) % 10 for i in range(RESPONSE_TOKENS))
+    behavior = tuple(_logprob(*r, command.version, i) for i in range(RESPONSE_TOKENS))
+    reward = float(tokens[0] % 2 + r.sample % 2) / 2.0
+    return RequestCompleted(r, command.worker, command.incarnation, command.version, tokens,
+                            behavior, reward)
+
+
+def scores_reply(command: ScoreProbabilities) -> ProbabilitiesReported:
+    proximal = tuple(tuple(_logprob(*r, command.update, -1, i) for i in range(RESPONSE_TOKENS))
+                     for r in command.requests)
+    reference = (tuple(tuple(_logprob(*r, -2, i) for i in range(RESPONSE_TOKENS))
+                       for r in command.requests) if command.reference else None)
+    return ProbabilitiesReported(command.update, command.attempt, proximal, reference)
+
+
+def forward_reply(command: RunForward, optimizer_steps: int, noise: int = 0) -> ForwardObserved:
+    """`noise` > 0 stands for a non-reproducible re-run (other kernels, other sums)."""
+    obs = command.observation
+    current = tuple(tuple(_logprob(*r, obs.update, obs.step, i, noise)
+                          if noise else _logprob(*r, obs.update, obs.step, i)
+                          for i in range(RESPONSE_TOKENS)) for r in command.requests)
+    return ForwardObserved(obs, command.attempt, step_digest(obs.update, obs.step, optimizer_steps),
+                           current)
+
+
+def evaluation_reward(version: int) -> float:
+    return (schedule.derive_seed(0, "eval", version) % 1000) / 1000.0
+
+
+# ---------------------------------------------------------------------------------------------
+# The learner's rules: one definition, kept by this world's learner and the runtime's.
+
+
+class Decision:
+    RUN = "run"
+    """Carry the command out."""
+    REPEAT = "repeat"
+    """Answer again with the reply already given (nothing is done twice)."""
+    IGNORE = "ignore"
+    """Not for this learner (another attempt) or superseded: no reply."""
+    REFUSE = "refuse"
+    """A binding or state mismatch: no reply, nothing changes (logged and counted)."""
+
+
+@dataclass(frozen=True)
+class PendingForward:
+    observation: ObservationId
+    pre_step_digest: str
+    forward_digest: str
+
+
+@dataclass(frozen=True)
+class LearnerRules:
+    """The protocol memory of a learner attempt (what a real backend keeps beside its tensors)."""
+
+    attempt: int
+    weights: str
+    """Digest of the weights (and optimizer state) in memory."""
+    version: int
+    """The commit the weights started from, or the one written last."""
+    stepped: bool = False
+    """A step was applied since `version`'s weights: they are no longer exactly that commit."""
+    pending: PendingForward | None = None
+    applied: tuple[ObservationId, str] | None = None
+    """The last applied step and the digest after it."""
+
+    def newest_serial(self) -> int:
+        serials = [p.observation.serial for p in (self.pending,) if p is not None]
+        if self.applied is not None:
+            serials.append(self.applied[0].serial)
+        return max(serials, default=-1)
+
+    def decide(self, command: Command) -> str:
+        attempt = getattr(command, "attempt", self.attempt)
+        if attempt != self.attempt:
+            return Decision.IGNORE
+        if isinstance(command, RunForward):
+            pending = self.pending
+            if pending is not None and command.observation == pending.observation:
+                return Decision.REPEAT
+            # An older forward re-sent or duplicated after a newer one must not replace the
+            # binding the core's cotangent is for (the livelock of a later-replaces rule).
+            if command.observation.serial <= self.newest_serial():
+                return Decision.IGNORE
+            return Decision.RUN
+        if isinstance(command, ApplyCotangent):
+            if self.applied is not None and command.observation == self.applied[0]:
+                return Decision.REPEAT
+            pending = self.pending
+            if pending is None or (command.observation, command.pre_step_digest,
+                                   command.forward_digest) != (
+                    pending.observation, self.weights, pending.forward_digest):
+                return Decision.REFUSE
+            return Decision.RUN
+        if isinstance(command, Commit):
+            if self.version == command.update + 1 and not self.stepped:
+                return Decision.REPEAT
+            if self.weights != command.expected_digest:
+                return Decision.REFUSE
+            return Decision.RUN
+        if isinstance(command, (Evaluate, Checkpoint)):
+            # Exactly the weights of that commit, or nothing (a late re-send after moving on).
+            exact = self.version == command.version and not self.stepped
+            return Decision.RUN if exact else Decision.IGNORE
+        return Decision.RUN
+
+    def forwarded(self, command: RunForward, reply: ForwardObserved) -> LearnerRules:
+        pending = PendingForward(command.observation, self.weights,
+                                 matrix_digest(reply.current_logprobs))
+        return replace(self, pending=pending)
+
+    def stepped_to(self, command: ApplyCotangent, digest: str) -> LearnerRules:
+        return replace(self, weights=digest, stepped=True, pending=None,
+                       applied=(command.observation, digest))
+
+    def committed(self, version: int, digest: str) -> LearnerRules:
+        return replace(self, weights=digest, version=version, stepped=False)
+
+
+# ---------------------------------------------------------------------------------------------
+# The world.
+
+
+@dataclass(frozen=True, order=True)
+class Message:
+    """A command in flight to a component, or an event in flight to the core."""
+
+    key: str
+    """Canonical text: identifies equal messages (the network is a multiset)."""
+    to: str = field(compare=False)
+    body: Any = field(compare=False)
+
+
+def message(to: str, body: Any) -> Message:
+    return Message(f"{to}|{body!r}", to, body)
+
+
+@dataclass(frozen=True)
+class Learner:
+    alive: bool
+    rules: LearnerRules
+    commits: tuple[str, ...]
+    """Durable: the digest of every commit written, by version (the disk)."""
+    checkpoints: tuple[int, ...] = ()
+    """Durable: versions kept as checkpoints."""
+
+
+@dataclass(frozen=True)
+class Worker:
+    name: str
+    incarnation: int
+    alive: bool
+    version: int | None = None
+    """The version loaded last (a worker holds one)."""
+
+
+@dataclass(frozen=True)
+class World:
+    core: State
+    journal: State
+    """What the journal holds durably: the state a driver restart recovers."""
+    network: tuple[Message, ...]
+    learner: Learner
+    workers: tuple[Worker, ...]
+    store: tuple[int, ...]
+    """Versions whose weights the store holds."""
+    reproducible_forwards: bool = True
+    refused: str = ""
+    """Set when the core refused a correct component's message (must never happen)."""
+    broken: str = ""
+    """Set when a component could not do what it was told (e.g. load a deleted version)."""
+
+    @property
+    def config(self) -> RunConfig:
+        return self.core.config
+
+    def worker(self, name: str) -> Worker:
+        return next(w for w in self.workers if w.name == name)
+
+
+def new_world(config: RunConfig, workers: tuple[str, ...] = ("w0",),
+              reproducible_forwards: bool = True) -> World:
+    from invar.model.state import initial_state
+    core = initial_state(config)
+    network = tuple(message(CORE, e) for e in (
+        LearnerStarted(0, 0, version_digest(0)), *(WorkerConnected(n, 0) for n in workers)))
+    rules = LearnerRules(attempt=0, weights=version_digest(0), version=0)
+    return World(core=core, journal=core, network=network,
+                 learner=Learner(True, rules, commits=(version_digest(0),)),
+                 workers=tuple(Worker(n, 0, True) for n in workers), store=(),
+                 reproducible_forwards=reproducible_forwards)
+
+
+# -- messages ---------------------------------------------------------------------------------
+
+
+def _send(world: World, *messages: Message) -> World:
+    return replace(world, network=world.network + messages)
+
+
+def _take(world: World, key: str) -> tuple[World, Message]:
+    for i, m in enumerate(world.network):
+        if m.key == key:
+            return replace(world, network=world.network[:i] + world.network[i + 1:]), m
+    raise KeyError(key)
+
+
+def deliver_message(world: World, key: str) -> World:
+    """Deliver the in-flight message `key` to its destination."""
+    world, msg = _take(world, key)
+    if msg.to == CORE:
+        return to_core(world, msg.body)
+    if msg.to == LEARNER:
+        return _to_learner(world, msg.body)
+    if msg.to == STORE:
+        return _to_store(world, msg.body)
+    return _to_worker(world, msg.body)
+
+
+def drop(world: World, key: str) -> World:
+    return _take(world, key)[0]
+
+
+def duplicate(world: World, key: str) -> World:
+    msg = next(m for m in world.network if m.key == key)
+    return _send(world, msg)
+
+
+def fire_timer(world: World) -> World:
+    return to_core(world, TimerFired())
+
+
+def to_core(world: World, event: Event) -> World:
+    """The driver applies an event: `shell.deliver`, the journal, then the commands' routes."""
+    delivery = deliver(world.core, event)
+    if delivery.verdict is Verdict.REFUSED:
+        assert delivery.error is not None
+        return replace(world, refused=f"{delivery.error.reason.value}: {delivery.error.detail}")
+    journal = delivery.state if delivery.durable else world.journal
+    sent = tuple(message(route(c), c) for c in delivery.commands if route(c) != TIMER)
+    return replace(world, core=delivery.state, journal=journal, network=world.network + sent)
+
+
+# -- components -------------------------------------------------------------------------------
+
+
+def _to_learner(world: World, command: Command) -> World:
+    learner = world.learner
+    if not learner.alive:
+        return world
+    if isinstance(command, Checkpoint) and command.version in learner.checkpoints:
+        # The file is there (written atomically, so whole): answer again.
+        return _send(world, message(CORE, CheckpointWritten(
+            command.version, learner.commits[command.version])))
+    rules = learner.rules
+    decision = rules.decide(command)
+    if decision in (Decision.IGNORE, Decision.REFUSE):
+        return world
+    k = world.config.optimizer_steps
+    reply: Event | None = None
+    if isinstance(command, ScoreProbabilities):
+        reply = scores_reply(command)
+    elif isinstance(command, RunForward):
+        # Non-reproducible kernels: each attempt's forwards give other log-probs. (Within an
+        # attempt a forward is never re-run: a re-sent one is answered from memory.)
+        noise = 0 if world.reproducible_forwards else rules.attempt + 1
+        reply = forward_reply(command, k, noise)
+        if decision is Decision.RUN:
+            learner = replace(learner, rules=rules.forwarded(command, reply))
+    elif isinstance(command, ApplyCotangent):
+        obs = command.observation
+        digest = step_digest(obs.update, obs.step + 1, k)
+        if decision is Decision.RUN:
+            learner = replace(learner, rules=rules.stepped_to(command, digest))
+        reply = StepFinished(obs, command.attempt, digest)
+    elif isinstance(command, Commit):
+        version = command.update + 1
+        if decision is Decision.RUN:
+            commits = learner.commits[:version] + (command.expected_digest,)
+            learner = replace(learner, commits=commits,
+                              rules=rules.committed(version, command.expected_digest))
+        reply = UpdateCommitted(command.update, learner.commits[version])
+    elif isinstance(command, Evaluate):
+        reply = VersionEvaluated(command.version, evaluation_reward(command.version))
+    elif isinstance(command, Checkpoint):
+        learner = replace(learner, checkpoints=learner.checkpoints + (command.version,))
+        reply = CheckpointWritten(command.version, learner.commits[command.version])
+    world = replace(world, learner=learner)
+    return _send(world, message(CORE, reply)) if reply is not None else world
+
+
+def _to_store(world: World, command: Command) -> World:
+    if isinstance(command, Publish):
+        if command.version >= len(world.learner.commits):
+            return replace(world, broken=f"publish of version {command.version}: no commit")
+        store = tuple(sorted({*world.store, command.version}))
+        reply = VersionPublished(command.version, world.learner.commits[command.version])
+        return _send(replace(world, store=store), message(CORE, reply))
+    if isinstance(command, ReleaseVersion):
+        return replace(world, store=tuple(v for v in world.store if v != command.version))
+    return world  # RetainVersion: the store keeps what was published until released
+
+
+def _to_worker(world: World, command: LoadWeights | LaunchRequest) -> World:
+    worker = world.worker(command.worker)
+    if not worker.alive or worker.incarnation != command.incarnation:
+        return world  # a retired incarnation's mail is lost with its connection
+    if isinstance(command, LoadWeights):
+        if command.version not in world.store:
+            return replace(world, broken=f"{worker.name} told to load version "
+                                         f"{command.version}, which the store no longer holds")
+        world = _put_worker(world, replace(worker, version=command.version))
+        reply: Event = WeightsLoaded(command.worker, command.incarnation, command.load,
+                                     command.version)
+        return _send(world, message(CORE, reply))
+    if command.version != worker.version:
+        return world  # refused: a launch for a version it does not hold
+    return _send(world, message(CORE, sample_reply(command)))
+
+
+def _put_worker(world: World, worker: Worker) -> World:
+    return replace(world, workers=tuple(worker if w.name == worker.name else w
+                                        for w in world.workers))
+
+
+# -- faults -----------------------------------------------------------------------------------
+
+
+def crash_worker(world: World, name: str) -> World:
+    """The worker process dies; the driver notices its connection end."""
+    worker = world.worker(name)
+    world = _put_worker(world, replace(worker, alive=False, version=None))
+    return _send(world, message(CORE, WorkerLost(name, worker.incarnation)))
+
+
+def restart_worker(world: World, name: str) -> World:
+    worker = world.worker(name)
+    fresh = Worker(name, worker.incarnation + 1, True)
+    return _send(_put_worker(world, fresh), message(CORE, WorkerConnected(name, fresh.incarnation)))
+
+
+def crash_learner(world: World) -> World:
+    """Silent: everything in memory is lost; the commits and checkpoints on disk stay."""
+    return replace(world, learner=replace(world.learner, alive=False))
+
+
+def restart_learner(world: World) -> World:
+    """The learner restores its newest commit and announces itself with a new attempt."""
+    learner = world.learner
+    version = len(learner.commits) - 1
+    digest = learner.commits[version]
+    rules = LearnerRules(attempt=learner.rules.attempt + 1, weights=digest, version=version)
+    world = replace(world, learner=replace(learner, alive=True, rules=rules))
+    return _send(world, message(CORE, LearnerStarted(rules.attempt, version, digest)))
+
+
+def restart_driver(world: World) -> World:
+    """The driver dies and resumes from its journal's durable part. Replies in flight to it
+    are lost; its in-process learner restarts from its newest commit; every worker connection
+    is new (a new incarnation); the resume fires the timer to re-send what is outstanding."""
+    network = tuple(m for m in world.network if m.to != CORE)
+    world = replace(world, core=world.journal, network=network,
+                    learner=replace(world.learner, alive=False))
+    world = restart_learner(world)
+    workers = tuple(Worker(w.name, w.incarnation + 1, True) for w in world.workers)
+    hello = tuple(message(CORE, WorkerConnected(w.name, w.incarnation)) for w in workers)
+    return _send(replace(world, workers=workers), *hello, message(CORE, TimerFired()))
+
+
+# -- observations -----------------------------------------------------------------------------
+
+
+def quiescent(world: World) -> bool:
+    """Nothing in flight: only the retry timer can move the run."""
+    return not world.network
+
+
+def complete(world: World) -> bool:
+    return run_complete(world.core)
+
+
+def run_fifo(world: World, max_deliveries: int = 1_000_000) -> World:
+    """Deliver the first message in flight until none is left (firing the timer when the run
+    is stuck with something outstanding): the canonical schedule when nothing fails."""
+    for _ in range(max_deliveries):
+        if world.refused or world.broken:
+            return world
+        if world.network:
+            world = deliver_message(world, world.network[0].key)
+        elif world.core.timer_armed and outstanding_commands(world.core):
+            world = fire_timer(world)
+        else:
+            return world
+    raise RuntimeError(f"no quiescence after {max_deliveries} deliveries")
