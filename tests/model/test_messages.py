@@ -53,6 +53,8 @@ STRATEGIES: dict[type, st.SearchStrategy] = {
     m.VersionPublished: st.builds(m.VersionPublished, version=small, weights_digest=digests),
     m.LearnerStarted: st.builds(m.LearnerStarted, incarnation=small, committed_version=small,
                                 weights_digest=digests),
+    m.VersionEvaluated: st.builds(m.VersionEvaluated, version=small, reward=reals),
+    m.CheckpointWritten: st.builds(m.CheckpointWritten, version=small, weights_digest=digests),
     m.TimerFired: st.builds(m.TimerFired),
     # commands
     m.LoadWeights: st.builds(m.LoadWeights, worker=names, incarnation=small, load=small,
@@ -64,7 +66,7 @@ STRATEGIES: dict[type, st.SearchStrategy] = {
     m.RunForward: st.builds(m.RunForward, observation=observations, attempt=small,
                             requests=request_lists),
     m.ApplyCotangent: st.builds(m.ApplyCotangent, observation=observations, attempt=small,
-                                pre_step_digest=digests,
+                                pre_step_digest=digests, forward_digest=digests,
                                 cotangent=st.lists(st.lists(reals, max_size=4).map(tuple),
                                                    max_size=3).map(tuple),
                                 terms=terms),
@@ -232,7 +234,7 @@ def test_nested_errors_name_the_path(mutate, where):
 
 
 def test_nested_dataclass_error_names_the_path():
-    command = m.ApplyCotangent(ObservationId(0, 0, 0), 0, "w0", ((0.1,),),
+    command = m.ApplyCotangent(ObservationId(0, 0, 0), 0, "w0", "f0", ((0.1,),),
                                ObjectiveTerms(0.0, 0.0, 1.0, 1.0, 0.0, 0.0, 1))
     data = encode(command)
     data["terms"]["tokens"] = "many"
@@ -246,7 +248,8 @@ def test_nested_dataclass_error_names_the_path():
 # ---------------------------------------------------------------------------------------------
 # Naming: events are facts (past tense), commands are imperatives.
 
-IRREGULAR_PARTICIPLE = re.compile(r"(Lost|Sent|Done|Gone|Begun|Known|Made|Held|Built|Kept)$")
+IRREGULAR_PARTICIPLE = re.compile(
+    r"(Lost|Sent|Done|Gone|Begun|Known|Made|Held|Built|Kept|Written)$")
 
 
 @pytest.mark.parametrize("cls", EVENT_TYPES, ids=lambda c: c.__name__)

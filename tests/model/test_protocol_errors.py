@@ -29,6 +29,9 @@ from invar.model import (  # noqa: E402
     violations,
 )
 from invar.model.messages import (  # noqa: E402
+    Checkpoint,
+    CheckpointWritten,
+    Evaluate,
     ForwardObserved,
     LaunchRequest,
     LearnerStarted,
@@ -41,6 +44,7 @@ from invar.model.messages import (  # noqa: E402
     StepFinished,
     TimerFired,
     UpdateCommitted,
+    VersionEvaluated,
     VersionPublished,
     WeightsLoaded,
     WorkerConnected,
@@ -301,6 +305,30 @@ def scores_future_attempt(d):
     return replace(good, attempt=good.attempt + 1)
 
 
+def evaluation_unrequested(d):
+    d.pump(lambda d: d.state.committed == 1)
+    return VersionEvaluated(1, 0.5)  # version 1 is no evaluation boundary (eval_every = 0)
+
+
+def evaluation_of_a_future_boundary(d):
+    return VersionEvaluated(CONFIG.total_updates, 0.5)  # the final version, not committed yet
+
+
+def evaluation_infinite_reward(d):
+    d.pump_until_command(lambda c: isinstance(c, Evaluate))  # Evaluate(N), the final one
+    return VersionEvaluated(CONFIG.total_updates, math.inf)
+
+
+def checkpoint_unrequested(d):
+    d.pump(lambda d: d.state.committed == 1)
+    return CheckpointWritten(1, version_digest(1))  # the right weights, but never asked for
+
+
+def checkpoint_wrong_digest(d):
+    d.pump_until_command(lambda c: isinstance(c, Checkpoint))
+    return CheckpointWritten(CONFIG.total_updates, "not-the-commit")
+
+
 SCENARIOS = [
     (wrong_version, Reason.WRONG_VERSION),
     (unknown_batch, Reason.UNKNOWN_REQUEST),
@@ -344,6 +372,11 @@ SCENARIOS = [
     (scores_while_waiting, Reason.UNREQUESTED_SCORES),
     (scores_future_update, Reason.UNREQUESTED_SCORES),
     (scores_future_attempt, Reason.UNREQUESTED_SCORES),
+    (evaluation_unrequested, Reason.UNREQUESTED_BOUNDARY),
+    (evaluation_of_a_future_boundary, Reason.UNREQUESTED_BOUNDARY),
+    (evaluation_infinite_reward, Reason.MALFORMED_PAYLOAD),
+    (checkpoint_unrequested, Reason.UNREQUESTED_BOUNDARY),
+    (checkpoint_wrong_digest, Reason.COMMIT_DIGEST_MISMATCH),
 ]
 
 
