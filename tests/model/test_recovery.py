@@ -210,6 +210,22 @@ def test_restart_after_durable_commit_with_lost_reply_counts_the_commit():
     assert boundary == reference
 
 
+def test_restart_resends_an_unacknowledged_evaluation():
+    """The learner died with Evaluate(1) unanswered: its successor is asked again (the
+    boundary is outstanding until acknowledged), and the next update waits for it."""
+    config = small_config(eval_every=1)
+    d = Driver(config)
+    d.pump_until_command(lambda c: isinstance(c, Evaluate) and c.version == 1)
+    assert d.drop_queued(lambda c: isinstance(c, Evaluate)) == [Evaluate(1)]
+    d.pump()
+    assert d.state.learner.phase is LearnerPhase.WAITING and d.state.committed == 1
+    commands = d.restart_learner()
+    assert Evaluate(1) in commands and not commands_of(commands, ScoreProbabilities)
+    finish(d)
+    assert d.state.evaluated == (0, 1, 2, 3)
+    assert_canonical(d)
+
+
 def test_restart_before_the_commit_landed_redoes_the_update():
     d = Driver(small_config())
     d.pump_to_phase(LearnerPhase.COMMITTING, update=0)

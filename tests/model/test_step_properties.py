@@ -209,6 +209,8 @@ class Run:
             self.world = getattr(w, kind)(self.world, arg)
         else:
             self.world = getattr(w, kind)(self.world)
+        if kind == "restart_driver":  # the core is back at its journal's durable state
+            assert violations(self.world.core) == {}, violations(self.world.core)
         self._check_components()
 
     def _check_components(self) -> None:

@@ -28,6 +28,9 @@ from invar.model import (  # noqa: E402
     step,
 )
 from invar.model.messages import (  # noqa: E402
+    Checkpoint,
+    CheckpointWritten,
+    Evaluate,
     ForwardObserved,
     LearnerStarted,
     LoadWeights,
@@ -36,6 +39,7 @@ from invar.model.messages import (  # noqa: E402
     StepFinished,
     TimerFired,
     UpdateCommitted,
+    VersionEvaluated,
     WorkerConnected,
     WorkerLost,
 )
@@ -314,3 +318,45 @@ def test_markdown_names_every_phase():
 
 def test_initial_phase_is_offline():
     assert initial_state(CONFIG).learner.phase is L.OFFLINE
+
+
+# ---------------------------------------------------------------------------------------------
+# Boundary acknowledgements: not in the learner table; they only release WAITING -> SCORING.
+
+
+def test_boundary_acknowledgements_move_the_learner_only_out_of_waiting():
+    """VersionEvaluated and CheckpointWritten move no phase by themselves: the learner leaves
+    WAITING (the table's internal move) only once its batch is complete *and* the newest
+    version's boundaries are acknowledged, so the last acknowledgement may take it to SCORING."""
+    config = small_config(eval_every=1, checkpoint_every=1)
+    d = Driver(config)
+    d.pump_until_command(lambda c: isinstance(c, Checkpoint) and c.version == 1)
+    d.drop_queued(lambda c: isinstance(c, (Evaluate, Checkpoint)))
+    d.pump()
+    assert d.state.learner.phase is L.WAITING and d.state.committed == 1
+    assert d.state.batches[0].completed == config.samples_per_batch
+    after, commands = step(d.state, VersionEvaluated(1, 0.5))
+    assert after.learner.phase is L.WAITING and after.evaluated[-1] == 1 and commands == ()
+    d.state = after
+    after, commands = step(d.state, CheckpointWritten(1, version_digest(1)))
+    assert after.learner.phase is L.SCORING
+    assert after.learner.phase in closure((L.WAITING,), LEARNER_INTERNAL)
+    assert [type(c).__name__ for c in commands] == ["ScoreProbabilities"]
+
+
+@pytest.mark.parametrize("phase", [L.SCORING, L.FORWARD, L.APPLYING, L.COMMITTING, L.FINISHED])
+def test_boundary_acknowledgements_do_not_move_a_busy_learner(phase):
+    config = small_config(eval_every=1, checkpoint_every=1)
+    d = Driver(config)
+    if phase is L.FINISHED:
+        finish(d)
+    else:
+        d.pump_to_phase(phase, update=1)
+    v = d.state.committed
+    for event in (VersionEvaluated(v, 0.5), CheckpointWritten(v, version_digest(v)),
+                  VersionEvaluated(v + 1, 0.5), CheckpointWritten(v + 1, version_digest(v + 1))):
+        outcome = step(d.state, event)
+        if isinstance(outcome, ProtocolError):
+            continue
+        after, commands = outcome
+        assert after == d.state and commands == (), f"{event} in {phase.value}"
