@@ -1,7 +1,8 @@
 """`invar-check`: model-check the Invar protocol, validate a real run's journal, or prove the
 schedule's arithmetic.
 
-    invar-check [SPEC.toml] [--bfs|--dfs|--simulate N] [--processes N] [--max-states N]
+    invar-check [--jobs N]                  # the gate: every bound of spec/gate/, in parallel
+    invar-check SPEC.toml|DIR [--bfs|--dfs|--simulate N] [--processes N] [--max-states N]
                 [--json FILE] [--dot FILE] [--regression FILE]
     invar-check --trace RUN_DIR/journal.jsonl
     invar-check --prove
@@ -14,13 +15,20 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
+import subprocess
 import sys
+import tempfile
+import time
+import tomllib
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
 from rich.console import Console
+from rich.table import Table
 
-from checker.invar_model import CORE, Bounds, InvarModel, load_bounds
+from checker.invar_model import CORE, Bounds, Explored, InvarModel, load_bounds
 from checker.report import ProgressPrinter, print_result
 from checker.result import Verdict
 from checker.search import Checker
@@ -28,14 +36,17 @@ from checker.trace import Trace, trace_to_json
 from invar.model.errors import ConfigError
 from invar.model.messages import TimerFired, dumps
 
-DEFAULT_SPEC = Path(__file__).resolve().parent.parent / "spec" / "quick.toml"
+GATE = Path(__file__).resolve().parent.parent / "spec" / "gate"
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="invar-check", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("spec", nargs="?", help=f"bounded model configuration "
-                                                f"(default: {DEFAULT_SPEC.name})")
+    parser.add_argument("spec", nargs="?", help="a bounded model configuration, or a folder "
+                                                "of them (default: the gate, spec/gate/)")
+    parser.add_argument("--jobs", type=int, default=None,
+                        help="bounds checked at once when SPEC is a folder (default: CPUs, "
+                             "at most 2)")
     mode = parser.add_mutually_exclusive_group()
     mode.add_argument("--bfs", action="store_true", help="breadth-first (default): shortest "
                                                          "counterexamples")
@@ -68,7 +79,9 @@ def main(argv: list[str] | None = None) -> int:
         return _prove(console, assume_valid=not args.drop_validity)
     if args.trace:
         return _trace(Path(args.trace), console)
-    spec = Path(args.spec) if args.spec else DEFAULT_SPEC
+    spec = Path(args.spec) if args.spec else GATE
+    if spec.is_dir():
+        return _suite(spec, args.jobs or min(2, os.cpu_count() or 1), console)
     try:
         bounds, options = load_bounds(spec)
         options = _check_options(options, spec)
@@ -108,6 +121,46 @@ def main(argv: list[str] | None = None) -> int:
                                                          violated[0].trace, model))
         console.print(f"regression test written to {args.regression}")
     return _exit_status(result, console)
+
+
+def _suite(folder: Path, jobs: int, console: Console) -> int:
+    """Check every bound of `folder`, `jobs` at a time (each in its own process, so a bound
+    keeps its own options, livelock included); one table at the end, the output of any bound
+    that fails in full. Exit 0 only when every bound holds."""
+    specs = sorted(folder.glob("*.toml"))
+    if not specs:
+        print(f"invar-check: {folder}: no *.toml bounds", file=sys.stderr)
+        return 2
+
+    def check(spec: Path) -> tuple[Path, int, dict[str, Any], str, float]:
+        out = Path(scratch) / f"{spec.stem}.json"
+        began = time.perf_counter()
+        done = subprocess.run([sys.executable, "-m", "checker.cli", str(spec), "--quiet",
+                               "--json", str(out)], capture_output=True, text=True)
+        seconds = time.perf_counter() - began
+        doc = json.loads(out.read_text()) if out.exists() else {}
+        return spec, done.returncode, doc, done.stdout + done.stderr, seconds
+
+    console.print(f"[bold]invar-check[/bold] gate {folder}: {len(specs)} bounds, {jobs} at a time")
+    began = time.perf_counter()
+    with tempfile.TemporaryDirectory(prefix="invar-gate-") as scratch, \
+            ThreadPoolExecutor(max_workers=jobs) as pool:
+        results = list(pool.map(check, specs))
+    table = Table(title=f"gate: {time.perf_counter() - began:.0f} s wall")
+    for column in ("bound", "covers", "distinct", "generated", "s", "verdict"):
+        table.add_column(column, justify="right" if column in ("distinct", "generated", "s")
+                         else "left")
+    failed = 0
+    for spec, code, doc, output, seconds in results:
+        covers = tomllib.loads(spec.read_text()).get("covers", "")
+        verdict = "[green]holds[/green]" if code == 0 else f"[red]exit {code}[/red]"
+        table.add_row(spec.stem, covers, f"{doc.get('distinct_states', 0):,}",
+                      f"{doc.get('states_generated', 0):,}", f"{seconds:.0f}", verdict)
+        if code != 0:
+            failed += 1
+            console.print(f"[red bold]{spec}[/red bold] failed:\n{output}")
+    console.print(table)
+    return 1 if failed else 0
 
 
 def _exit_status(result: Any, console: Console) -> int:
@@ -161,8 +214,8 @@ def core_events(trace: Trace, model: InvarModel) -> list[Any]:
             continue
         kind, arg = action
         if kind == "deliver" and arg.startswith(f"{CORE}|"):
-            previous = trace.steps[index - 1][1]
-            events.append(next(m.body for m in previous.network if m.key == arg))
+            previous: Explored = trace.steps[index - 1][1]
+            events.append(next(m.body for m in previous.world.network if m.key == arg))
         elif kind == "timer":
             events.append(TimerFired())
         elif kind == "restart_driver":
@@ -183,8 +236,9 @@ bug is there. A `None` entry is a driver restart: the core returns to its last j
 A run that completes must also match the canonical synchronous schedule's projection.
 """
 
-from invar.model import ProtocolError, loads, requires_fsync, step, violations, transition_violations
+from invar.model import loads, violations, transition_violations
 from invar.model import logical_projection, run_complete
+from invar.model.shell import Verdict, deliver
 from invar.testing import canonical_run
 from checker.invar_model import Bounds
 
@@ -201,13 +255,12 @@ def test_counterexample_{prop}_is_fixed():
         if text is None:
             state = durable
             continue
-        event = loads(text)
-        outcome = step(state, event)
-        assert not isinstance(outcome, ProtocolError), f"step {{index}}: {{outcome}}"
-        after, commands = outcome
+        delivery = deliver(state, loads(text))
+        assert delivery.verdict is not Verdict.REFUSED, f"step {{index}}: {{delivery.error}}"
+        after = delivery.state
         assert not violations(after), f"step {{index}}: {{violations(after)}}"
-        assert not transition_violations(state, commands, after), f"step {{index}}"
-        if requires_fsync(event, commands):
+        assert not transition_violations(state, delivery.commands, after), f"step {{index}}"
+        if delivery.durable:
             durable = after
         state = after
     if run_complete(state):
@@ -225,8 +278,9 @@ def _result_json(result: Any, model: InvarModel, bounds: Bounds) -> dict[str, An
         if p.trace is not None:
             traces[p.name] = json.loads(trace_to_json(
                 p.trace, encode_action=model.format_action,
-                encode_state=lambda w: {"core": repr(w.core), "network": [m.key for m in w.network],
-                                        "refused": w.refused}))
+                encode_state=lambda s: {"core": repr(s.world.core),
+                                        "network": [m.key for m in s.world.network],
+                                        "refused": s.world.refused, "broken": s.world.broken}))
             traces[p.name]["core_events"] = [e if isinstance(e, tuple) else json.loads(dumps(e))
                                              for e in core_events(p.trace, model)]
     doc["counterexamples"] = traces

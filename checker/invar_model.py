@@ -1,12 +1,13 @@
-"""The Invar protocol as a checker model: the pure core inside a faulty world.
+"""The Invar protocol as a checker model: the pure core inside the faulty world of
+`invar.model.world`.
 
-The state is a `World`: the core's `State` (advanced only by `invar.model.step`, never
-re-implemented here), the state the driver's journal would recover (`durable`), an unordered
-network of in-flight commands and replies, and the components around the core — rollout
-workers and one learner — played by the correct fakes of `invar.testing`. Faults are actions
-with budgets: drop, duplicate (and, since delivery is unordered, delay/reorder for free), worker
-crash and reconnect with a new incarnation, learner crash and restart from its last durable
-commit, driver restart from its journal, and an early retry timer.
+The checker adds nothing to the world's semantics: a model state is an `Explored` value, the
+`World` (the core's `State`, advanced only through `invar.model.shell.deliver`; the journal's
+durable state; the network; the learner, workers, weights store and checkpoints, each keeping
+the rules and memory a real one keeps) plus the fault `Budget` left. Actions are the world's:
+deliver any message in flight (so delay and reordering come free), drop or duplicate a wire
+message, fire the retry timer early, crash and restart a worker or the learner, restart the
+driver from its journal.
 
 The retry timer also fires, without budget, whenever nothing is in flight: that is the fairness
 the protocol's liveness rests on (a timer eventually fires), modelled so that every bounded
@@ -17,41 +18,30 @@ from __future__ import annotations
 
 import itertools
 import tomllib
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
 from typing import Any, Iterator
 
+from invar.model import world as w
 from invar.model.config import RunConfig
-from invar.model.core import logical_projection, requires_fsync, run_complete, step
-from invar.model.errors import ConfigError, ProtocolError
+from invar.model.core import logical_projection, run_complete
+from invar.model.errors import ConfigError
 from invar.model.invariants import INVARIANTS, transition_violations
 from invar.model.messages import (
-    ApplyCotangent,
-    Commit,
-    Event,
-    LaunchRequest,
     LearnerStarted,
-    LoadWeights,
-    Publish,
     RequestCompleted,
-    RunForward,
-    ScoreProbabilities,
     TimerFired,
-    UpdateCommitted,
     WorkerConnected,
     WorkerLost,
 )
 from invar.model.objective import ObjectiveConfig
-from invar.model.state import Assigned, State, initial_state
+from invar.model.state import Assigned, State
 from invar.model.state import evolve as replace
-from invar.testing import canonical_run, learner_reply, version_digest, worker_reply
+from invar.model.world import CORE, Message, World, message
+from invar.testing import canonical_run
 
 from checker.model import BaseModel, Property
-
-CORE = "core"
-LEARNER = "learner"
-STORE = "store"
 
 
 @dataclass(frozen=True)
@@ -76,6 +66,8 @@ class Bounds:
     early_timers: int = 0
     """Timer expiries while messages are still in flight (each re-sends everything)."""
     kl_coef: float = 0.0
+    reproducible_forwards: bool = True
+    """False: a forward re-run in a new learner attempt returns other log-probs."""
 
     def protocol(self) -> RunConfig:
         return RunConfig(
@@ -93,7 +85,7 @@ def load_bounds(path: str | Path) -> tuple[Bounds, dict[str, Any]]:
         data = tomllib.loads(Path(path).read_text())
     except (OSError, tomllib.TOMLDecodeError) as error:
         raise ConfigError((str(path),), f"cannot read: {error}") from None
-    unknown = set(data) - {"model", "check", "description"}
+    unknown = set(data) - {"model", "check", "description", "covers"}
     if unknown:
         raise ConfigError((f"{path}: {sorted(unknown)[0]}",), "unknown table")
     model = data.get("model", {})
@@ -101,6 +93,10 @@ def load_bounds(path: str | Path) -> tuple[Bounds, dict[str, Any]]:
     for key, value in model.items():
         if key not in names:
             raise ConfigError((f"model.{key}",), f"unknown key in {path}")
+        if key == "reproducible_forwards":
+            if not isinstance(value, bool):
+                raise ConfigError((f"model.{key}",), "expected true or false")
+            continue
         expected = float if key == "kl_coef" else int
         if isinstance(value, bool) or not isinstance(value, (int, float) if expected is float
                                                      else int):
@@ -128,45 +124,14 @@ class Budget:
 
 
 @dataclass(frozen=True)
-class Component:
-    """A worker or the learner as the world sees it: which incarnation runs, if any."""
+class Explored:
+    """A state of the search: the world and the faults still allowed."""
 
-    name: str
-    incarnation: int
-    alive: bool
-    disk_version: int = 0
-    """The learner's last durable commit (unused for workers)."""
-
-
-@dataclass(frozen=True, order=True)
-class Message:
-    """A command in flight to a component, or an event in flight to the core."""
-
-    key: str  # canonical text: orders the network, keeps it a multiset
-    to: str = field(compare=False)
-    body: Any = field(compare=False)
-
-
-def message(to: str, body: Any) -> Message:
-    return Message(f"{to}|{body!r}", to, body)
-
-
-@dataclass(frozen=True)
-class World:
-    core: State
-    durable: State
-    network: tuple[Message, ...]
-    learner: Component
-    workers: tuple[Component, ...]
+    world: World
     budget: Budget
-    refused: str = ""
-    """The reason of a ProtocolError a correct component provoked (must stay empty)."""
 
 
-# Actions: (kind, argument) tuples, in a fixed order.
-
-
-class InvarModel(BaseModel[World, tuple]):
+class InvarModel(BaseModel[Explored, tuple]):
     """The checker's model of an Invar run within `bounds`."""
 
     def __init__(self, bounds: Bounds, symmetry: bool = False, reduction: bool = False) -> None:
@@ -176,7 +141,6 @@ class InvarModel(BaseModel[World, tuple]):
         self.symmetry = symmetry and bounds.workers > 1
         self.reduction = reduction
         self._config_text = repr(self.config)
-        self._last_step: tuple[State, Event, Any] | None = None
 
     @cached_property
     def canonical_projection(self) -> tuple:
@@ -184,155 +148,140 @@ class InvarModel(BaseModel[World, tuple]):
 
     # -- the model API ---------------------------------------------------------------------
 
-    def init_states(self) -> list[World]:
-        core = initial_state(self.config)
+    def init_states(self) -> list[Explored]:
         b = self.bounds
-        network = sorted([message(CORE, LearnerStarted(0, 0, version_digest(0))),
-                          *(message(CORE, WorkerConnected(n, 0)) for n in self.worker_names)])
-        return [World(core=core, durable=core, network=tuple(network),
-                      learner=Component(LEARNER, 0, True, 0),
-                      workers=tuple(Component(n, 0, True) for n in self.worker_names),
-                      budget=Budget(b.drops, b.duplicates, b.worker_crashes, b.learner_crashes,
-                                    b.driver_restarts, b.early_timers))]
+        world = w.new_world(self.config, self.worker_names, b.reproducible_forwards)
+        return [Explored(world, Budget(b.drops, b.duplicates, b.worker_crashes,
+                                       b.learner_crashes, b.driver_restarts, b.early_timers))]
 
-    def actions(self, world: World) -> Iterator[tuple]:
-        if world.refused:
+    def actions(self, state: Explored) -> Iterator[tuple]:
+        world, budget = state.world, state.budget
+        if world.refused or world.broken:
             return
-        distinct = list(dict.fromkeys(m.key for m in world.network))
+        distinct = sorted(dict.fromkeys(m.key for m in world.network))
         # Connections, losses and restarts are the driver's own observations, not messages
         # on the wire: they may be delayed behind others, never dropped or duplicated.
         wire = [k for k in distinct if not k.startswith(_LOCAL_FACTS)]
-        ample = self._ample(world, distinct) if self.reduction else None
+        ample = self._ample(state) if self.reduction else None
         if ample is not None:
             yield ("deliver", ample)
-            if world.budget.drops:
+            if budget.drops:
                 yield ("drop", ample)
-            if world.budget.duplicates:
+            if budget.duplicates:
                 yield ("duplicate", ample)
             return
         for key in distinct:
             if not _overtakes_connection(world, key):
                 yield ("deliver", key)
-        if world.budget.drops:
+        if budget.drops:
             for key in wire:
                 yield ("drop", key)
-        if world.budget.duplicates:
+        if budget.duplicates:
             for key in wire:
                 yield ("duplicate", key)
-        if world.core.timer_armed and (not world.network or world.budget.early_timers):
+        if world.core.timer_armed and (not world.network or budget.early_timers):
             yield ("timer", None)
         for worker in world.workers:
-            if worker.alive and world.budget.worker_crashes:
+            if worker.alive and budget.worker_crashes:
                 yield ("crash_worker", worker.name)
             if not worker.alive:
                 yield ("restart_worker", worker.name)
-        if world.learner.alive and world.budget.learner_crashes:
+        if world.learner.alive and budget.learner_crashes:
             yield ("crash_learner", None)
         if not world.learner.alive:
             yield ("restart_learner", None)
-        if world.budget.driver_restarts:
+        if budget.driver_restarts:
             yield ("restart_driver", None)
 
-    def next_state(self, world: World, action: tuple) -> World | None:
+    def next_state(self, state: Explored, action: tuple) -> Explored:
         kind, arg = action
-        if kind == "deliver":
-            return self._deliver(world, arg)
-        if kind == "drop":
-            return replace(world, network=_remove(world.network, arg),
-                           budget=replace(world.budget, drops=world.budget.drops - 1))
-        if kind == "duplicate":
-            copy = next(m for m in world.network if m.key == arg)
-            return replace(world, network=_insert(world.network, [copy]),
-                           budget=replace(world.budget, duplicates=world.budget.duplicates - 1))
-        if kind == "timer":
-            budget = world.budget
-            if world.network:
-                budget = replace(budget, early_timers=budget.early_timers - 1)
-            return self._to_core(replace(world, budget=budget), TimerFired())
-        if kind == "crash_worker":
-            worker = next(w for w in world.workers if w.name == arg)
-            world = _put(world, replace(worker, alive=False))
-            world = replace(world, budget=replace(world.budget,
-                                                  worker_crashes=world.budget.worker_crashes - 1))
-            # The driver notices the dead connection.
-            return replace(world, network=_insert(world.network, [
-                message(CORE, WorkerLost(arg, worker.incarnation))]))
-        if kind == "restart_worker":
-            worker = next(w for w in world.workers if w.name == arg)
-            fresh = Component(arg, worker.incarnation + 1, True)
-            world = _put(world, fresh)
-            return replace(world, network=_insert(world.network, [
-                message(CORE, WorkerConnected(arg, fresh.incarnation))]))
-        if kind == "crash_learner":
-            return replace(world, learner=replace(world.learner, alive=False),
-                           budget=replace(world.budget,
-                                          learner_crashes=world.budget.learner_crashes - 1))
-        if kind == "restart_learner":
-            return self._restart_learner(world)
-        if kind == "restart_driver":
-            # The new driver replays its journal: it knows what was fsynced, nothing after.
-            # Replies in flight to the old driver die with it; the learner is in-process.
-            network = tuple(m for m in world.network if m.to != CORE)
-            world = replace(world, core=world.durable, network=network,
-                            learner=replace(world.learner, alive=False),
-                            budget=replace(world.budget,
-                                           driver_restarts=world.budget.driver_restarts - 1))
-            world = self._restart_learner(world)
-            # Workers are reached through the driver's connections: the new driver opens new
-            # ones, which the core sees as new incarnations.
-            workers = tuple(Component(w.name, w.incarnation + 1, True) for w in world.workers)
-            hello = [message(CORE, WorkerConnected(w.name, w.incarnation)) for w in workers]
-            return replace(world, workers=workers, network=_insert(
-                world.network, [*hello, message(CORE, TimerFired())]))
-        raise ValueError(f"unknown action {action!r}")  # pragma: no cover
+        world, budget = state.world, state.budget
+        spent = _SPENDS.get(kind)
+        if kind == "timer" and world.network:
+            spent = "early_timers"
+        if spent:
+            budget = replace(budget, **{spent: getattr(budget, spent) - 1})
+        if kind in ("deliver", "drop", "duplicate"):
+            world = _KEYED[kind](world, arg)
+        elif kind == "timer":
+            world = w.fire_timer(world)
+        elif kind in ("crash_worker", "restart_worker"):
+            world = _NAMED[kind](world, arg)
+        elif kind in _WHOLE:
+            world = _WHOLE[kind](world)
+        else:  # pragma: no cover
+            raise ValueError(f"unknown action {action!r}")
+        return Explored(world, budget)
 
-    def is_final(self, world: World) -> bool:
-        return run_complete(world.core)
+    def is_final(self, state: Explored) -> bool:
+        return run_complete(state.world.core)
 
     def properties(self) -> list[Property]:
-        props = [Property.always("correct_components_never_refused", lambda w: not w.refused)]
+        props = [
+            Property.always("correct_components_never_refused", lambda s: not s.world.refused),
+            Property.always("components_can_do_what_they_are_told",
+                            lambda s: not s.world.broken),
+        ]
         for name, check in INVARIANTS.items():
-            props.append(Property.always(name, lambda w, check=check: not check(w.core)))
+            props.append(Property.always(name, lambda s, check=check: not check(s.world.core)))
         props.append(Property.transition("transition_invariants", self._transition_ok))
         props.append(Property.final("completed_run_matches_canonical_schedule",
-                                    lambda w: logical_projection(w.core)
-                                    == self.canonical_projection))
+                                    self._matches_canonical))
         props.append(Property.sometimes("run_completes", self.is_final))
-        b = self.bounds
+        b, config = self.bounds, self.config
         if b.drops:
             props.append(Property.sometimes("a_message_is_dropped",
-                                            lambda w: w.budget.drops < b.drops))
+                                            lambda s: s.budget.drops < b.drops))
         if b.learner_crashes:
-            k = self.config.optimizer_steps
+            k = config.optimizer_steps
             # More forwards than K per update so far: some update's steps ran twice.
             props.append(Property.sometimes(
                 "learner_restart_redoes_an_update",
-                lambda w: w.core.learner.attempt > 0
-                and w.core.learner.observations > k * (w.core.committed + 1)))
+                lambda s: s.world.core.learner.attempt > 0
+                and s.world.core.learner.observations > k * (s.world.core.committed + 1)))
         if b.worker_crashes:
-            props.append(Property.sometimes("worker_reconnects",
-                                            lambda w: any(x.incarnation > 0 for x in w.workers)))
+            props.append(Property.sometimes(
+                "worker_reconnects", lambda s: any(x.incarnation > 0 for x in s.world.workers)))
         if b.driver_restarts:
-            props.append(Property.sometimes("driver_restarts",
-                                            lambda w: w.budget.driver_restarts < b.driver_restarts))
+            props.append(Property.sometimes(
+                "driver_restarts", lambda s: s.budget.driver_restarts < b.driver_restarts))
+        if config.optimizer_steps > 1:
+            props.append(Property.sometimes(
+                "an_update_takes_several_steps",
+                lambda s: len(s.world.core.learner.applied) > 1))
+        if len(set(_generating_versions(config))) > 1:
+            props.append(Property.sometimes(
+                "a_worker_reloads_a_newer_version",
+                lambda s: any(x.version not in (None, 0) for x in s.world.workers)))
+            props.append(Property.sometimes(
+                "a_version_is_released",
+                lambda s: any(v not in s.world.store for v in s.world.core.published)))
+        if config.eval_every:
+            props.append(Property.sometimes(
+                "an_evaluation_before_the_last_is_acknowledged",
+                lambda s: any(v < config.total_updates for v in s.world.core.evaluated[1:])))
+        if config.checkpoint_every and config.checkpoint_every < config.total_updates:
+            props.append(Property.sometimes(
+                "a_checkpoint_before_the_last_is_written",
+                lambda s: any(v < config.total_updates for v in s.world.core.checkpointed)))
         return props
 
-    def fingerprint_key(self, world: World) -> Any:
-        text = _key_text(world, self._config_text)
+    def fingerprint_key(self, state: Explored) -> Any:
+        text = _key_text(state, self._config_text)
         if not self.symmetry:
             return text
         # Interchangeable workers: the representative is the least text over every renaming
         # of the world. The renaming is done on the objects, not on the text: collections
-        # ordered by name (the core's workers, the network, the world's workers) must be
-        # re-sorted, and a batch's slots stand behind a digest that hashes the names, so a
-        # textual replace would map most states to a text no mirror state produces.
+        # ordered by name (the core's workers, the world's workers) must be re-sorted, and a
+        # batch's slots stand behind a digest that hashes the names, so a textual replace
+        # would map most states to a text no mirror state produces.
         best = text
         names = self.worker_names
         for perm in itertools.permutations(names):
             if perm == names:
                 continue
             mapping = dict(zip(names, perm))
-            best = min(best, _key_text(_rename_world(world, mapping, names), self._config_text))
+            best = min(best, _key_text(_rename(state, mapping, names), self._config_text))
         return best
 
     def format_action(self, action: tuple) -> str:
@@ -346,95 +295,42 @@ class InvarModel(BaseModel[World, tuple]):
             return f"{kind}:{body.split('(', 1)[0]}"
         return kind
 
-    # -- the world's mechanics --------------------------------------------------------------
+    # -- properties over the world ----------------------------------------------------------
 
-    def _deliver(self, world: World, key: str) -> World:
-        msg = next(m for m in world.network if m.key == key)
-        world = replace(world, network=_remove(world.network, key))
-        if msg.to == CORE:
-            return self._to_core(world, msg.body)
-        if msg.to == STORE:
-            reply = learner_reply(msg.body, self.config.optimizer_steps)
-            return replace(world, network=_insert(world.network, [message(CORE, reply)]))
-        if msg.to == LEARNER:
-            return self._to_learner(world, msg.body)
-        worker = next(w for w in world.workers if w.name == msg.to)
-        if not worker.alive or worker.incarnation != msg.body.incarnation:
-            return world  # a dead incarnation's mail is lost
-        reply = worker_reply(msg.body)
-        return replace(world, network=_insert(world.network, [message(CORE, reply)]))
+    def _matches_canonical(self, state: Explored) -> bool:
+        projection = logical_projection(state.world.core)
+        if self.bounds.reproducible_forwards:
+            return projection == self.canonical_projection
+        # Re-run forwards (and re-scored proximal log-probs) legitimately differ in value:
+        # what was consumed, in which steps over which positions, must still be the same.
+        return _schedule_part(projection) == _schedule_part(self.canonical_projection)
 
-    def _to_learner(self, world: World, command: Any) -> World:
-        learner = world.learner
-        if not learner.alive or command.attempt != learner.incarnation:
-            return world  # a restarted learner ignores its predecessor's commands
-        if isinstance(command, Commit):
-            version = command.update + 1
-            if learner.disk_version == command.update:
-                learner = replace(learner, disk_version=version)
-            elif learner.disk_version != version:
-                return world
-            reply = UpdateCommitted(command.update, version_digest(version))
-            return replace(world, learner=learner,
-                           network=_insert(world.network, [message(CORE, reply)]))
-        reply = learner_reply(command, self.config.optimizer_steps)
-        return replace(world, network=_insert(world.network, [message(CORE, reply)]))
-
-    def _restart_learner(self, world: World) -> World:
-        learner = world.learner
-        fresh = Component(LEARNER, learner.incarnation + 1, True, learner.disk_version)
-        started = LearnerStarted(fresh.incarnation, fresh.disk_version,
-                                 version_digest(fresh.disk_version))
-        return replace(world, learner=fresh,
-                       network=_insert(world.network, [message(CORE, started)]))
-
-    def _step(self, core: State, event: Event) -> Any:
-        """`step`, remembering the last call: the transition property asks again at once."""
-        last = self._last_step
-        if last is not None and last[0] is core and last[1] == event:
-            return last[2]
-        outcome = step(core, event)
-        self._last_step = (core, event, outcome)
-        return outcome
-
-    def _to_core(self, world: World, event: Event) -> World:
-        outcome = self._step(world.core, event)
-        if isinstance(outcome, ProtocolError):
-            return replace(world, refused=f"{outcome.reason.value}: {outcome.detail}")
-        core, commands = outcome
-        durable = core if requires_fsync(event, commands) else world.durable
-        sent = [message(_destination(c), c) for c in commands if _destination(c)]
-        return replace(world, core=core, durable=durable,
-                       network=_insert(world.network, sent) if sent else world.network)
-
-    def _transition_ok(self, world: World, action: tuple, after: World) -> bool:
+    def _transition_ok(self, state: Explored, action: tuple, after: Explored) -> bool:
         kind, arg = action
+        before = state.world
         if kind == "timer":
-            event: Any = TimerFired()
-        elif kind == "deliver":
-            msg = next(m for m in world.network if m.key == arg)
-            if msg.to != CORE:
-                return True
-            event = msg.body
+            sent = after.world.network[len(before.network):]
+        elif kind == "deliver" and arg.startswith(f"{CORE}|"):
+            sent = after.world.network[len(before.network) - 1:]
         else:
             return True
-        outcome = self._step(world.core, event)
-        if isinstance(outcome, ProtocolError):
+        if after.world.refused:
             return True  # reported by correct_components_never_refused
-        return not transition_violations(world.core, outcome[1], outcome[0])
+        commands = [m.body for m in sent if m.to != CORE]
+        return not transition_violations(before.core, commands, after.world.core)
 
-    def _ample(self, world: World, distinct: list[str]) -> str | None:
+    def _ample(self, state: Explored) -> str | None:
         """Partial-order reduction: one worker reply stands for all orders of its kind.
 
         Used only where the core declares the deliveries independent (`independent_completion`)
         and nothing else in the world can interleave with them: no crash or early-timer budget
         left, every component alive, and only completions in flight to the core.
         """
-        b = world.budget
+        b, world = state.budget, state.world
         if (b.worker_crashes or b.learner_crashes or b.driver_restarts or b.early_timers
-                or not world.learner.alive or not all(w.alive for w in world.workers)):
+                or not world.learner.alive or not all(x.alive for x in world.workers)):
             return None
-        candidates = [m for m in world.network if m.to == CORE]
+        candidates = sorted((m for m in world.network if m.to == CORE), key=lambda m: m.key)
         if not candidates or not all(isinstance(m.body, RequestCompleted) for m in candidates):
             return None
         for msg in candidates:
@@ -458,8 +354,26 @@ def independent_completion(state: State, event: RequestCompleted) -> bool:
     return holder is not None and holder.incarnation == slot.incarnation and holder.assigned > 1
 
 
+_SPENDS = {"drop": "drops", "duplicate": "duplicates", "crash_worker": "worker_crashes",
+           "crash_learner": "learner_crashes", "restart_driver": "driver_restarts"}
+_KEYED = {"deliver": w.deliver_message, "drop": w.drop, "duplicate": w.duplicate}
+_NAMED = {"crash_worker": w.crash_worker, "restart_worker": w.restart_worker}
+_WHOLE = {"crash_learner": w.crash_learner, "restart_learner": w.restart_learner,
+          "restart_driver": w.restart_driver}
+
 _LOCAL_FACTS = tuple(f"{CORE}|{t.__name__}(" for t in (WorkerConnected, WorkerLost, LearnerStarted,
                                                         TimerFired))
+
+
+def _generating_versions(config: RunConfig) -> list[int]:
+    from invar.model.schedule import gen_version
+    return [gen_version(config, b) for b in range(config.total_updates)]
+
+
+def _schedule_part(projection: tuple) -> tuple:
+    ledger, *rest = projection
+    return (tuple((r.update, r.requests, r.sample_versions, r.sample_digests,
+                   tuple((s.step, s.positions) for s in r.steps)) for r in ledger), *rest)
 
 
 def _overtakes_connection(world: World, key: str) -> bool:
@@ -471,46 +385,22 @@ def _overtakes_connection(world: World, key: str) -> bool:
         {m.key for m in world.network}
 
 
-def _destination(command: Any) -> str:
-    if isinstance(command, (LaunchRequest, LoadWeights)):
-        return command.worker
-    if isinstance(command, (ScoreProbabilities, RunForward, ApplyCotangent, Commit)):
-        return LEARNER
-    if isinstance(command, Publish):
-        return STORE
-    return ""  # Evaluate, Checkpoint, Retain/Release, SetTimer: no reply in the protocol
-
-
-def _insert(network: tuple[Message, ...], messages: list[Message]) -> tuple[Message, ...]:
-    return tuple(sorted((*network, *messages)))
-
-
-def _remove(network: tuple[Message, ...], key: str) -> tuple[Message, ...]:
-    for i, m in enumerate(network):
-        if m.key == key:
-            return network[:i] + network[i + 1:]
-    raise KeyError(key)  # pragma: no cover
-
-
-def _put(world: World, worker: Component) -> World:
-    return replace(world, workers=tuple(worker if w.name == worker.name else w
-                                        for w in world.workers))
-
-
-def _rename_world(world: World, mapping: dict[str, str], names: tuple[str, ...]) -> World:
-    """`world` with its workers renamed by `mapping`, every name-ordered collection re-sorted."""
-    by_name = {mapping[w.name]: replace(w, name=mapping[w.name]) for w in world.workers}
-    durable = world.durable
-    if world.budget.driver_restarts:  # only then part of the key (see _key_text)
-        durable = _rename_core(durable, mapping)
-    return replace(world, core=_rename_core(world.core, mapping), durable=durable,
-                   network=tuple(sorted(_rename_message(m, mapping) for m in world.network)),
-                   workers=tuple(by_name[n] for n in names))
+def _rename(state: Explored, mapping: dict[str, str], names: tuple[str, ...]) -> Explored:
+    """`state` with its workers renamed by `mapping`, every name-ordered collection re-sorted."""
+    world = state.world
+    by_name = {mapping[x.name]: replace(x, name=mapping[x.name]) for x in world.workers}
+    journal = world.journal
+    if state.budget.driver_restarts:  # only then part of the key (see _key_text)
+        journal = _rename_core(journal, mapping)
+    world = replace(world, core=_rename_core(world.core, mapping), journal=journal,
+                    network=tuple(_rename_message(m, mapping) for m in world.network),
+                    workers=tuple(by_name[n] for n in names))
+    return Explored(world, state.budget)
 
 
 def _rename_core(core: State, mapping: dict[str, str]) -> State:
-    workers = tuple(sorted((replace(w, name=mapping[w.name]) for w in core.workers),
-                           key=lambda w: w.name))
+    workers = tuple(sorted((replace(x, name=mapping[x.name]) for x in core.workers),
+                           key=lambda x: x.name))
     batches = tuple(
         batch.with_slots({p: Assigned(mapping[s.worker], s.incarnation)
                           for p, s in enumerate(batch.slots) if isinstance(s, Assigned)})
@@ -526,12 +416,13 @@ def _rename_message(msg: Message, mapping: dict[str, str]) -> Message:
     return message(mapping.get(msg.to, msg.to), replace(body, worker=mapping[name]))
 
 
-def _key_text(world: World, config_text: str) -> str:
-    """Canonical text of a world: reprs leave out payloads that stand behind digests, and the
-    configuration (the same in every state). What a driver restart would recover counts only
-    while a restart can still happen."""
-    durable = repr(world.durable) if world.budget.driver_restarts else ""
+def _key_text(state: Explored, config_text: str) -> str:
+    """Canonical text of a search state: reprs leave out payloads that stand behind digests,
+    and the configuration (the same in every state); the network is a multiset (sorted keys).
+    What a driver restart would recover counts only while a restart can still happen."""
+    world = state.world
+    journal = repr(world.journal) if state.budget.driver_restarts else ""
     return "\n".join((
-        repr(world.core).replace(config_text, ""), durable.replace(config_text, ""),
-        "|".join(m.key for m in world.network), repr(world.learner), repr(world.workers),
-        repr(world.budget), world.refused))
+        repr(world.core).replace(config_text, ""), journal.replace(config_text, ""),
+        "|".join(sorted(m.key for m in world.network)), repr(world.learner),
+        repr(world.workers), repr(world.store), repr(state.budget), world.refused, world.broken))

@@ -54,6 +54,7 @@ from invar.model.messages import (
     Publish,
     ReleaseVersion,
     RequestCompleted,
+    RetainVersion,
     RunForward,
     ScoreProbabilities,
     StepFinished,
@@ -255,6 +256,8 @@ class Worker:
     alive: bool
     version: int | None = None
     """The version loaded last (a worker holds one)."""
+    load: int = 0
+    """The serial of that load: an older LoadWeights (duplicated, delayed) is ignored."""
 
 
 @dataclass(frozen=True)
@@ -340,8 +343,19 @@ def to_core(world: World, event: Event) -> World:
         assert delivery.error is not None
         return replace(world, refused=f"{delivery.error.reason.value}: {delivery.error.detail}")
     journal = delivery.state if delivery.durable else world.journal
-    sent = tuple(message(route(c), c) for c in delivery.commands if route(c) != TIMER)
-    return replace(world, core=delivery.state, journal=journal, network=world.network + sent)
+    world = replace(world, core=delivery.state, journal=journal)
+    sent = []
+    for command in delivery.commands:
+        where = route(command)
+        if isinstance(command, (RetainVersion, ReleaseVersion)):
+            world = _to_store(world, command)  # the driver's own file system: done at once
+        elif isinstance(command, LoadWeights) and command.version not in world.store:
+            # The driver reads the weights from the store as it sends the load.
+            return replace(world, broken=f"{command.worker} told to load version "
+                                         f"{command.version}, which the store no longer holds")
+        elif where != TIMER:
+            sent.append(message(where, command))
+    return replace(world, network=world.network + tuple(sent))
 
 
 # -- components -------------------------------------------------------------------------------
@@ -409,16 +423,24 @@ def _to_worker(world: World, command: LoadWeights | LaunchRequest) -> World:
     if not worker.alive or worker.incarnation != command.incarnation:
         return world  # a retired incarnation's mail is lost with its connection
     if isinstance(command, LoadWeights):
-        if command.version not in world.store:
-            return replace(world, broken=f"{worker.name} told to load version "
-                                         f"{command.version}, which the store no longer holds")
-        world = _put_worker(world, replace(worker, version=command.version))
+        if not worker_accepts(worker, command):
+            return world
+        # The weights travel with the command (read from the store when it was sent).
+        world = _put_worker(world, replace(worker, version=command.version, load=command.load))
         reply: Event = WeightsLoaded(command.worker, command.incarnation, command.load,
                                      command.version)
         return _send(world, message(CORE, reply))
-    if command.version != worker.version:
+    if not worker_accepts(worker, command):
         return world  # refused: a launch for a version it does not hold
     return _send(world, message(CORE, sample_reply(command)))
+
+
+def worker_accepts(worker: Worker, command: LoadWeights | LaunchRequest) -> bool:
+    """A worker's rules (the runtime's worker keeps the same): loads only in serial order (a
+    re-sent current load is answered again), launches only for the version it holds."""
+    if isinstance(command, LoadWeights):
+        return command.load >= worker.load
+    return command.version == worker.version
 
 
 def _put_worker(world: World, worker: Worker) -> World:

@@ -33,7 +33,7 @@ from invar.runtime.journal import Journal  # noqa: E402
 from invar.testing import canonical_run  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
-QUICK = ROOT / "spec" / "quick.toml"
+GATE = ROOT / "spec" / "gate"
 
 
 def short(bounds: Bounds) -> str:
@@ -143,13 +143,13 @@ class Recording(InvarModel):
                    for perm in itertools.permutations(names))
 
     def properties(self) -> list[Property]:
-        def record_final(world) -> bool:
-            self.projections.add(logical_projection(world.core))
-            self.final_cores.add(self._final_core(world.core))
+        def record_final(state) -> bool:
+            self.projections.add(logical_projection(state.world.core))
+            self.final_cores.add(self._final_core(state.world.core))
             return True
 
-        def record_orbit(world) -> bool:
-            self.orbits.add(self._canon.fingerprint_key(world))
+        def record_orbit(state) -> bool:
+            self.orbits.add(self._canon.fingerprint_key(state))
             return True
 
         extra = [Property.final("zz_record_final", record_final)]
@@ -238,7 +238,8 @@ def test_cli_bounded_search_is_inconclusive_not_a_violation(
     bound still exits 1."""
     monkeypatch.setenv("COLUMNS", "1000")
     doc_path = tmp_path / "bounded.json"
-    assert main(["--quiet", "--max-states", "50", "--json", str(doc_path)]) == 0
+    spec = write_spec(tmp_path, Bounds(drops=1))
+    assert main([str(spec), "--quiet", "--max-states", "50", "--json", str(doc_path)]) == 0
     out = capsys.readouterr().out
     assert "incomplete search (max_states)" in out and "run_completes" in out
     doc = json.loads(doc_path.read_text())
