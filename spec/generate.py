@@ -1,4 +1,5 @@
-"""Regenerate the computed parts of spec/PROTOCOL.md from the code (nothing there is hand-typed).
+"""Regenerate the computed parts of spec/PROTOCOL.md from the code and the gate's bounds
+(spec/gate/*.toml); nothing there is hand-typed.
 
     .venv/bin/python spec/generate.py            # print every generated block
     .venv/bin/python spec/generate.py --write    # rewrite the blocks in PROTOCOL.md, and
@@ -14,14 +15,17 @@ import re
 import shutil
 import subprocess
 import sys
+import tomllib
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from checker.invar_model import load_bounds  # noqa: E402
 from invar.model import schedule, transitions  # noqa: E402
 from invar.model.config import RunConfig  # noqa: E402
 
 HERE = Path(__file__).resolve().parent
+GATE = HERE / "gate"
 
 TABLES = (  # (label, declared fields); B, G, K do not enter the schedule's versions
     ("a", dict(max_staleness=1, sync_period=1, total_updates=6)),
@@ -89,6 +93,91 @@ def worked_table(label: str, declared: dict[str, int]) -> str:
     return "\n".join(lines)
 
 
+def _count(n: int, one: str, many: str) -> str:
+    return f"{n} {one if n == 1 else many}"
+
+
+FAULTS = (("drops", "drop", "drops"), ("duplicates", "duplicate", "duplicates"),
+          ("worker_crashes", "worker crash", "worker crashes"),
+          ("learner_crashes", "learner crash", "learner crashes"),
+          ("driver_restarts", "driver restart", "driver restarts"),
+          ("early_timers", "early timer", "early timers"))
+
+
+def gate_bounds() -> list:
+    return [(spec, *load_bounds(spec)) for spec in sorted(GATE.glob("*.toml"))]
+
+
+def gate_table() -> str:
+    """One row per bound of the gate (spec/gate/*.toml), as `load_bounds` reads it."""
+    lines = ["| bound | covers | protocol | faults | options | measured |",
+             "|---|---|---|---|---|---|"]
+    for spec, bounds, options in gate_bounds():
+        data = tomllib.loads(spec.read_text())
+        description = " ".join(data.get("description", "").split())
+        covers = f"**{data.get('covers', '')}**" + (f": {description}" if description else "")
+        b = bounds
+        sizes = [f"B={b.prompts_per_batch}", f"G={b.group_size}", f"S={b.max_staleness}",
+                 f"P={b.sync_period}", f"K={b.optimizer_steps}", f"N={b.total_updates}",
+                 f"M={b.max_inflight_batches}"]
+        sizes += [f"{name}={value}" for name, value in (("E", b.eval_every),
+                                                         ("C", b.checkpoint_every)) if value]
+        sizes.append(_count(b.workers, "worker", "workers"))
+        if b.kl_coef:
+            sizes.append(f"β={b.kl_coef}")
+        if not b.reproducible_forwards:
+            sizes.append("non-reproducible forwards")
+        faults = [_count(getattr(b, field), one, many) for field, one, many in FAULTS
+                  if getattr(b, field)]
+        flags = [name for name, on in (
+            ("livelock", options.get("livelock", False)),
+            ("symmetry", options.get("symmetry", True) and b.workers > 1),
+            ("reduction", options.get("reduction", True))) if on]
+        lines.append(f"| `{spec.name}` | {covers} | {', '.join(sizes)} | "
+                     f"{', '.join(faults) or 'none'} | {', '.join(flags) or 'none'} | "
+                     f"see closing note |")
+    return "\n".join(lines)
+
+
+def gate_coverage() -> str:
+    """What the gate's bounds exercise together, and what none of them does."""
+    rows = gate_bounds()
+    if not rows:
+        return "The gate has no bounds."
+    every = [b for _, b, _ in rows]
+    top = {name: max(getattr(b, field) for b in every) for name, field in (
+        ("B", "prompts_per_batch"), ("G", "group_size"), ("S", "max_staleness"),
+        ("P", "sync_period"), ("K", "optimizer_steps"), ("N", "total_updates"),
+        ("M", "max_inflight_batches"), ("workers", "workers"))}
+    faults, missing = [], []
+    for field, one, _ in FAULTS:
+        where = [spec.stem for spec, b, _ in rows if getattr(b, field)]
+        (faults if where else missing).append(f"{one} ({', '.join(where)})" if where else one)
+    boundaries = [spec.stem for spec, b, _ in rows if b.eval_every or b.checkpoint_every]
+    reloads = [spec.stem for spec, b, _ in rows
+               if len({schedule.gen_version(b.protocol(), u)
+                       for u in range(b.total_updates)}) > 1]
+    text = [f"Largest sizes across the gate: {', '.join(f'{k} = {v}' for k, v in top.items())}. "
+            f"Faults exercised: {'; '.join(faults) or 'none'}; in no bound: "
+            f"{', '.join(missing) or 'none'}. Evaluation/checkpoint boundaries: "
+            f"{', '.join(boundaries) or 'no bound'}; a worker re-loading a newer version: "
+            f"{', '.join(reloads) or 'no bound'}."]
+    gaps = []
+    if top["B"] == 1:
+        gaps.append("B = 1 in every bound: a batch is one prompt group, so it never spreads "
+                    "over two workers")
+    if top["workers"] == 1:
+        gaps.append("one worker in every bound: symmetry, load balancing and requests moving "
+                    "to another worker are not exercised")
+    if not any(b.kl_coef for b in every):
+        gaps.append("no KL term")
+    if all(b.reproducible_forwards for b in every):
+        gaps.append("forwards reproducible in every bound")
+    if gaps:
+        text.append("Not in the gate: " + "; ".join(gaps) + ".")
+    return " ".join(text)
+
+
 def blocks() -> dict[str, str]:
     plan_config = RunConfig(prompts_per_batch=2, group_size=3, optimizer_steps=4, seed=0)
     seeds = ", ".join(
@@ -104,6 +193,8 @@ def blocks() -> dict[str, str]:
         "plan": f"Example (B=2, G=3, K=4, seed=0; cuts {cuts}): {plans}.",
         "tables": "\n\n".join(worked_table(label, declared) for label, declared in TABLES),
         "phases": transitions.to_markdown().rstrip("\n"),
+        "gate": gate_table(),
+        "gate-coverage": gate_coverage(),
     }
 
 
