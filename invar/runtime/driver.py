@@ -1,13 +1,15 @@
 """The driver: an asyncio loop that owns the core's state and carries out its commands.
 
-    happening -> Event -> step(state, event) -> (state', commands) -> journal -> dispatch
+    happening -> Event -> shell.deliver(state, event) -> journal (fsync if durable) -> dispatch
 
-The driver decides nothing the core decides. It turns worker frames, learner results, process
-exits and timer expiries into events, applies them with `invar.model.step`, journals every
-accepted event (with the state digest before and after), and hands each command to the one
-dispatcher (`Driver._dispatch`). Duplicates, late replies and ProtocolErrors are logged and
-counted, never fatal. Rollout workers are processes behind a `Transport`; the learner runs in
-a thread of this process, so rollout and learning overlap when the schedule allows it.
+The driver decides nothing the core or the shell decides. It turns worker frames, learner
+results, process exits and timer expiries into events and delivers them with
+`invar.model.shell.deliver`: an accepted event is journalled (with the state digest before and
+after, synced first when the delivery is `durable`) and its commands are handed to the
+components `shell.route` names (`Driver._dispatch`); a no-op is counted, a refusal logged and
+counted, neither is fatal. Rollout workers are processes behind a `Transport`; the learner runs
+in a thread of this process (`LearnerExecutor`, keeping `LearnerRules`), so rollout and
+learning overlap when the schedule allows it.
 
 `run_serial` executes the same schedule with the same components one command at a time, in
 one process: the reference an asynchronous run is compared with.
@@ -21,7 +23,6 @@ import functools
 import json
 import logging
 import os
-import shutil
 import time
 from collections import deque
 from dataclasses import dataclass, field
@@ -31,16 +32,17 @@ from typing import Any, Awaitable, Callable, Iterator
 import numpy as np
 
 from invar.model import schedule
-from invar.model.core import requires_fsync, run_complete, step
-from invar.model.errors import ProtocolError
+from invar.model.core import run_complete
 from invar.model.messages import (
     ApplyCotangent,
     Checkpoint,
+    CheckpointWritten,
     Command,
     Commit,
     DecodeError,
     Evaluate,
     Event,
+    ForwardObserved,
     LaunchRequest,
     LearnerStarted,
     LoadWeights,
@@ -48,44 +50,68 @@ from invar.model.messages import (
     Publish,
     ReleaseVersion,
     RequestCompleted,
-    RetainVersion,
     RunForward,
     ScoreProbabilities,
-    SetTimer,
     StepFinished,
     TimerFired,
     UpdateCommitted,
+    VersionEvaluated,
     VersionPublished,
     WeightsLoaded,
     WorkerConnected,
     WorkerLost,
-    ForwardObserved,
     decode,
     encode,
 )
+from invar.model.shell import LEARNER, STORE, TIMER, Delivery, Verdict, deliver, route
 from invar.model.state import Sample, State, initial_state, state_digest
+from invar.model.world import Decision, LearnerRules
 from invar.runtime import journal as journal_io
 from invar.runtime.config import TrainConfig, split_fault, to_dict, worker_names
 from invar.runtime.metrics import MetricsLog
 from invar.runtime.task import DigitReversal
+from invar.runtime.torch_learner import commit_path
 from invar.runtime.transport import ConnectionLost, FrameError, LocalProcessTransport, Transport
+from invar.runtime.weights import atomic_write
 from invar.runtime.worker import RolloutWorker, WorkerArgs
 
 log = logging.getLogger("invar.driver")
 
 SpawnWorker = Callable[[str, int], Awaitable[Transport]]
+LearnerInputs = Callable[[State, DigitReversal, Command], "np.ndarray | None"]
+"""What the learner backend gets beside a command: `learner_inputs` (token rows) for the real
+backends; a fake backend may take something else (its numerics need no tokens)."""
 
 
 # ---------------------------------------------------------------------------------------------
 # Executing learner commands: shared by the asynchronous driver and the serial runner.
 
 
-class LearnerExecutor:
-    """Runs learner commands against a backend and returns the reply event (or None).
+def checkpoint_path(run_dir: Path, version: int) -> Path:
+    """Where the checkpoint of `version` is kept: a copy of its commit file (same format)."""
+    return commit_path(Path(run_dir) / "checkpoints", version)
 
-    Re-sent commands are answered idempotently: a step already applied or an update already
-    committed is answered again from memory instead of being done twice; a cotangent whose
-    binding is not the pending one is refused by the backend and logged.
+
+class LearnerExecutor:
+    """Carries out learner commands against a backend, keeping the learner's rules.
+
+    Every command goes through `LearnerRules.decide` (`invar.model.world`), the rules the
+    model checker's learner keeps, and the executor does exactly what the decision says:
+
+    * RUN: the backend carries it out and the rules record it (the pending forward with the
+      `matrix_digest` of the log-probs returned, the step applied, the commit written);
+    * REPEAT: the reply already given is given again, nothing is done twice (a re-sent
+      pending forward, an applied cotangent, a repeated commit);
+    * IGNORE: another attempt's command, an older forward re-sent after a newer one (running
+      it would replace the binding the core's cotangent is for), or an evaluation or
+      checkpoint of weights other than exactly that commit's: no reply;
+    * REFUSE: a cotangent whose observation, pre-step digest or forward digest is not the
+      pending forward's (or that the backend refuses), a commit of another state: no reply,
+      nothing changes, logged and counted.
+
+    A checkpoint already on disk is answered again whatever the rules say (it is kept
+    whole: written atomically, its digest beside it last). `last_decision` tells which of the
+    four the last command got.
     """
 
     def __init__(self, learner: Any, task: DigitReversal, heldout: np.ndarray,
@@ -93,13 +119,24 @@ class LearnerExecutor:
         self.learner = learner
         self.task = task
         self.heldout = heldout
-        self.run_dir = run_dir
+        self.run_dir = Path(run_dir)
         self.metrics = metrics
-        self.attempt = -1
-        self._last_step: tuple[Any, str] | None = None
+        self.rules: LearnerRules | None = None
+        self.last_decision = ""
+        self._forward: ForwardObserved | None = None
+        """The reply to the pending forward (answered again on a re-send)."""
         self.busy_seconds = 0.0
 
+    def start(self, attempt: int) -> LearnerStarted:
+        """(Re)start the backend from its newest commit as `attempt`: the rules start afresh,
+        with the restored weights and nothing pending."""
+        version, digest = self.learner.start()
+        self.rules = LearnerRules(attempt=attempt, weights=digest, version=version)
+        self._forward = None
+        return LearnerStarted(attempt, version, digest)
+
     def execute(self, command: Command, inputs: np.ndarray | None) -> Event | None:
+        """The reply to `command` (None: no reply), per the rules."""
         began = time.perf_counter()
         try:
             return self._execute(command, inputs)
@@ -107,12 +144,49 @@ class LearnerExecutor:
             self.busy_seconds += time.perf_counter() - began
 
     def _execute(self, command: Command, inputs: np.ndarray | None) -> Event | None:
+        if self.rules is None:
+            raise RuntimeError("the learner executor has not started: call start() first")
+        if isinstance(command, Checkpoint):
+            kept = self._kept_checkpoint(command.version)
+            if kept is not None:
+                self.last_decision = Decision.REPEAT
+                return CheckpointWritten(command.version, kept)
+        decision = self.rules.decide(command)
+        self.last_decision = decision
+        if decision == Decision.RUN:
+            return self._run(command, inputs)
+        if decision == Decision.REPEAT:
+            self.metrics.count("learner_repeated")
+            return self._repeat(command)
+        if decision == Decision.REFUSE:
+            self._refused(command, "not bound to the learner's pending forward or state")
+        else:
+            self.metrics.count("learner_ignored")
+            log.info("ignored %r (learner attempt %d, version %d)", command, self.rules.attempt,
+                     self.rules.version)
+        return None
+
+    def _refused(self, command: Command, why: str) -> None:
+        self.last_decision = Decision.REFUSE
+        self.metrics.count("learner_refused")
+        log.warning("refused %s: %s", type(command).__name__, why)
+
+    def _repeat(self, command: Command) -> Event:
+        rules = self.rules
+        assert rules is not None
+        if isinstance(command, RunForward):
+            assert self._forward is not None
+            return self._forward
+        if isinstance(command, ApplyCotangent):
+            assert rules.applied is not None
+            return StepFinished(command.observation, command.attempt, rules.applied[1])
+        assert isinstance(command, Commit)
+        return UpdateCommitted(command.update, rules.weights)
+
+    def _run(self, command: Command, inputs: np.ndarray | None) -> Event | None:
+        rules = self.rules
+        assert rules is not None
         start = self.task.prompt_length
-        if isinstance(command, (ScoreProbabilities, RunForward, ApplyCotangent, Commit)) and \
-                command.attempt != self.attempt:
-            log.info("ignored %s for attempt %s (learner attempt %s)", type(command).__name__,
-                     command.attempt, self.attempt)
-            return None
         if isinstance(command, ScoreProbabilities):
             proximal, reference = self.learner.score(inputs, start, command.reference)
             return ProbabilitiesReported(command.update, command.attempt, _rows(proximal),
@@ -120,43 +194,52 @@ class LearnerExecutor:
         if isinstance(command, RunForward):
             obs = command.observation
             digest, current = self.learner.forward(obs.update, obs.step, obs.serial, inputs, start)
-            return ForwardObserved(obs, command.attempt, digest, _rows(current))
+            reply = ForwardObserved(obs, command.attempt, digest, _rows(current))
+            self.rules = rules.forwarded(command, reply)
+            self._forward = reply
+            return reply
         if isinstance(command, ApplyCotangent):
             obs = command.observation
-            if self._last_step is not None and self._last_step[0] == obs:
-                return StepFinished(obs, command.attempt, self._last_step[1])
             try:
                 digest = self.learner.apply_cotangent(obs.update, obs.step, obs.serial,
                                                       command.pre_step_digest,
                                                       np.array(_padded(command.cotangent)))
-            except ValueError as error:  # BindingError is a ValueError
-                log.warning("cotangent refused: %s", error)
-                self.metrics.count("cotangents_refused")
+            except ValueError as error:  # BindingError is a ValueError; the forward stays
+                self._refused(command, str(error))
                 return None
-            self._last_step = (obs, digest)
+            self.rules = rules.stepped_to(command, digest)
+            self._forward = None
             return StepFinished(obs, command.attempt, digest)
         if isinstance(command, Commit):
             version = command.update + 1
-            if self.learner.committed_version == version:
-                return UpdateCommitted(command.update, self.learner.state_digest())
-            if self.learner.state_digest() != command.expected_digest:
-                log.error("commit of update %d refused: learner state %s, expected %s",
-                          command.update, self.learner.state_digest(), command.expected_digest)
-                return None
-            return UpdateCommitted(command.update, self.learner.commit(version))
+            digest = self.learner.commit(version)
+            self.rules = rules.committed(version, digest)
+            return UpdateCommitted(command.update, digest)
         if isinstance(command, Evaluate):
-            if self.learner.committed_version == command.version:
-                reward = self.learner.evaluate_greedy(self.task, self.heldout)
-                self.metrics.evaluation(command.version, reward)
-            return None
+            return VersionEvaluated(command.version,
+                                    self.learner.evaluate_greedy(self.task, self.heldout))
         if isinstance(command, Checkpoint):
-            source = self.learner.commit_file(command.version)
-            if source is not None and source.exists():
-                target = self.run_dir / "checkpoints" / source.name
-                target.parent.mkdir(exist_ok=True)
-                shutil.copyfile(source, target)
-            return None
+            return self._write_checkpoint(command.version, rules.weights)
         raise TypeError(f"not a learner command: {command!r}")  # pragma: no cover
+
+    def _kept_checkpoint(self, version: int) -> str | None:
+        """The digest of the checkpoint of `version` if it is on disk, whole."""
+        digest = checkpoint_path(self.run_dir, version).with_suffix(".digest")
+        return digest.read_text() if digest.exists() else None
+
+    def _write_checkpoint(self, version: int, digest: str) -> CheckpointWritten | None:
+        """Copy commit `version` (the weights in memory, exactly) to the checkpoints, each
+        file atomically: a crash leaves the old state or the new, never a truncated file. The
+        digest is written last: a checkpoint counts as kept once its digest is there."""
+        source = self.learner.commit_file(version)
+        if source is None:
+            log.error("checkpoint of version %d: its commit file is gone", version)
+            return None
+        target = checkpoint_path(self.run_dir, version)
+        target.parent.mkdir(exist_ok=True)
+        atomic_write(target, source.read_bytes())
+        atomic_write(target.with_suffix(".digest"), digest.encode())
+        return CheckpointWritten(version, digest)
 
 
 def _rows(matrix: np.ndarray) -> tuple[tuple[float, ...], ...]:
@@ -194,6 +277,32 @@ def _prompt(task: DigitReversal, index: int) -> tuple[int, ...]:
     return tuple(task.prompt(index))
 
 
+class WeightsStore:
+    """The weights workers load: one file per published version, its parameter digest beside
+    it. Publication writes both atomically; a release deletes both."""
+
+    def __init__(self, directory: Path) -> None:
+        self.directory = Path(directory)
+        self.directory.mkdir(parents=True, exist_ok=True)
+
+    def path(self, version: int) -> Path:
+        return self.directory / f"weights-{version:06d}.bin"
+
+    def write(self, version: int, blob: bytes, params_digest: str) -> None:
+        path = self.path(version)
+        atomic_write(path, blob)
+        atomic_write(path.with_suffix(".digest"), params_digest.encode())
+
+    def read(self, version: int) -> tuple[bytes, str]:
+        path = self.path(version)
+        return path.read_bytes(), path.with_suffix(".digest").read_text()
+
+    def delete(self, version: int) -> None:
+        path = self.path(version)
+        path.unlink(missing_ok=True)
+        path.with_suffix(".digest").unlink(missing_ok=True)
+
+
 # ---------------------------------------------------------------------------------------------
 # The asynchronous driver.
 
@@ -223,8 +332,15 @@ class Stats:
 
 
 class Driver:
+    """One run (or its resumption) in one process.
+
+    `learner`: a backend (`TorchLearner`, `MLXLearner`, or a fake with the same methods);
+    `spawn_worker(name, incarnation)`: a connected `Transport` to a new worker (default: a
+    local process); `learner_inputs`: what the backend gets beside each learner command.
+    """
+
     def __init__(self, config: TrainConfig, learner: Any, spawn_worker: SpawnWorker | None = None,
-                 resume: bool = False) -> None:
+                 resume: bool = False, learner_inputs: LearnerInputs = learner_inputs) -> None:
         self.config = config
         self.run_dir = Path(config.output.run_dir)
         self.run_dir.mkdir(parents=True, exist_ok=True)
@@ -234,6 +350,7 @@ class Driver:
         heldout = self.task.prompts("heldout", range(config.task.heldout_prompts))
         self.executor = LearnerExecutor(learner, self.task, heldout, self.run_dir, self.metrics)
         self.spawn_worker = spawn_worker or self._spawn_local_worker
+        self.learner_inputs = learner_inputs
         self.stats = Stats()
         self.events: asyncio.Queue[Event] = asyncio.Queue()
         self.learner_queue: asyncio.Queue[tuple[Command, np.ndarray | None]] = asyncio.Queue()
@@ -274,20 +391,18 @@ class Driver:
             raise FileExistsError(f"{journal_path} exists: use --resume, or another run_dir")
         (self.run_dir / "config.json").write_text(json.dumps(to_dict(self.config), indent=2))
         self.journal = journal_io.Journal(journal_path, self.config.protocol)
-        self.store = self.run_dir / "store"
-        self.store.mkdir(exist_ok=True)
+        self.store = WeightsStore(self.run_dir / "store")
         self._spawn_task(self._learner_loop())
         try:
-            committed, digest = await asyncio.to_thread(self.learner.start)
-            attempt = self.state.learner.attempt + 1
-            self.executor.attempt = attempt
-            started = LearnerStarted(attempt, committed, digest)
-            check = step(self.state, started)
-            if isinstance(check, ProtocolError):
+            started = await asyncio.to_thread(self.executor.start,
+                                              self.state.learner.attempt + 1)
+            check = deliver(self.state, started)
+            if check.verdict is not Verdict.ACCEPTED:
                 # The learner's newest commit is not the one the journal leads to: no event can
                 # fix that, and waiting would hang the run.
-                raise ResumeError(f"{self.run_dir}: the learner restored version {committed}, "
-                                  f"which the journal does not accept: {check}")
+                raise ResumeError(f"{self.run_dir}: the learner restored version "
+                                  f"{started.committed_version}, which the journal does not "
+                                  f"accept: {check.error or check.verdict.value}")
             self.events.put_nowait(started)
             if self.resume:
                 # Whatever was in flight when the driver died is re-sent (a no-op if nothing).
@@ -300,10 +415,10 @@ class Driver:
             with self.metrics.progress(self.config.protocol.total_updates,
                                        self.config.output.progress) as progress:
                 self._progress = progress
+                # Complete includes the final evaluation and checkpoint, acknowledged.
                 while not run_complete(self.state):
                     event = await self.events.get()
                     self._apply(event)
-            await self.learner_queue.join()  # final evaluation and checkpoint
         finally:
             await self._shutdown()
         self.metrics.finish(self.stats, self.executor.busy_seconds)
@@ -338,68 +453,82 @@ class Driver:
         began = time.perf_counter()
         # Popped first, while `event` is alive: its id cannot have been reused.
         encoded = self._received.pop(id(event), None)
-        before_state = self.state
-        outcome = step(before_state, event)
-        if isinstance(outcome, ProtocolError):
+        delivery = deliver(self.state, event)
+        if delivery.verdict is Verdict.REFUSED:
+            assert delivery.error is not None
             self.stats.refused += 1
-            self.metrics.count(f"refused_{outcome.reason.value}")
-            log.warning("%s", outcome)
-            self.stats.core_seconds += time.perf_counter() - began
-            return
-        after_state, commands = outcome
-        if not commands and after_state.noops != before_state.noops:
+            self.metrics.count(f"refused_{delivery.error.reason.value}")
+            log.warning("%s", delivery.error)
+        elif delivery.verdict is Verdict.NOOP:
             self.stats.noops += 1
-            self.state = after_state  # keeps the no-op counts
-            self.stats.core_seconds += time.perf_counter() - began
-            return
+            self.state = delivery.state  # keeps the no-op counts
+        else:
+            self._accept(event, delivery, encoded)
+        self.stats.core_seconds += time.perf_counter() - began
+
+    def _accept(self, event: Event, delivery: Delivery, encoded: dict[str, Any] | None) -> None:
+        """Journal an accepted event (synced when the delivery is durable), then dispatch."""
+        before_state, after_state = self.state, delivery.state
         # The digest of the state before is the one computed after the previous event.
         if self._digest_of is not before_state:
             self._digest = state_digest(before_state)
         before, after = self._digest, state_digest(after_state)
         self._digest, self._digest_of = after, after_state
-        if isinstance(event, (UpdateCommitted, LearnerStarted)) and \
-                after_state.committed > before_state.committed:
-            # Its metrics row goes first: a crash right after the journal line must not lose
-            # it (a row whose commit the journal missed is redone, and replaced on resume).
-            self._record_update(before_state)
-        self.journal.append(self.seq, event, before, after,
-                            sync=requires_fsync(event, commands),
+        # Metrics rows go first: a crash right after the journal line must not lose them (a
+        # row whose event the journal missed is written again, and replaced, on resume).
+        self._record(event, before_state, after_state)
+        self.journal.append(self.seq, event, before, after, sync=delivery.durable,
                             encoded=encoded)
         self.seq += 1
         self.stats.events += 1
         self.state = after_state
         self._last_progress = time.perf_counter()
-        self._dispatch(commands)
-        self.stats.core_seconds += time.perf_counter() - began
+        self._dispatch(delivery.commands)
+
+    def _record(self, event: Event, before: State, after: State) -> None:
+        """The metrics an accepted event makes (each accepted once: duplicates are no-ops)."""
+        if isinstance(event, StepFinished) and before.learner.cotangent is not None:
+            self._terms.setdefault(event.observation.update, []).append(
+                before.learner.cotangent.terms.to_dict())
+        elif isinstance(event, (UpdateCommitted, LearnerStarted)) and \
+                after.committed > before.committed:
+            self._record_update(before)
+        elif isinstance(event, VersionEvaluated):
+            self.metrics.evaluation(event.version, event.reward)
 
     def _dispatch(self, commands: tuple[Command, ...]) -> None:
-        """The one place where commands meet the world."""
+        """The one place where commands meet the world: each goes where `shell.route` says."""
         launches: dict[tuple[str, int], list[dict[str, Any]]] = {}
         for command in commands:
-            if isinstance(command, LaunchRequest):
-                launches.setdefault((command.worker, command.incarnation), []).append(
-                    encode(command))
-            elif isinstance(command, LoadWeights):
-                self._spawn_task(self._send_load(command))
-            elif isinstance(command, (ScoreProbabilities, RunForward, ApplyCotangent, Commit,
-                                      Evaluate, Checkpoint)):
-                if isinstance(command, ApplyCotangent):
-                    self._terms.setdefault(command.observation.update, []).append(
-                        command.terms.to_dict())
-                inputs = learner_inputs(self.state, self.task, command)
+            where = route(command)
+            if where == LEARNER:
+                inputs = self.learner_inputs(self.state, self.task, command)
                 self.learner_queue.put_nowait((command, inputs))
-            elif isinstance(command, Publish):
-                self._spawn_task(self._publish(command))
-            elif isinstance(command, ReleaseVersion):
-                (self.store / f"weights-{command.version:06d}.bin").unlink(missing_ok=True)
-            elif isinstance(command, RetainVersion):
-                pass  # the store keeps what Publish wrote until ReleaseVersion
-            elif isinstance(command, SetTimer):
+            elif where == STORE:
+                self._to_store(command)
+            elif where == TIMER:
                 self._timer_armed = True
+            elif isinstance(command, LaunchRequest):  # to worker `where`, sent in one frame
+                launches.setdefault((where, command.incarnation), []).append(encode(command))
+            else:
+                self._spawn_task(self._send_load(command))
         for (name, incarnation), messages in launches.items():
             handle = self.workers.get(name)
             if handle is not None and handle.incarnation == incarnation:
                 self._spawn_task(self._send(handle, {"kind": "commands", "messages": messages}))
+
+    def _to_store(self, command: Command) -> None:
+        if isinstance(command, Publish):
+            self._spawn_task(self._publish(command))
+        elif isinstance(command, ReleaseVersion):
+            # Deleted only once the release is durable: a driver restarted from a journal
+            # without it would still need the version. The delivery was durable, so the line
+            # was synced before this dispatch; the check keeps that ordering explicit.
+            if self.journal.synced_seq != self.seq - 1:
+                raise RuntimeError(f"release of version {command.version} before its journal "
+                                   f"line {self.seq - 1} is durable")
+            self.store.delete(command.version)
+        # RetainVersion: the store keeps what Publish wrote until ReleaseVersion.
 
     async def _watchdog(self) -> None:
         """The core's retry timer, run as an inactivity timer: it fires only when the run has
@@ -428,8 +557,7 @@ class Driver:
     async def _publish(self, command: Publish) -> None:
         blob, params_digest, digest = await asyncio.to_thread(
             self.learner.published_weights, command.version)
-        path = self.store / f"weights-{command.version:06d}.bin"
-        await asyncio.to_thread(_write_store, path, blob, params_digest)
+        await asyncio.to_thread(self.store.write, command.version, blob, params_digest)
         self.events.put_nowait(VersionPublished(command.version, digest))
 
     # -- workers -----------------------------------------------------------------------------
@@ -502,8 +630,7 @@ class Driver:
         handle = self.workers.get(command.worker)
         if handle is None or handle.incarnation != command.incarnation:
             return
-        path = self.store / f"weights-{command.version:06d}.bin"
-        blob, params_digest = await asyncio.to_thread(_read_store, path)
+        blob, params_digest = await asyncio.to_thread(self.store.read, command.version)
         await self._send(handle, {"kind": "command", "message": encode(command),
                                   "params_digest": params_digest}, blob)
 
@@ -549,60 +676,56 @@ def _policy_dict(config: TrainConfig) -> dict[str, Any]:
     return {k: getattr(config.policy, k) for k in config.policy.__dataclass_fields__}
 
 
-def _write_store(path: Path, blob: bytes, params_digest: str) -> None:
-    from invar.runtime.weights import atomic_write
-    atomic_write(path, blob)
-    atomic_write(path.with_suffix(".digest"), params_digest.encode())
-
-
-def _read_store(path: Path) -> tuple[bytes, str]:
-    return path.read_bytes(), path.with_suffix(".digest").read_text()
-
-
 # ---------------------------------------------------------------------------------------------
 # The serial reference execution.
 
 
 def run_serial(config: TrainConfig, learner: Any) -> State:
-    """The same schedule, one command at a time in FIFO order, every component in-process."""
+    """The same schedule, one command at a time in FIFO order, every component in-process:
+    events through `shell.deliver`, commands where `shell.route` says (nothing is lost, so
+    nothing is journalled and the retry timer never fires)."""
     run_dir = Path(config.output.run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
     task = DigitReversal(config.task.length)
     metrics = MetricsLog(run_dir, config, tensorboard=False)
     heldout = task.prompts("heldout", range(config.task.heldout_prompts))
     executor = LearnerExecutor(learner, task, heldout, run_dir, metrics)
+    store = WeightsStore(run_dir / "store")
     workers: dict[str, RolloutWorker] = {}
-    store: dict[int, tuple[bytes, str]] = {}
     state = initial_state(config.protocol)
-    committed, digest = learner.start()
-    executor.attempt = 0
-    queue: deque[Event] = deque([LearnerStarted(0, committed, digest)])
+    queue: deque[Event] = deque([executor.start(state.learner.attempt + 1)])
     for name in worker_names(config.rollout.workers):
         raw = worker_args(config, name)
-        args = WorkerArgs(**{**raw, "faults": tuple(raw["faults"])})
-        workers[name] = RolloutWorker(args)
+        workers[name] = RolloutWorker(WorkerArgs(**{**raw, "faults": tuple(raw["faults"])}))
         queue.append(WorkerConnected(name, 0))
     while queue and not run_complete(state):
-        outcome = step(state, queue.popleft())
-        if isinstance(outcome, ProtocolError):
-            raise RuntimeError(f"serial run refused an event: {outcome}")
-        state, commands = outcome
+        event = queue.popleft()
+        delivery = deliver(state, event)
+        if delivery.verdict is Verdict.REFUSED:
+            raise RuntimeError(f"serial run refused an event: {delivery.error}")
+        state = delivery.state
+        if isinstance(event, VersionEvaluated) and delivery.verdict is Verdict.ACCEPTED:
+            metrics.evaluation(event.version, event.reward)
         launches: dict[str, list[LaunchRequest]] = {}
-        for command in commands:
-            if isinstance(command, LaunchRequest):
-                launches.setdefault(command.worker, []).append(command)
-            elif isinstance(command, LoadWeights):
-                blob, params_digest = store[command.version]
-                queue.append(workers[command.worker].load(command, blob, params_digest))
-            elif isinstance(command, Publish):
-                blob, params_digest, state_digest_ = learner.published_weights(command.version)
-                store[command.version] = (blob, params_digest)
-                queue.append(VersionPublished(command.version, state_digest_))
-            elif isinstance(command, (ScoreProbabilities, RunForward, ApplyCotangent, Commit,
-                                      Evaluate, Checkpoint)):
+        for command in delivery.commands:
+            where = route(command)
+            if where == LEARNER:
                 reply = executor.execute(command, learner_inputs(state, task, command))
                 if reply is not None:
                     queue.append(reply)
+            elif where == STORE:
+                if isinstance(command, Publish):
+                    blob, params_digest, digest = learner.published_weights(command.version)
+                    store.write(command.version, blob, params_digest)
+                    queue.append(VersionPublished(command.version, digest))
+                elif isinstance(command, ReleaseVersion):
+                    store.delete(command.version)
+            elif where == TIMER:
+                pass  # nothing is lost here: the retry timer never needs to fire
+            elif isinstance(command, LaunchRequest):
+                launches.setdefault(where, []).append(command)
+            else:
+                queue.append(workers[where].load(command, *store.read(command.version)))
         for name, group in launches.items():
             # Generate with the thread count a worker process uses, not the learner's.
             with _torch_threads(config.rollout.threads):

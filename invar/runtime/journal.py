@@ -2,12 +2,13 @@
 
 Line 1 is a header with the protocol configuration; then one line per accepted event:
 `{"seq": n, "before": digest, "after": digest, "event": <encoded event>}`. The file is
-flushed on every line and fsynced at commit points (before a Commit or Publish is sent and
-when a commit is accepted), so after a crash it holds at least every event up to the last
-commit point; a torn last line is ignored on reading.
+flushed on every line and fsynced when `shell.deliver` says the delivery is durable (before a
+Commit, Publish or ReleaseVersion goes out, and when a commit or a learner start is accepted),
+so after a crash it holds at least every event up to the last such point; a torn last line is
+ignored on reading.
 
-Replaying the journal through `step` reproduces the driver's state exactly: that is how the
-driver resumes, and how `invar-check --trace` validates a real run against the model.
+Replaying the journal through `shell.deliver` reproduces the driver's state exactly: that is
+how the driver resumes, and how `invar-check --trace` validates a real run against the model.
 """
 
 from __future__ import annotations
@@ -19,11 +20,11 @@ from pathlib import Path
 from typing import Any, Iterator
 
 from invar.model.config import RunConfig
-from invar.model.core import step
-from invar.model.errors import ConfigError, ProtocolError
+from invar.model.errors import ConfigError
 from invar.model.invariants import transition_violations, violations
 from invar.model.messages import DecodeError, Event, decode, encode
 from invar.model.objective import ObjectiveConfig
+from invar.model.shell import Verdict, deliver
 from invar.model.state import State, initial_state, state_digest
 
 JOURNAL_FORMAT = 1
@@ -42,6 +43,9 @@ class Journal:
 
     def __init__(self, path: Path, config: RunConfig) -> None:
         self.path = path
+        self.synced_seq: int | None = None
+        """The seq of the newest line an fsync covers (None: none appended by this writer)."""
+        self._last_seq: int | None = None
         if path.exists():
             _drop_torn_tail(path)
         fresh = not path.exists() or path.stat().st_size == 0
@@ -55,6 +59,7 @@ class Journal:
         """`encoded`: the event's encoding when the caller already has it (as received)."""
         self._write({"seq": seq, "before": before, "after": after,
                      "event": encoded if encoded is not None else encode(event)})
+        self._last_seq = seq
         if sync:
             self.sync()
 
@@ -64,6 +69,7 @@ class Journal:
 
     def sync(self) -> None:
         os.fsync(self._file.fileno())
+        self.synced_seq = self._last_seq
 
     def close(self) -> None:
         self._file.close()
@@ -142,7 +148,9 @@ class Departure:
 
 def replay(config: RunConfig, entries: list[Entry], check_invariants: bool = False
            ) -> Iterator[tuple[Entry, State, State | Departure]]:
-    """Feed entries through `step`; yields (entry, before, after-or-departure), stops at one."""
+    """Deliver entries with `shell.deliver`; yields (entry, before, after-or-departure), stops
+    at the first departure: a digest that differs, or an event the model refuses or counts a
+    no-op (a driver journals accepted events only)."""
     state = initial_state(config)
     for line, entry in enumerate(entries, start=2):
         before = state_digest(state)
@@ -150,25 +158,29 @@ def replay(config: RunConfig, entries: list[Entry], check_invariants: bool = Fal
             yield entry, state, Departure(entry.seq, line, f"state digest before is {before}, "
                                           f"journal says {entry.before}")
             return
-        outcome = step(state, entry.event)
-        if isinstance(outcome, ProtocolError):
-            yield entry, state, Departure(entry.seq, line, f"the model refuses the event: {outcome}")
+        delivery = deliver(state, entry.event)
+        if delivery.verdict is Verdict.REFUSED:
+            yield entry, state, Departure(entry.seq, line,
+                                          f"the model refuses the event: {delivery.error}")
             return
-        after_state, commands = outcome
-        after = state_digest(after_state)
+        if delivery.verdict is Verdict.NOOP:
+            yield entry, state, Departure(entry.seq, line, "the model counts the event a no-op "
+                                          "(a duplicate or late delivery), not an accepted one")
+            return
+        after = state_digest(delivery.state)
         if entry.after != after:
             yield entry, state, Departure(entry.seq, line, f"state digest after is {after}, "
                                           f"journal says {entry.after}")
             return
         if check_invariants:
-            broken = {**violations(after_state),
-                      **transition_violations(state, commands, after_state)}
+            broken = {**violations(delivery.state),
+                      **transition_violations(state, delivery.commands, delivery.state)}
             if broken:
                 name, why = next(iter(broken.items()))
                 yield entry, state, Departure(entry.seq, line, f"invariant {name}: {why}")
                 return
-        yield entry, state, after_state
-        state = after_state
+        yield entry, state, delivery.state
+        state = delivery.state
 
 
 def restore(path: Path) -> tuple[RunConfig, State, int]:

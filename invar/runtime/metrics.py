@@ -84,9 +84,13 @@ class MetricsLog:
                 self._tb.add_scalar(f"train/{key}", row[key], update)
 
     def evaluation(self, version: int, reward: float) -> None:
+        """The held-out reward of `version`, recorded when its `VersionEvaluated` is accepted.
+        A version has one row: one written before a crash whose journal lost the event is
+        replaced when the resumed run evaluates it again."""
         row = {"version": version, "heldout_reward": reward,
                "wall": time.perf_counter() - self.started}
-        self.evaluations.append(row)
+        self.evaluations = sorted([e for e in self.evaluations if e["version"] != version]
+                                  + [row], key=lambda e: e["version"])
         self._write("evaluation", row)
         if self._tb is not None:
             self._tb.add_scalar("eval/heldout_reward", reward, version)

@@ -4,7 +4,8 @@ A backend is reached only through the interface the driver uses (start, score, f
 apply_cotangent, commit, published_weights, ...) plus a small adapter per framework below
 that builds a learner, snapshots its state as numpy, captures the gradient the cotangent
 route hands to the optimizer, and differentiates a loss written natively in the framework.
-A new backend adds an adapter and a name to BACKENDS.
+A new backend adds an adapter and a name to BACKENDS. Last, the driver's `LearnerExecutor`
+on each backend must make the decisions of `LearnerRules`, the learner rules of the model.
 """
 
 from __future__ import annotations
@@ -12,12 +13,27 @@ from __future__ import annotations
 import copy
 import importlib.util
 import os
+import sys
+from collections import Counter
+from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
 
-from invar.model.objective import ObjectiveConfig, objective
+from invar.model.messages import (
+    ApplyCotangent,
+    Checkpoint,
+    Commit,
+    Evaluate,
+    ObservationId,
+    RunForward,
+    ScoreProbabilities,
+    matrix_digest,
+)
+from invar.model.objective import ObjectiveConfig, ObjectiveTerms, objective
+from invar.model.schedule import RequestId
+from invar.model.world import Decision, LearnerRules
 from invar.runtime.policy import Policy, PolicyConfig
 from invar.runtime.task import DigitReversal
 from invar.runtime.torch_learner import (
@@ -31,6 +47,10 @@ from invar.runtime.torch_learner import (
     read_commit,
 )
 from invar.runtime.weights import weights_digest
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from runtime_fakes import Counted  # noqa: E402
 
 TASK = DigitReversal(4)
 CONFIG = PolicyConfig(max_len=TASK.sequence_length)
@@ -501,3 +521,99 @@ def test_evaluate_greedy_is_the_mean_greedy_reward(tmp_path, backend):
     tokens, _ = generate(twin, torch.as_tensor(prompts), TASK.response_length, greedy=True)
     expected = np.mean([TASK.reward(p, r) for p, r in zip(prompts, tokens.numpy())])
     assert learner.evaluate_greedy(TASK, prompts) == pytest.approx(expected)
+
+
+# -- the learner's rules, kept by the executor on each backend ---------------------------------
+
+
+REQUESTS = tuple(RequestId(0, p, 0) for p in range(4))
+WORK = ("score", "forward", "apply_cotangent", "commit", "evaluate_greedy", "commit_file")
+"""Backend methods that do (or write) something: a repeat or a refusal by the rules calls none."""
+
+
+def _forward(serial, update=0, attempt=0):
+    return RunForward(ObservationId(update, 0, serial), attempt, REQUESTS)
+
+
+def _cotangent(reply, current=None, pre=None):
+    current = reply.current_logprobs if current is None else current
+    values = tuple(tuple(0.05 * (i + 1) for _ in row) for i, row in enumerate(current))
+    terms = ObjectiveTerms(0.0, 0.0, 1.0, 1.0, 0.0, 0.0, 16)
+    return ApplyCotangent(reply.observation, reply.attempt, pre or reply.pre_step_digest,
+                          matrix_digest(current), values, terms)
+
+
+class RulesCheck:
+    """Sends commands to a real executor and checks each against `LearnerRules` (the rules of
+    `invar.model.world`'s learner), evolved on the side from the executor's replies."""
+
+    def __init__(self, backend, tmp_path):
+        from invar.runtime.driver import LearnerExecutor
+        from invar.runtime.metrics import MetricsLog
+        self.learner = Counted(backend.make(tmp_path / "commits"))
+        self.executor = LearnerExecutor(self.learner, TASK, TASK.prompts("heldout", range(4)),
+                                        tmp_path, MetricsLog(tmp_path, None, tensorboard=False))
+        self.restart(0)
+
+    def restart(self, attempt):
+        started = self.executor.start(attempt)
+        self.rules = LearnerRules(attempt, started.weights_digest, started.committed_version)
+
+    def send(self, command, expected, inputs=None):
+        from invar.runtime.driver import checkpoint_path
+        kept = (isinstance(command, Checkpoint)
+                and checkpoint_path(self.executor.run_dir, command.version).exists())
+        # A checkpoint on disk is answered again before any rule (as the world's learner does).
+        assert (Decision.REPEAT if kept else self.rules.decide(command)) == expected, command
+        digest, calls = self.learner.state_digest(), Counter(self.learner.calls)
+        reply = self.executor.execute(command, inputs)
+        assert self.executor.last_decision == expected, command
+        if expected != Decision.RUN:
+            assert all(self.learner.calls[m] == calls[m] for m in WORK), command
+            assert self.learner.state_digest() == digest
+            assert (reply is None) == (expected != Decision.REPEAT)
+        elif isinstance(command, RunForward):
+            self.rules = self.rules.forwarded(command, reply)
+        elif isinstance(command, ApplyCotangent):
+            self.rules = self.rules.stepped_to(command, reply.post_step_digest)
+        elif isinstance(command, Commit):
+            self.rules = self.rules.committed(command.update + 1, reply.weights_digest)
+        assert self.executor.rules == self.rules
+        return reply
+
+
+def test_the_executor_decides_as_the_learner_rules(tmp_path, backend):
+    check = RulesCheck(backend, tmp_path)
+    run, repeat, ignore, refuse = Decision.RUN, Decision.REPEAT, Decision.IGNORE, Decision.REFUSE
+    rows = batch(len(REQUESTS), 0)
+    check.send(ScoreProbabilities(0, 0, REQUESTS, True), run, rows)
+    first = check.send(_forward(1), run, rows)
+    pending = check.send(_forward(2), run, batch(len(REQUESTS), 1))  # a newer one replaces it
+    check.send(_forward(1), ignore, rows)  # an older one re-sent does not
+    assert check.send(_forward(2), repeat, rows) == pending  # from memory, not re-run
+    check.send(_forward(3, attempt=1), ignore, rows)  # another attempt's
+    check.send(_cotangent(first), refuse)  # for the replaced forward
+    other = tuple(tuple(x + 0.25 for x in row) for row in pending.current_logprobs)
+    check.send(_cotangent(pending, current=other), refuse)  # from other log-probs
+    check.send(_cotangent(pending, pre="0" * 64), refuse)  # from another state
+    check.send(Evaluate(0), run)  # nothing applied yet: exactly commit 0's weights
+    step = check.send(_cotangent(pending), run)
+    assert check.send(_cotangent(pending), repeat) == step
+    check.send(_forward(2), ignore, rows)  # the applied forward, re-sent
+    for command in (Evaluate(0), Checkpoint(0), Evaluate(1), Checkpoint(1)):
+        check.send(command, ignore)  # the weights are no commit's
+    check.send(Commit(0, 0, "0" * 64), refuse)
+    committed = check.send(Commit(0, 0, step.post_step_digest), run)
+    assert check.send(Commit(0, 0, step.post_step_digest), repeat) == committed
+    check.send(Evaluate(0), ignore)
+    check.send(Evaluate(1), run)
+    written = check.send(Checkpoint(1), run)
+    assert written.weights_digest == committed.weights_digest
+    assert check.send(Checkpoint(1), repeat) == written
+    check.send(_forward(4, update=1), run, rows)
+    assert check.send(Checkpoint(1), repeat) == written  # kept, though the weights moved on
+
+    check.restart(1)  # the rules start afresh: the restored commit, nothing pending
+    check.send(_forward(4, update=1), ignore, rows)
+    check.send(Evaluate(1), run)
+    check.send(_forward(5, update=1, attempt=1), run, rows)

@@ -2,7 +2,8 @@
 
 The module runs one uninterrupted reference (in-process) and one `invar train` subprocess
 killed, with its workers, once its journal holds two commits. Each test works on a copy of
-the killed run directory.
+the killed run directory. Last, runs killed exactly when the learner is handed the evaluation
+or the checkpoint of a boundary commit must do them on resume.
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ import os
 import shutil
 import signal
 import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -18,7 +20,7 @@ import pytest
 
 from invar.model.core import logical_projection, run_complete
 from invar.runtime import journal
-from invar.runtime.torch_learner import list_commits
+from invar.runtime.torch_learner import list_commits, read_commit
 
 UPDATES = 6
 KILL_AFTER_COMMITS = 2
@@ -192,3 +194,72 @@ def test_resume_refuses_a_different_protocol(reference, tmp_path, rt):
     with pytest.raises(ResumeError, match="cannot change its protocol"):
         rt.run_driver(config, resume=True)
     assert (run_dir / "journal.jsonl").read_bytes() == journal_before
+
+
+# -- a kill right after an evaluation/checkpoint boundary commit (finding 4) -------------------
+
+BOUNDARY_UPDATES = 3
+BOUNDARIES = (f"protocol.total_updates={BOUNDARY_UPDATES}", "protocol.eval_every=2",
+              "protocol.checkpoint_every=2")
+"""Evaluations of versions 0, 2 and 3; checkpoints of 2 and 3."""
+
+KILL_AT = """
+import os, signal, sys
+from invar.runtime import cli, driver
+kind, version = sys.argv[1], int(sys.argv[2])
+execute = driver.LearnerExecutor.execute
+
+def execute_or_die(self, command, inputs):
+    if type(command).__name__ == kind and command.version == version:
+        os.kill(os.getpid(), signal.SIGKILL)  # the driver dies before the command is done
+    return execute(self, command, inputs)
+
+driver.LearnerExecutor.execute = execute_or_die
+sys.exit(cli.main(sys.argv[3:]))
+"""
+"""`invar train` that SIGKILLs itself when the learner is handed `kind(version)`."""
+
+
+@pytest.fixture(scope="module")
+def boundary_reference(tmp_path_factory, rt):
+    run_dir = tmp_path_factory.mktemp("boundary-reference")
+    assert run_complete(rt.run_driver(rt.tiny_config(run_dir, *BOUNDARIES)))
+    return run_dir
+
+
+def _evaluated_versions(run_dir: Path) -> list[int]:
+    """The held-out versions of the run's report table, in order."""
+    return [int(line.split("|")[1]) for line in (run_dir / "report.md").read_text().splitlines()
+            if line.startswith("| ") and line.split("|")[1].strip().isdigit()]
+
+
+def test_a_kill_at_a_boundary_commit_is_evaluated_and_checkpointed_on_resume(
+        boundary_reference, tmp_path, rt):
+    """Killed when the learner is handed Evaluate(2), right after the boundary commit of
+    version 2 is journalled: the resumed run evaluates and checkpoints version 2 (the old
+    fire-and-forget commands were lost with the driver). The in-process driver tests cover
+    the kill at the checkpoint too."""
+    run_dir = tmp_path / "run"
+    overrides = rt.tiny_overrides(run_dir, *BOUNDARIES)
+    command = [sys.executable, "-c", KILL_AT, "Evaluate", "2", "train",
+               *(arg for item in overrides for arg in ("--set", item))]
+    killed = subprocess.run(command, capture_output=True, timeout=180, start_new_session=True)
+    assert killed.returncode == -signal.SIGKILL, killed.stderr.decode()[-2000:]
+    _, state, _ = journal.restore(run_dir / "journal.jsonl")
+    assert state.committed == 2 and 2 not in state.checkpointed
+    assert not (run_dir / "checkpoints" / "commit-000002.pt").exists()
+
+    done = _resume(rt, run_dir)
+    assert done.returncode == 0, done.stderr
+
+    _, state, _ = journal.restore(run_dir / "journal.jsonl")
+    _, reference_state, _ = journal.restore(boundary_reference / "journal.jsonl")
+    assert run_complete(state)
+    assert logical_projection(state) == logical_projection(reference_state)
+    assert state.evaluated == (0, 2, 3) and state.checkpointed == (2, 3)
+    for version in state.checkpointed:
+        kept = read_commit(run_dir / "checkpoints" / f"commit-{version:06d}.pt")
+        assert kept["state_digest"] == state.commit_digests[version]
+    assert not list((run_dir / "checkpoints").glob(".*.tmp"))
+    assert _evaluated_versions(run_dir) == [0, 2, 3] == _evaluated_versions(boundary_reference)
+    rt.assert_same_weights(rt.final_weights(run_dir), rt.final_weights(boundary_reference))

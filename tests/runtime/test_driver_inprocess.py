@@ -1,0 +1,220 @@
+"""The real `Driver` in-process against fakes: its logic without torch or worker processes.
+
+The learner is `FakeLearner` (the synthetic numerics of `invar.model.world`) behind the real
+`LearnerExecutor`; the workers are coroutines behind `MemoryTransport`s speaking the frame
+protocol. A run's logical projection must then equal `invar.testing.canonical_run`'s for the
+same protocol, whatever goes wrong: duplicates, re-sends by the retry timer, a lost worker,
+a driver crash and resume.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+from invar.model import shell
+from invar.model.core import logical_projection, run_complete
+from invar.runtime import journal
+from invar.runtime.config import worker_names
+from invar.runtime.driver import Driver, WeightsStore, checkpoint_path
+from invar.testing import canonical_run
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from runtime_fakes import FakeLearner, MemoryWorkers, SimulatedCrash, request_rows  # noqa: E402
+
+BOUNDARIES = ("rollout.workers=2", "protocol.total_updates=4", "protocol.eval_every=2",
+              "protocol.checkpoint_every=2")
+"""Four updates; evaluations of versions 0, 2, 4 and checkpoints of 2, 4."""
+
+
+def config_for(rt, run_dir, *extra):
+    return rt.tiny_config(run_dir, *BOUNDARIES, *extra)
+
+
+def run(config, resume=False, workers=None, **learner_options):
+    """Run (or resume) the driver with fakes; returns (driver, final state)."""
+    learner = FakeLearner(Path(config.output.run_dir) / "commits",
+                          config.protocol.optimizer_steps, **learner_options)
+    driver = Driver(config, learner, spawn_worker=workers or MemoryWorkers(), resume=resume,
+                    learner_inputs=request_rows)
+    return driver, asyncio.run(asyncio.wait_for(driver.run(), 30))
+
+
+def canonical(config):
+    return canonical_run(config.protocol, tuple(worker_names(config.rollout.workers))).state
+
+
+def evaluation_rows(run_dir: Path) -> list[int]:
+    """The versions of the evaluation rows in metrics.jsonl, in order (duplicates kept)."""
+    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    return [row["version"] for row in rows if row["kind"] == "evaluation"]
+
+
+def assert_canonical(config, state):
+    expected = canonical(config)
+    assert run_complete(state)
+    assert logical_projection(state) == logical_projection(expected)
+    assert state.commit_digests == expected.commit_digests
+
+
+def assert_checkpoints(run_dir: Path, state):
+    for version in state.checkpointed:
+        path = checkpoint_path(run_dir, version)
+        assert path.read_text() == state.commit_digests[version]
+        assert path.with_suffix(".digest").read_text() == state.commit_digests[version]
+    assert not list((run_dir / "checkpoints").glob(".*.tmp"))
+
+
+def test_a_whole_run_equals_the_canonical_run(tmp_path, rt):
+    config = config_for(rt, tmp_path)
+    driver, state = run(config)
+    assert_canonical(config, state)
+    assert state.evaluated == (0, 2, 4) and state.checkpointed == (2, 4)
+    assert_checkpoints(tmp_path, state)
+    assert evaluation_rows(tmp_path) == [0, 2, 4]
+    summary = rt.summary(tmp_path)
+    assert summary["updates"] == 4 and summary["refused"] == summary["noops"] == 0
+    assert summary["final_heldout_reward"] is not None
+    assert (tmp_path / "report.md").read_text().count("| 2 |") == 1  # the evaluations table
+    assert (tmp_path / "reward_curve.png").stat().st_size > 0
+    # The journal replays through the model, invariants included, to the final state.
+    protocol, entries = journal.read(tmp_path / "journal.jsonl")
+    outcomes = [after for _, _, after in journal.replay(protocol, entries, check_invariants=True)]
+    assert not any(isinstance(o, journal.Departure) for o in outcomes)
+    assert logical_projection(outcomes[-1]) == logical_projection(state)
+    # Released versions are gone from the store; the final one is kept.
+    store = WeightsStore(tmp_path / "store")
+    assert store.path(4).exists() and not store.path(0).exists()
+    assert driver.learner.calls["start"] == 1
+
+
+def test_duplicated_worker_replies_are_noops(tmp_path, rt):
+    config = config_for(rt, tmp_path)
+    _, state = run(config, workers=MemoryWorkers(duplicate=True))
+    assert_canonical(config, state)
+    summary = rt.summary(tmp_path)
+    assert summary["noops"] > 0 and summary["refused"] == 0
+
+
+def test_timer_resends_are_answered_from_memory_and_recorded_once(tmp_path, rt):
+    """A slow learner makes the retry timer re-send outstanding commands: the executor
+    answers a re-sent forward, step or commit from memory, re-evaluates an evaluation
+    (whose second reply is a no-op: its metrics row is written once)."""
+    config = config_for(rt, tmp_path, "output.retry_seconds=0.02")
+    slow = {"evaluate_greedy": 0.1, "apply_cotangent": 0.05, "commit": 0.05}
+    driver, state = run(config, slow=slow)
+    assert_canonical(config, state)
+    counters = rt.summary(tmp_path)["counters"]
+    assert counters["learner_repeated"] > 0
+    assert driver.learner.calls["evaluate_greedy"] > 3  # some were evaluated twice
+    assert driver.learner.calls["commit"] == 1 + 4  # commit 0 at start, then one per update
+    assert driver.learner.calls["apply_cotangent"] == 4 * config.protocol.optimizer_steps
+    assert evaluation_rows(tmp_path) == [0, 2, 4]
+    assert_checkpoints(tmp_path, state)
+
+
+def test_a_lost_worker_is_replaced_and_the_run_is_the_same(tmp_path, rt):
+    config = config_for(rt, tmp_path, "rollout.respawn=true")
+    workers = MemoryWorkers(die_after={"worker-0": 5})
+    _, state = run(config, workers=workers)
+    assert_canonical(config, state)
+    assert ("worker-0", 1) in workers.spawned
+    assert rt.summary(tmp_path)["worker_deaths"] == 1
+
+
+@pytest.mark.parametrize("crash_at", [{"evaluate_greedy": 2}, {"commit_file": 2}],
+                         ids=["before evaluating", "before checkpointing"])
+def test_resume_after_a_crash_at_a_boundary_evaluates_and_checkpoints(tmp_path, rt, crash_at):
+    """Finding 4: the driver dies right after the boundary commit of version 2, before its
+    evaluation or checkpoint is done; the resumed run does them (they are outstanding until
+    acknowledged), and the metrics hold one evaluation row per version."""
+    config = config_for(rt, tmp_path)
+    with pytest.raises(RuntimeError, match="a driver task failed"):
+        run(config, crash_at=crash_at)
+    _, crashed, _ = journal.restore(tmp_path / "journal.jsonl")
+    assert crashed.committed == 2 and 2 not in crashed.checkpointed
+    assert not checkpoint_path(tmp_path, 2).exists()
+
+    driver, state = run(config, resume=True)
+    assert_canonical(config, state)
+    assert state.evaluated == (0, 2, 4) and state.checkpointed == (2, 4)
+    assert_checkpoints(tmp_path, state)
+    assert sorted(set(evaluation_rows(tmp_path))) == [0, 2, 4]
+    assert [e["version"] for e in driver.metrics.evaluations] == [0, 2, 4]
+    assert rt.summary(tmp_path)["updates"] == 4
+
+
+def test_a_crash_while_writing_a_checkpoint_leaves_no_partial_file(tmp_path, rt, monkeypatch):
+    """The checkpoint is written with atomic_write: a crash before its rename leaves no file
+    under the checkpoint's name; the resumed run writes it whole."""
+    import os
+    config = config_for(rt, tmp_path)
+    real_replace = os.replace
+
+    def crash_on_checkpoint(source, target):
+        if Path(target).parent.name == "checkpoints":
+            raise SimulatedCrash(f"power lost before renaming {target}")
+        real_replace(source, target)
+
+    monkeypatch.setattr(os, "replace", crash_on_checkpoint)
+    with pytest.raises(RuntimeError, match="a driver task failed"):
+        run(config)
+    assert not list((tmp_path / "checkpoints").iterdir())  # no partial file, no leftover
+    monkeypatch.undo()
+    _, state = run(config, resume=True)
+    assert_canonical(config, state)
+    assert_checkpoints(tmp_path, state)
+
+
+def test_a_release_deletes_weights_only_after_its_journal_line_is_synced(tmp_path, rt,
+                                                                         monkeypatch):
+    """Finding 2: the store file of a released version is deleted only once the journal line
+    that released it is durable (fsynced), so a restart from the journal never needs a version
+    that is gone."""
+    config = config_for(rt, tmp_path)
+    happened: list[tuple] = []
+    append, sync, delete = journal.Journal.append, journal.Journal.sync, WeightsStore.delete
+
+    def spy_append(self, seq, event, *args, **kwargs):
+        happened.append(("append", seq))
+        append(self, seq, event, *args, **kwargs)
+
+    def spy_sync(self):
+        sync(self)
+        happened.append(("sync", self._last_seq))
+
+    def spy_delete(self, version):
+        happened.append(("delete", version))
+        delete(self, version)
+
+    monkeypatch.setattr(journal.Journal, "append", spy_append)
+    monkeypatch.setattr(journal.Journal, "sync", spy_sync)
+    monkeypatch.setattr(WeightsStore, "delete", spy_delete)
+    _, state = run(config)
+    assert_canonical(config, state)
+    deletes = [i for i, h in enumerate(happened) if h[0] == "delete"]
+    assert deletes, "no version was released: the test tests nothing"
+    for i in deletes:
+        last_line = max(h[1] for h in happened[:i] if h[0] == "append")
+        synced = [h[1] for h in happened[:i] if h[0] == "sync"]
+        assert synced and synced[-1] == last_line, happened[max(i - 4, 0):i + 1]
+
+
+def test_a_release_that_is_not_durable_stops_the_driver(tmp_path, rt, monkeypatch):
+    """The driver checks the ordering itself: were the shell ever to let a release out
+    without a sync, the run stops instead of deleting weights a restart may need."""
+    from invar.model.messages import ReleaseVersion
+    real = shell.requires_fsync
+
+    def no_release_sync(event, commands):
+        return real(event, [c for c in commands if not isinstance(c, ReleaseVersion)])
+
+    monkeypatch.setattr(shell, "requires_fsync", no_release_sync)
+    with pytest.raises(RuntimeError, match="a driver task failed|before its journal"):
+        run(config_for(rt, tmp_path))
+    assert WeightsStore(tmp_path / "store").path(0).exists()
