@@ -1,10 +1,10 @@
 """Benchmark of `invar-check` on the Invar model: each reduction, and 1 vs N processes.
 
-    .venv/bin/python benchmarks/bench_invar_check.py                 # quick and deep
-    .venv/bin/python benchmarks/bench_invar_check.py --only quick
-    .venv/bin/python benchmarks/bench_invar_check.py --only deep --max-depth 10
+    .venv/bin/python benchmarks/bench_invar_check.py                 # every gate bound
+    .venv/bin/python benchmarks/bench_invar_check.py --only wire --only driver
+    .venv/bin/python benchmarks/bench_invar_check.py --only driver --max-depth 10
 
-For each spec (`spec/quick.toml`, `spec/deep.toml`), measured side by side in one run: distinct
+For each bound of the gate (`spec/gate/*.toml`), measured side by side in one run: distinct
 states, states generated, seconds and distinct states/s of an exhaustive BFS with no
 reduction, with worker symmetry only, with partial-order reduction only, and with both; then
 the spec's default configuration (its `[check]` table) with 1 process and with N processes
@@ -13,8 +13,7 @@ is still measured: its row shows what its bookkeeping costs.
 
 A search cut by `--max-states` or `--max-depth` is marked incomplete. Under a depth bound
 every configuration explores every state up to that depth, so the reductions' state counts
-stay comparable (deep.toml cannot be exhausted in minutes: see `--max-depth`); under a state
-bound only states/s is. CPU seconds (this process and its children) are printed next
+stay comparable; under a state bound only states/s is. CPU seconds (this process and its children) are printed next
 to the wall clock, with the load average: on a shared machine, other processes' load
 distorts wall-clock figures.
 """
@@ -34,7 +33,7 @@ sys.path.insert(0, str(ROOT))
 from checker import Checker  # noqa: E402
 from checker.invar_model import InvarModel, load_bounds  # noqa: E402
 
-SPECS = {"quick": ROOT / "spec" / "quick.toml", "deep": ROOT / "spec" / "deep.toml"}
+SPECS = {path.stem: path for path in sorted((ROOT / "spec" / "gate").glob("*.toml"))}
 VARIANTS = [("none", False, False), ("symmetry", True, False), ("por", False, True),
             ("both", True, True)]
 
@@ -102,7 +101,7 @@ def bench(name: str, processes: list[int], max_states: int | None,
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--only", choices=sorted(SPECS), action="append",
-                        help="run only this spec (repeatable; default: quick and deep)")
+                        help="run only this bound (repeatable; default: every gate bound)")
     parser.add_argument("--processes", type=int, nargs="+", default=[1, 2],
                         help="process counts for the default configuration (default: 1 2)")
     parser.add_argument("--max-states", type=int, default=None,
@@ -112,7 +111,7 @@ def main(argv: list[str] | None = None) -> int:
                              "none)")
     args = parser.parse_args(argv)
     print(f"invar-check benchmark; {os.cpu_count()} CPUs")
-    for name in args.only or ["quick", "deep"]:
+    for name in args.only or list(SPECS):
         bench(name, args.processes, args.max_states, args.max_depth)
     return 0
 

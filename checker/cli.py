@@ -71,6 +71,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--checkpoint", metavar="FILE", help="write BFS checkpoints here")
     parser.add_argument("--resume", metavar="FILE", help="resume BFS from a checkpoint")
     parser.add_argument("--quiet", action="store_true", help="no progress lines")
+    parser.add_argument("--fail-fast", action="store_true",
+                        help="stop at the first violation (and, for a folder, the first "
+                             "failing bound): for mutation testing")
     parser.add_argument("--drop-validity", action="store_true",
                         help="with --prove: drop the config rule P <= S+1 to see what fails")
     args = parser.parse_args(argv)
@@ -81,7 +84,7 @@ def main(argv: list[str] | None = None) -> int:
         return _trace(Path(args.trace), console)
     spec = Path(args.spec) if args.spec else GATE
     if spec.is_dir():
-        return _suite(spec, args.jobs or min(2, os.cpu_count() or 1), console)
+        return _suite(spec, args.jobs or min(2, os.cpu_count() or 1), console, args.fail_fast)
     try:
         bounds, options = load_bounds(spec)
         options = _check_options(options, spec)
@@ -95,6 +98,7 @@ def main(argv: list[str] | None = None) -> int:
         model, max_states=args.max_states or options["max_states"], max_depth=args.max_depth,
         processes=1 if livelock else (args.processes or options["processes"]),
         check_livelock=livelock,
+        finish_when="any_failure" if args.fail_fast else "all_decided",
         progress=None if args.quiet else ProgressPrinter(console), progress_interval=2.0,
         checkpoint_path=args.checkpoint, checkpoint_interval=60.0 if args.checkpoint else None,
         resume_from=args.resume)
@@ -123,20 +127,28 @@ def main(argv: list[str] | None = None) -> int:
     return _exit_status(result, console)
 
 
-def _suite(folder: Path, jobs: int, console: Console) -> int:
+def _suite(folder: Path, jobs: int, console: Console, fail_fast: bool = False) -> int:
     """Check every bound of `folder`, `jobs` at a time (each in its own process, so a bound
     keeps its own options, livelock included); one table at the end, the output of any bound
-    that fails in full. Exit 0 only when every bound holds."""
+    that fails in full. Exit 0 only when every bound holds. With `fail_fast`, bounds not yet
+    started are skipped once one fails."""
     specs = sorted(folder.glob("*.toml"))
     if not specs:
         print(f"invar-check: {folder}: no *.toml bounds", file=sys.stderr)
         return 2
 
+    failures: list[Path] = []
+
     def check(spec: Path) -> tuple[Path, int, dict[str, Any], str, float]:
+        if fail_fast and failures:
+            return spec, -1, {}, "skipped: an earlier bound failed", 0.0
         out = Path(scratch) / f"{spec.stem}.json"
         began = time.perf_counter()
+        extra = ["--fail-fast"] if fail_fast else []
         done = subprocess.run([sys.executable, "-m", "checker.cli", str(spec), "--quiet",
-                               "--json", str(out)], capture_output=True, text=True)
+                               "--json", str(out), *extra], capture_output=True, text=True)
+        if done.returncode != 0:
+            failures.append(spec)
         seconds = time.perf_counter() - began
         doc = json.loads(out.read_text()) if out.exists() else {}
         return spec, done.returncode, doc, done.stdout + done.stderr, seconds
@@ -153,10 +165,11 @@ def _suite(folder: Path, jobs: int, console: Console) -> int:
     failed = 0
     for spec, code, doc, output, seconds in results:
         covers = tomllib.loads(spec.read_text()).get("covers", "")
-        verdict = "[green]holds[/green]" if code == 0 else f"[red]exit {code}[/red]"
+        verdict = ("[green]holds[/green]" if code == 0 else "skipped" if code == -1
+                   else f"[red]exit {code}[/red]")
         table.add_row(spec.stem, covers, f"{doc.get('distinct_states', 0):,}",
                       f"{doc.get('states_generated', 0):,}", f"{seconds:.0f}", verdict)
-        if code != 0:
+        if code > 0:
             failed += 1
             console.print(f"[red bold]{spec}[/red bold] failed:\n{output}")
     console.print(table)
