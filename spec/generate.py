@@ -153,15 +153,17 @@ def gate_coverage() -> str:
     for field, one, _ in FAULTS:
         where = [spec.stem for spec, b, _ in rows if getattr(b, field)]
         (faults if where else missing).append(f"{one} ({', '.join(where)})" if where else one)
+    most = max(getattr(b, field) for b in every for field, _, _ in FAULTS)
     boundaries = [spec.stem for spec, b, _ in rows if b.eval_every or b.checkpoint_every]
     reloads = [spec.stem for spec, b, _ in rows
                if len({schedule.gen_version(b.protocol(), u)
                        for u in range(b.total_updates)}) > 1]
     text = [f"Largest sizes across the gate: {', '.join(f'{k} = {v}' for k, v in top.items())}. "
-            f"Faults exercised: {'; '.join(faults) or 'none'}; in no bound: "
-            f"{', '.join(missing) or 'none'}. Evaluation/checkpoint boundaries: "
-            f"{', '.join(boundaries) or 'no bound'}; a worker re-loading a newer version: "
-            f"{', '.join(reloads) or 'no bound'}."]
+            f"Faults exercised (at most {most} of a kind per bound): "
+            f"{'; '.join(faults) or 'none'}"
+            + (f"; in no bound: {', '.join(missing)}" if missing else "")
+            + f". Evaluation/checkpoint boundaries before N: {', '.join(boundaries) or 'no bound'}"
+            f"; a worker re-loading a newer version: {', '.join(reloads) or 'no bound'}."]
     gaps = []
     if top["B"] == 1:
         gaps.append("B = 1 in every bound: a batch is one prompt group, so it never spreads "
@@ -169,6 +171,9 @@ def gate_coverage() -> str:
     if top["workers"] == 1:
         gaps.append("one worker in every bound: symmetry, load balancing and requests moving "
                     "to another worker are not exercised")
+    several = {spec.stem for spec, b, _ in rows if b.workers > 1}
+    if several and not several & set(reloads):
+        gaps.append("two workers and a version reload in one bound")
     if not any(b.kl_coef for b in every):
         gaps.append("no KL term")
     if all(b.reproducible_forwards for b in every):
