@@ -162,14 +162,14 @@ class LearnerExecutor:
             self._refused(command, "not bound to the learner's pending forward or state")
         else:
             self.metrics.count("learner_ignored")
-            log.info("ignored %r (learner attempt %d, version %d)", command, self.rules.attempt,
-                     self.rules.version)
+            log.info("ignored %s %s (learner attempt %d, version %d)", type(command).__name__,
+                     _identity(command), self.rules.attempt, self.rules.version)
         return None
 
     def _refused(self, command: Command, why: str) -> None:
         self.last_decision = Decision.REFUSE
         self.metrics.count("learner_refused")
-        log.warning("refused %s: %s", type(command).__name__, why)
+        log.warning("refused %s %s: %s", type(command).__name__, _identity(command), why)
 
     def _repeat(self, command: Command) -> Event:
         rules = self.rules
@@ -240,6 +240,15 @@ class LearnerExecutor:
         atomic_write(target, source.read_bytes())
         atomic_write(target.with_suffix(".digest"), digest.encode())
         return CheckpointWritten(version, digest)
+
+
+def _identity(command: Command) -> str:
+    """What names a learner command in a log line (not its payload)."""
+    for name in ("observation", "update", "version"):
+        value = getattr(command, name, None)
+        if value is not None:
+            return f"{name}={value}"
+    return ""
 
 
 def _rows(matrix: np.ndarray) -> tuple[tuple[float, ...], ...]:
@@ -511,7 +520,7 @@ class Driver:
             elif isinstance(command, LaunchRequest):  # to worker `where`, sent in one frame
                 launches.setdefault((where, command.incarnation), []).append(encode(command))
             else:
-                self._spawn_task(self._send_load(command))
+                self._send_load(command)
         for (name, incarnation), messages in launches.items():
             handle = self.workers.get(name)
             if handle is not None and handle.incarnation == incarnation:
@@ -626,13 +635,16 @@ class Driver:
         except ConnectionLost:
             pass  # its reader notices and reports WorkerLost
 
-    async def _send_load(self, command: LoadWeights) -> None:
+    def _send_load(self, command: LoadWeights) -> None:
+        """Read the weights from the store now, at dispatch, and send them with the load: a
+        release that follows cannot take them away from a load already sent (and sends keep
+        the order of dispatch, so a worker sees its loads in serial order)."""
         handle = self.workers.get(command.worker)
         if handle is None or handle.incarnation != command.incarnation:
             return
-        blob, params_digest = await asyncio.to_thread(self.store.read, command.version)
-        await self._send(handle, {"kind": "command", "message": encode(command),
-                                  "params_digest": params_digest}, blob)
+        blob, params_digest = self.store.read(command.version)
+        self._spawn_task(self._send(handle, {"kind": "command", "message": encode(command),
+                                             "params_digest": params_digest}, blob))
 
     # -- metrics -----------------------------------------------------------------------------
 
@@ -725,7 +737,9 @@ def run_serial(config: TrainConfig, learner: Any) -> State:
             elif isinstance(command, LaunchRequest):
                 launches.setdefault(where, []).append(command)
             else:
-                queue.append(workers[where].load(command, *store.read(command.version)))
+                loaded = workers[where].load(command, *store.read(command.version))
+                if loaded is not None:
+                    queue.append(loaded)
         for name, group in launches.items():
             # Generate with the thread count a worker process uses, not the learner's.
             with _torch_threads(config.rollout.threads):

@@ -81,12 +81,23 @@ class RolloutWorker:
         else:
             raise ValueError(f"unknown backend {args.backend!r}; known: torch, mlx")
         self.version: int | None = None
+        self.load_serial = -1
+        """The serial of the last load carried out (`LoadWeights.load`)."""
         self.replies: OrderedDict[tuple, dict[str, Any]] = OrderedDict()
         self.faults = set(args.faults)
         self.sent = 0
         self._prompts: dict[int, list[int]] = {}
 
-    def load(self, command: LoadWeights, blob: bytes, params_digest: str) -> WeightsLoaded:
+    def load(self, command: LoadWeights, blob: bytes, params_digest: str
+             ) -> WeightsLoaded | None:
+        """Hold version `command.version` (verified against `params_digest`) and say so; a
+        load older than the last one (duplicated or delayed) is ignored: None, as
+        `invar.model.world.worker_accepts` rules. The current one re-sent is answered again."""
+        if command.load < self.load_serial:
+            return None
+        if command.load == self.load_serial and command.version == self.version:
+            return WeightsLoaded(command.worker, command.incarnation, command.load,
+                                 command.version)
         state = state_dict_from_bytes(blob)
         if weights_digest(state) != params_digest:
             raise FrameError(f"weights of version {command.version} do not match their digest")
@@ -95,6 +106,7 @@ class RolloutWorker:
         else:
             self.policy.load_state_dict(state)
         self.version = command.version
+        self.load_serial = command.load
         self.replies.clear()
         return WeightsLoaded(command.worker, command.incarnation, command.load, command.version)
 
@@ -220,8 +232,9 @@ def main(argv: list[str]) -> int:
                 launches = []
                 began = time.perf_counter()
                 loaded = worker.load(message, blob, header["params_digest"])
-                write_frame_blocking(stdout, {"kind": "event", "message": encode(loaded),
-                                              "load_seconds": time.perf_counter() - began})
+                if loaded is not None:
+                    write_frame_blocking(stdout, {"kind": "event", "message": encode(loaded),
+                                                  "load_seconds": time.perf_counter() - began})
         replies, seconds = launch(launches)
         if "garbage_frame_once" in worker.faults and replies:
             worker.faults.discard("garbage_frame_once")

@@ -173,10 +173,10 @@ def request_rows(state: State, task: Any, command: Command) -> np.ndarray | None
 class MemoryWorkers:
     """`spawn_worker` for the driver: each worker a coroutine behind a `MemoryTransport`.
 
-    A worker holds the one version it loaded last and answers launches for it as
-    `invar.model.world.sample_reply`. Faults, by worker name: `duplicate` sends every reply
-    frame twice; `die_after[name] = n` closes the first incarnation's connection after n
-    replies (the driver sees the worker lost).
+    A worker carries out loads in serial order, holds the one version it loaded last and
+    answers launches for it as `invar.model.world.sample_reply`. Faults: `duplicate` sends
+    every reply frame twice; `die_after[name] = n` closes the first incarnation's connection
+    after n replies (the driver sees the worker lost).
     """
 
     def __init__(self, duplicate: bool = False, die_after: dict[str, int] | None = None) -> None:
@@ -201,6 +201,7 @@ class MemoryWorkers:
 
         await transport.to_driver.put(({"kind": "hello", "name": transport.name}, b""))
         version: int | None = None
+        load_serial = -1
         sent = 0
         while (item := await transport.to_worker.get()) is not None:
             header, blob = item
@@ -220,7 +221,9 @@ class MemoryWorkers:
                 load = decode(header["message"])
                 assert isinstance(load, LoadWeights)
                 assert blob.decode() == header["params_digest"], "weights do not match digest"
-                version = load.version
+                if load.load < load_serial:
+                    continue  # an older load, overtaken: ignored
+                version, load_serial = load.version, load.load
                 loaded = WeightsLoaded(load.worker, load.incarnation, load.load, load.version)
                 await reply({"kind": "event", "message": encode(loaded)})
 
