@@ -370,6 +370,27 @@ def test_f5_a_learner_forwarding_other_positions_changes_the_projection():
         [s.forward_digest for s in reference.ledger[0].steps]
 
 
+def test_f5_in_the_world_a_learner_forwarding_other_positions_is_seen(monkeypatch):
+    """F5 in the shared world: its learner, made to forward the samples of the other
+    minibatch, completes a run the core accepts step by step, and the run's projection is not
+    the canonical one (the model checker's "matches canonical" property fails)."""
+    from invar.model import world as w
+    honest = w.forward_reply
+    canonical = logical_projection(canonical_run(F5_CONFIG).state)  # before the bug
+
+    def other_positions(command, optimizer_steps, noise=0):
+        requests = schedule.request_ids(F5_CONFIG, command.observation.update)
+        others = tuple(r for r in requests if r not in command.requests)
+        return honest(replace(command, requests=others[:len(command.requests)]),
+                      optimizer_steps, noise)
+
+    monkeypatch.setattr(w, "forward_reply", other_positions)
+    world = w.run_fifo(w.new_world(F5_CONFIG))
+    assert not world.refused and not world.broken and run_complete(world.core)
+    assert violations(world.core) == {}  # positions are the core's: the plan was asked for
+    assert logical_projection(world.core) != canonical
+
+
 def test_f5_a_learner_skipping_a_step_changes_the_projection():
     """F5: a learner that applies one step fewer (reports it finished, weights unchanged) and
     commits: the old projection (consumed samples, recomputed plan, publications) could not
