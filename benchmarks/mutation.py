@@ -24,8 +24,8 @@ Each mutant runs in a throwaway copy of the repository (invar/, checker/, spec/,
 pyproject.toml; one copy per job) holding the mutated file, with PYTHONPATH pointing at the copy
 so that its modules win over the editable install. First `import invar.model, checker` runs
 there: a mutant that breaks it is *incompetent*. Then the gate command (everything after `--`;
-default: the original checkout's `.venv/bin/python -m checker.cli`, i.e. `invar-check` on
-spec/quick.toml) runs with the copy as working directory: exit status 0 means the mutant
+default: the original checkout's `.venv/bin/python -m checker.cli --fail-fast`, i.e. the
+`invar-check` gate suite of spec/gate/) runs with the copy as working directory: exit status 0 means the mutant
 *survived*, any other status that it was *killed*, and running past `--timeout` counts as killed
 too (status "timeout"). A relative program path in the gate command is taken relative to this
 checkout, since the copy has no virtual environment. The unmutated copy must pass the gate
@@ -467,8 +467,9 @@ def _repo_python(repo: Path) -> str:
 
 
 def default_gate(repo: Path = REPO) -> list[str]:
-    """`invar-check` (spec/quick.toml) as a module, so the copy on PYTHONPATH is what it loads."""
-    return [_repo_python(repo), "-m", "checker.cli"]
+    """`invar-check --fail-fast` (the gate suite, spec/gate/) as a module, so the copy on
+    PYTHONPATH is what it loads; a killed mutant stops the gate at its first violation."""
+    return [_repo_python(repo), "-m", "checker.cli", "--fail-fast"]
 
 
 def _resolve(gate: Sequence[str], repo: Path) -> list[str]:

@@ -452,9 +452,11 @@ def _put_worker(world: World, worker: Worker) -> World:
 
 
 def crash_worker(world: World, name: str) -> World:
-    """The worker process dies; the driver notices its connection end."""
+    """The worker process dies; the driver notices its connection end. Commands in flight to
+    it die with the connection (its replies already sent may still be read)."""
     worker = world.worker(name)
     world = _put_worker(world, replace(worker, alive=False, version=None))
+    world = replace(world, network=tuple(m for m in world.network if m.to != name))
     return _send(world, message(CORE, WorkerLost(name, worker.incarnation)))
 
 
@@ -465,8 +467,12 @@ def restart_worker(world: World, name: str) -> World:
 
 
 def crash_learner(world: World) -> World:
-    """Silent: everything in memory is lost; the commits and checkpoints on disk stay."""
-    return replace(world, learner=replace(world.learner, alive=False))
+    """Silent: everything in memory is lost; the commits and checkpoints on disk stay.
+    Commands in flight for this attempt die with it (its successor would ignore them)."""
+    attempt = world.learner.rules.attempt
+    network = tuple(m for m in world.network
+                    if not (m.to == LEARNER and getattr(m.body, "attempt", None) == attempt))
+    return replace(world, learner=replace(world.learner, alive=False), network=network)
 
 
 def restart_learner(world: World) -> World:
@@ -480,11 +486,11 @@ def restart_learner(world: World) -> World:
 
 
 def restart_driver(world: World) -> World:
-    """The driver dies and resumes from its journal's durable part. Replies in flight to it
-    are lost; its in-process learner restarts from its newest commit; every worker connection
-    is new (a new incarnation); the resume fires the timer to re-send what is outstanding."""
-    network = tuple(m for m in world.network if m.to != CORE)
-    world = replace(world, core=world.journal, network=network,
+    """The driver dies and resumes from its journal's durable part. Everything in flight dies
+    with it (replies to it, its learner's queue, its worker connections, its publication
+    tasks); its in-process learner restarts from its newest commit; every worker connection is
+    new (a new incarnation); the resume fires the timer to re-send what is outstanding."""
+    world = replace(world, core=world.journal, network=(),
                     learner=replace(world.learner, alive=False))
     world = restart_learner(world)
     workers = tuple(Worker(w.name, w.incarnation + 1, True) for w in world.workers)
