@@ -36,7 +36,8 @@ LEARNER: dict[tuple[L, type], tuple[L, ...]] = {
 """(phase, event type) -> the phases it may lead to; pairs not listed are not in-protocol."""
 
 LEARNER_INTERNAL: dict[L, tuple[L, ...]] = {
-    L.WAITING: (L.SCORING,),  # the batch of the next update became complete
+    L.WAITING: (L.SCORING,),  # its batch is complete and the newest
+    # version's evaluation and checkpoint are acknowledged
 }
 """Moves the core makes on its own when a condition on the rest of the state holds."""
 
@@ -72,7 +73,7 @@ def to_dot() -> str:
     for phase, targets in LEARNER_INTERNAL.items():
         for target in targets:
             lines.append(f'  "learner.{phase.value}" -> "learner.{target.value}" '
-                         '[style=dashed, label="batch complete"];')
+                         '[style=dashed, label="batch complete, boundary acknowledged"];')
     for (phase, event), targets in WORKER.items():
         source = "worker.new" if phase is None else f"worker.{phase.value}"
         for target in targets:
