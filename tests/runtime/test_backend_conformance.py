@@ -50,7 +50,7 @@ from invar.runtime.weights import weights_digest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from runtime_fakes import Counted  # noqa: E402
+from invar.testing.runtime import Counted  # noqa: E402
 
 TASK = DigitReversal(4)
 CONFIG = PolicyConfig(max_len=TASK.sequence_length)

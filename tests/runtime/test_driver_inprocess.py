@@ -25,7 +25,7 @@ from invar.testing import canonical_run
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from runtime_fakes import FakeLearner, MemoryWorkers, SimulatedCrash, request_rows  # noqa: E402
+from invar.testing.runtime import FakeLearner, MemoryWorkers, SimulatedCrash, request_rows  # noqa: E402
 
 BOUNDARIES = ("rollout.workers=2", "protocol.total_updates=4", "protocol.eval_every=2",
               "protocol.checkpoint_every=2")

@@ -42,7 +42,7 @@ from invar.runtime.torch_learner import OptimConfig, TorchLearner, read_commit
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from runtime_fakes import Counted  # noqa: E402
+from invar.testing.runtime import Counted  # noqa: E402
 
 TASK = DigitReversal(4)
 REQUESTS = tuple(RequestId(0, p, 0) for p in range(4))

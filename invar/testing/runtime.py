@@ -1,4 +1,4 @@
-"""Fakes that run the real `Driver` in-process, without torch numerics or worker processes.
+"""Runtime fakes: the real `Driver` in-process, without torch numerics or worker processes.
 
 * `FakeLearner`: a learner backend (the methods `LearnerExecutor` and the driver call) whose
   numbers are the synthetic ones of `invar.model.world` (log-probs, digests `w0`, `w1.1`, ...,
@@ -10,7 +10,7 @@
   speaking the frame protocol and answering as `invar.model.world` workers do.
 * `Counted`: any backend, with a count of the methods called on it.
 
-(Candidates for the public `invar.testing`.)
+Public (trio style): every test that runs the driver without processes uses these.
 """
 
 from __future__ import annotations

@@ -9,6 +9,10 @@ benchmarks all use them, with the very `step` and `shell` the runtime runs.
 
 The stateless replies below (`reply`, `worker_reply`, `learner_reply`) are what those
 components answer when nothing went wrong: handy for step-by-step tests of the core.
+
+`invar.testing.runtime` holds the runtime's fakes (a learner backend with the world's
+numerics, in-memory workers speaking the frame protocol): the real driver runs in-process
+against them, without torch or processes.
 """
 
 from __future__ import annotations
