@@ -68,6 +68,9 @@ class Bounds:
     kl_coef: float = 0.0
     reproducible_forwards: bool = True
     """False: a forward re-run in a new learner attempt returns other log-probs."""
+    forgeries: bool = False
+    """Also check, in every state, that the core refuses every event no correct component
+    could send there (`invar.model.world.forgeries`)."""
 
     def protocol(self) -> RunConfig:
         return RunConfig(
@@ -93,7 +96,7 @@ def load_bounds(path: str | Path) -> tuple[Bounds, dict[str, Any]]:
     for key, value in model.items():
         if key not in names:
             raise ConfigError((f"model.{key}",), f"unknown key in {path}")
-        if key == "reproducible_forwards":
+        if key in ("reproducible_forwards", "forgeries"):
             if not isinstance(value, bool):
                 raise ConfigError((f"model.{key}",), "expected true or false")
             continue
@@ -225,6 +228,9 @@ class InvarModel(BaseModel[Explored, tuple]):
         for name, check in INVARIANTS.items():
             props.append(Property.always(name, lambda s, check=check: not check(s.world.core)))
         props.append(Property.transition("transition_invariants", self._transition_ok))
+        if self.bounds.forgeries:
+            props.append(Property.always("forged_events_are_refused",
+                                         lambda s: not w.accepted_forgery(s.world.core)))
         props.append(Property.final("completed_run_matches_canonical_schedule",
                                     self._matches_canonical))
         props.append(Property.sometimes("run_completes", self.is_final))

@@ -145,6 +145,9 @@ def batch_counters_consistent(state: State) -> str:
                    and s.incarnation == worker.incarnation)
         if worker.phase is not WorkerPhase.LOST and held != worker.assigned:
             return f"{worker.name} counts {worker.assigned} requests, holds {held}"
+        if worker.phase is WorkerPhase.LOST and (worker.assigned, worker.version) != (0, None):
+            return f"{worker.name} is lost but counts {worker.assigned} requests of version " \
+                   f"{worker.version}"
     return ""
 
 

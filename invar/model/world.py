@@ -68,7 +68,7 @@ from invar.model.messages import (
     matrix_digest,
 )
 from invar.model.shell import LEARNER, STORE, TIMER, Verdict, deliver, route
-from invar.model.state import State
+from invar.model.state import LearnerPhase, State, WorkerPhase
 from invar.model.state import evolve as replace
 
 CORE = "core"
@@ -496,6 +496,66 @@ def restart_driver(world: World) -> World:
     workers = tuple(Worker(w.name, w.incarnation + 1, True) for w in world.workers)
     hello = tuple(message(CORE, WorkerConnected(w.name, w.incarnation)) for w in workers)
     return _send(replace(world, workers=workers), *hello, message(CORE, TimerFired()))
+
+
+# -- the adversary ----------------------------------------------------------------------------
+
+INTRUDER = "intruder"
+"""A worker name that never connected."""
+
+
+def forgeries(state: State) -> tuple[Event, ...]:
+    """Events that no correct component could send in `state`: the core must refuse each (or
+    count it a no-op), never accept it. Forged from the state: a stranger's messages, loads and
+    observations never requested, versions and digests that are not the real ones."""
+    config = state.config
+    row = ((-0.5,),)
+    out: list[Event] = [WorkerLost(INTRUDER, 0), WeightsLoaded(INTRUDER, 0, 1, 0)]
+    for worker in state.workers:
+        out.append(WorkerLost(worker.name, worker.incarnation + 1))
+        if worker.phase is not WorkerPhase.LOST:
+            out.append(WeightsLoaded(worker.name, worker.incarnation, worker.load + 1,
+                                     worker.version or 0))
+    sender = state.workers[0] if state.workers else None
+    for batch in (*state.batches, None):
+        index = batch.batch if batch is not None else state.admitted
+        if index >= config.total_updates:
+            continue
+        request = schedule.request_ids(config, index)[0]
+        version = schedule.gen_version(config, index)
+        out.append(RequestCompleted(request, INTRUDER, 0, version, (1,), (-0.5,), 0.0))
+        if sender is not None:
+            wrong = version + 1 if batch is not None else version  # unadmitted: any version
+            out.append(RequestCompleted(request, sender.name, sender.incarnation, wrong, (1,),
+                                        (-0.5,), 0.0))
+    learner = state.learner
+    if state.commit_digests:
+        newest = state.committed
+        out += [LearnerStarted(learner.attempt + 1, newest, "forged"),
+                UpdateCommitted(newest, "forged"), CheckpointWritten(newest, "forged"),
+                VersionEvaluated(newest + 1, 0.0), VersionPublished(newest + 1, "forged")]
+        if newest > 0:
+            out.append(UpdateCommitted(newest - 1, "forged"))
+    if learner.attempt >= 0:
+        never = ObservationId(state.committed, 0, learner.observations)
+        out += [ProbabilitiesReported(state.committed + 1, learner.attempt, row, None),
+                ForwardObserved(never, learner.attempt, learner.step_digest, row),
+                StepFinished(never, learner.attempt, "forged")]
+        if learner.phase is LearnerPhase.FORWARD and learner.observation is not None:
+            out.append(ForwardObserved(learner.observation, learner.attempt, "forged", row))
+    return tuple(out)
+
+
+def accepted_forgery(state: State) -> str:
+    """The first forgery `state` would accept (empty when every one is refused or a no-op)."""
+    for event in forgeries(state):
+        try:
+            verdict = deliver(state, event).verdict
+        except Exception as error:  # a crash on bad input is a refusal the core failed to make
+            return f"{event!r} raised {type(error).__name__}: {error}"
+        if verdict is Verdict.ACCEPTED:
+            return repr(event)
+    return ""
 
 
 # -- observations -----------------------------------------------------------------------------

@@ -20,9 +20,10 @@ from typing import Any, Callable
 
 from checker.invar_model import Bounds, InvarModel
 from invar.model import core, schedule
-from invar.model.core import logical_projection, requires_fsync, run_complete
+from invar.model.core import logical_projection, run_complete
 from invar.model.errors import ProtocolError
 from invar.model.invariants import transition_violations, violations
+from invar.model.shell import deliver
 from invar.model.messages import (
     ForwardObserved,
     LaunchRequest,
@@ -160,7 +161,7 @@ def _cotangent_for_another_step(mp: Any) -> None:
             plan = schedule.minibatch_plan(state.config, event.observation.update)[learner.step]
             command = core._cotangent(state, batch, plan, event)
             learner = replace(learner, phase=LearnerPhase.APPLYING, cotangent=command,
-                              forward_digest=core._matrix_digest(event.current_logprobs))
+                              forward_digest=command.forward_digest)
             return replace(state, learner=learner), [command]
         return original(state, event)
 
@@ -229,7 +230,7 @@ SEEDED_BUGS: tuple[SeededBug, ...] = (
     SeededBug("staleness_off_by_one",
               "the core's gen_version returns one version older than the schedule",
               Bounds(max_staleness=0), "consumed_version_is_scheduled",
-              "update 1 consumed data of version 0, scheduled 1", _staleness_off_by_one,
+              "update 1 consumed samples of versions [0], scheduled 1", _staleness_off_by_one,
               finish_when="exhausted"),
     SeededBug("publish_before_commit",
               "the version being committed is published before UpdateCommitted",
@@ -275,19 +276,19 @@ def replay(events: list[Any], model: InvarModel) -> dict[str, str]:
         if isinstance(event, tuple):
             state = durable
             continue
-        outcome = core.step(state, event)
-        if isinstance(outcome, ProtocolError):
+        delivery = deliver(state, event)
+        if delivery.error is not None:
             where = "" if last else f"event {index} of {len(events)}, before the last: "
-            return {REFUSED: f"{where}{outcome.reason.value}: {outcome.detail}"}
-        after, commands = outcome
+            return {REFUSED: f"{where}{delivery.error.reason.value}: {delivery.error.detail}"}
+        after = delivery.state
         if last:
             broken.update(violations(after))
-            moved = transition_violations(state, commands, after)
+            moved = transition_violations(state, delivery.commands, after)
             if moved:
                 broken[TRANSITION] = "; ".join(f"{k}: {v}" for k, v in moved.items())
             if run_complete(after) and logical_projection(after) != model.canonical_projection:
                 broken[FINAL] = "the completed run's projection is not the canonical one"
-        if requires_fsync(event, commands):
+        if delivery.durable:
             durable = after
         state = after
     return broken

@@ -27,7 +27,8 @@ from seeded_bugs import BY_NAME  # noqa: E402
 from checker import Checker, Property  # noqa: E402
 from checker.cli import main, regression_test  # noqa: E402
 from checker.invar_model import Bounds, InvarModel, _rename_core, load_bounds  # noqa: E402
-from invar.model import logical_projection, requires_fsync, state_digest, step  # noqa: E402
+from invar.model import logical_projection, state_digest  # noqa: E402
+from invar.model.shell import deliver  # noqa: E402
 from invar.model.state import initial_state  # noqa: E402
 from invar.runtime.journal import Journal  # noqa: E402
 from invar.testing import canonical_run  # noqa: E402
@@ -44,8 +45,12 @@ def short(bounds: Bounds) -> str:
 
 
 def spec_text(bounds: Bounds, check: str = "") -> str:
-    model = "\n".join(f"{f.name} = {getattr(bounds, f.name)!r}" for f in fields(Bounds))
+    model = "\n".join(f"{f.name} = {_toml(getattr(bounds, f.name))}" for f in fields(Bounds))
     return f"[model]\n{model}\n" + (f"\n[check]\n{check}\n" if check else "")
+
+
+def _toml(value: object) -> str:
+    return json.dumps(value) if isinstance(value, bool) else repr(value)
 
 
 def write_spec(tmp_path: Path, bounds: Bounds, check: str = "", name: str = "spec.toml") -> Path:
@@ -343,10 +348,10 @@ def _journal(tmp_path: Path) -> Path:
     journal = Journal(path, config)
     state = initial_state(config)
     for seq, event in enumerate(run.events):
-        after, commands = step(state, event)
-        journal.append(seq, event, state_digest(state), state_digest(after),
-                       sync=requires_fsync(event, commands))
-        state = after
+        delivery = deliver(state, event)
+        journal.append(seq, event, state_digest(state), state_digest(delivery.state),
+                       sync=delivery.durable)
+        state = delivery.state
     journal.close()
     return path
 
@@ -357,7 +362,7 @@ def test_cli_trace_accepts_a_real_journal_and_reports_a_tampered_one(
     monkeypatch.setenv("COLUMNS", "1000")  # rich: no wrapping inside the paths
     path = _journal(tmp_path)
     assert main(["--trace", str(path)]) == 0
-    assert "all 18 events match the model" in capsys.readouterr().out
+    assert "all 20 events match the model" in capsys.readouterr().out
     lines = path.read_text().splitlines()
     number = next(i for i, line in enumerate(lines)
                   if '"RequestCompleted"' in line)  # 0-based index; file line number + 1
