@@ -506,8 +506,10 @@ INTRUDER = "intruder"
 
 def forgeries(state: State) -> tuple[Event, ...]:
     """Events that no correct component could send in `state`: the core must refuse each (or
-    count it a no-op), never accept it. Forged from the state: a stranger's messages, loads and
-    observations never requested, versions and digests that are not the real ones."""
+    count it a no-op), never accept it. Forged from the state, each wrong in one respect only
+    (payloads well formed where the check under probe comes after them): a stranger's messages,
+    a future incarnation or attempt, a load or forward never requested, a wrong version, a
+    digest that is not the real one, a commit or boundary acknowledgement out of turn."""
     config = state.config
     row = ((-0.5,),)
     out: list[Event] = [WorkerLost(INTRUDER, 0), WeightsLoaded(INTRUDER, 0, 1, 0)]
@@ -516,6 +518,11 @@ def forgeries(state: State) -> tuple[Event, ...]:
         if worker.phase is not WorkerPhase.LOST:
             out.append(WeightsLoaded(worker.name, worker.incarnation, worker.load + 1,
                                      worker.version or 0))
+            out.append(WeightsLoaded(worker.name, worker.incarnation + 1, worker.load,
+                                     worker.version or 0))
+        if worker.phase is WorkerPhase.LOADING and worker.version is not None:
+            out.append(WeightsLoaded(worker.name, worker.incarnation, worker.load,
+                                     worker.version + 1))
     sender = state.workers[0] if state.workers else None
     for batch in (*state.batches, None):
         index = batch.batch if batch is not None else state.admitted
@@ -529,20 +536,38 @@ def forgeries(state: State) -> tuple[Event, ...]:
             out.append(RequestCompleted(request, sender.name, sender.incarnation, wrong, (1,),
                                         (-0.5,), 0.0))
     learner = state.learner
+    newest = state.committed
     if state.commit_digests:
-        newest = state.committed
         out += [LearnerStarted(learner.attempt + 1, newest, "forged"),
                 UpdateCommitted(newest, "forged"), CheckpointWritten(newest, "forged"),
                 VersionEvaluated(newest + 1, 0.0), VersionPublished(newest + 1, "forged")]
         if newest > 0:
             out.append(UpdateCommitted(newest - 1, "forged"))
+        if learner.phase is not LearnerPhase.COMMITTING:
+            out += [UpdateCommitted(newest, learner.step_digest),
+                    LearnerStarted(learner.attempt + 1, newest + 1, learner.step_digest)]
+        if not schedule.is_eval_boundary(config, newest):
+            out.append(VersionEvaluated(newest, 0.0))
+        if not schedule.is_checkpoint_boundary(config, newest):
+            out.append(CheckpointWritten(newest, state.commit_digests[newest]))
     if learner.attempt >= 0:
-        never = ObservationId(state.committed, 0, learner.observations)
-        out += [ProbabilitiesReported(state.committed + 1, learner.attempt, row, None),
+        never = ObservationId(newest, 0, learner.observations)
+        out += [ProbabilitiesReported(newest + 1, learner.attempt, row, None),
                 ForwardObserved(never, learner.attempt, learner.step_digest, row),
                 StepFinished(never, learner.attempt, "forged")]
-        if learner.phase is LearnerPhase.FORWARD and learner.observation is not None:
-            out.append(ForwardObserved(learner.observation, learner.attempt, "forged", row))
+        batch = state.batch(newest)
+        if learner.phase is LearnerPhase.SCORING and batch is not None:
+            rows = tuple((-0.5,) * len(s.tokens) for s in batch.slots)  # type: ignore[union-attr]
+            reference = rows if config.objective.needs_reference else None
+            out.append(ProbabilitiesReported(newest, learner.attempt + 1, rows, reference))
+        pending = learner.observation
+        if learner.phase is LearnerPhase.FORWARD and pending is not None and batch is not None:
+            rows = tuple((-0.5,) * len(batch.slots[i].tokens)  # type: ignore[union-attr]
+                         for i in learner.positions)
+            out += [ForwardObserved(pending, learner.attempt, "forged", rows),
+                    ForwardObserved(pending, learner.attempt + 1, learner.step_digest, rows)]
+        if learner.phase is LearnerPhase.APPLYING and pending is not None:
+            out.append(StepFinished(pending, learner.attempt + 1, "forged"))
     return tuple(out)
 
 
