@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import json
 import logging
 import sys
@@ -13,7 +14,8 @@ from typing import Any
 
 from invar.model.errors import ConfigError
 from invar.model.schedule import report
-from invar.runtime.config import TrainConfig, load_config
+from invar.runtime.config import (OPERATIONAL, TrainConfig, changed_keys, describe_bad_byte,
+                                  load_config, to_dict)
 
 
 def make_learner(config: TrainConfig) -> Any:
@@ -32,15 +34,17 @@ def make_learner(config: TrainConfig) -> Any:
                         device=config.learner.device, keep_commits=config.learner.keep_commits)
 
 
-def train(config: TrainConfig, resume: bool = False, serial: bool = False) -> dict[str, Any]:
-    """Run (or resume) training; returns the run's summary."""
+def train(config: TrainConfig, resume: bool = False, serial: bool = False,
+          restored: Any = None) -> dict[str, Any]:
+    """Run (or resume) training; returns the run's summary. `restored`: what
+    `journal.restore` returned for the run's journal, when the caller checked it already."""
     from invar.runtime.driver import Driver, pin_current_process, run_serial
     pin_current_process(config.learner.cpus)
     learner = make_learner(config)
     if serial:
         run_serial(config, learner)
         return {}
-    asyncio.run(Driver(config, learner, resume=resume).run())
+    asyncio.run(Driver(config, learner, resume=resume, restored=restored).run())
     return json.loads((Path(config.output.run_dir) / "summary.json").read_text())
 
 
@@ -62,25 +66,15 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     if args.backend:
         args.set.append(f"learner.backend={json.dumps(args.backend)}")
+    restored = None
     try:
         if args.resume:
-            saved = Path(args.resume) / "config.json"
-            if not saved.exists():
-                raise ConfigError(("--resume",), f"{saved} not found: not a run directory")
-            # The run lives where it is now, whatever path it was started under.
-            here = f"output.run_dir={json.dumps(str(args.resume))}"
-            started = json.loads(saved.read_text())
-            config = load_config(None, _flatten(started) + [here] + args.set)
-            backend = started.get("learner", {}).get("backend", "torch")
-            if config.learner.backend != backend:
-                # Each backend's commits hold its own optimizer state.
-                raise ConfigError(("learner.backend",),
-                                  f"the run was started with the {backend} backend; a run "
-                                  "cannot change its backend")
+            config, restored = resume_config(args.resume, args.config, args.set)
         else:
             config = load_config(args.config, args.set)
     except ConfigError as error:
-        print(f"invar: configuration refused: {error}", file=sys.stderr)
+        what = "resume refused" if args.resume else "configuration refused"
+        print(f"invar: {what}: {error}", file=sys.stderr)
         return 2
     schedule = report(config.protocol)
     for note in schedule.notes:
@@ -89,7 +83,8 @@ def main(argv: list[str] | None = None) -> int:
     from invar.runtime.journal import JournalError
     from invar.runtime.torch_learner import CommitError
     try:
-        summary = train(config, resume=bool(args.resume), serial=args.serial)
+        summary = train(config, resume=bool(args.resume), serial=args.serial,
+                        restored=restored)
     except (CommitError, JournalError, ResumeError, FileExistsError) as error:
         # A run directory that cannot be (re)started as it is: say which file and why.
         print(f"invar: {'cannot resume' if args.resume else 'cannot start'}: {error}",
@@ -102,6 +97,96 @@ def main(argv: list[str] | None = None) -> int:
               f"held-out reward {'-' if heldout is None else f'{heldout:.3f}'}; "
               f"report: {run_dir / 'report.md'}")
     return 0
+
+
+def resume_config(run_dir: str, config_path: str | None, overrides: list[str]
+                  ) -> tuple[TrainConfig, Any]:
+    """The configuration to resume `run_dir` with, and its journal restored.
+
+    Everything a resume needs is read and checked here, before anything is written: the run's
+    config.json, the changes asked for (a CONFIG file's keys and --set items, on top of the
+    saved configuration: only OPERATIONAL keys may differ), and the journal (readable, of the
+    same protocol, replaying through the model). Raises ConfigError naming the keys or file.
+    """
+    directory = Path(run_dir)
+    if not directory.is_dir():
+        raise ConfigError(("--resume",), f"{directory} is not a run directory")
+    saved_path = directory / "config.json"
+    started = _read_json_table(saved_path)
+    # The run lives where it is now, whatever path it was started under.
+    output = started.get("output")
+    started = {**started, "output": {**(output if isinstance(output, dict) else {}),
+                                     "run_dir": str(run_dir)}}
+    try:
+        saved = load_config(None, base=started, validate=False)
+    except ConfigError as error:
+        raise ConfigError((str(saved_path),), f"not a configuration Invar can read: {error}"
+                          ) from None
+    config = load_config(config_path, overrides, base=started)
+    if Path(config.output.run_dir).resolve() != directory.resolve():
+        raise ConfigError(("output.run_dir",), f"{config.output.run_dir!r}, but the run "
+                                               f"resumed is {str(run_dir)!r}")
+    config = dataclasses.replace(
+        config, output=dataclasses.replace(config.output, run_dir=str(run_dir)))
+    refused = [(key, old, new) for key, old, new in changed_keys(saved, config)
+               if key not in OPERATIONAL]
+    if refused:
+        changes = ", ".join(f"{key} {json.dumps(old)} -> {json.dumps(new)}"
+                            for key, old, new in refused)
+        raise ConfigError(tuple(key for key, _, _ in refused),
+                          f"the run was started with other values ({changes}); a resumed run "
+                          "may change only operational settings (README, \"Resume\")")
+    return config, _restore_journal(directory / "journal.jsonl", config)
+
+
+def _read_json_table(path: Path) -> dict[str, Any]:
+    try:
+        raw = path.read_bytes()
+    except FileNotFoundError:
+        raise ConfigError((str(path),), "not found: not a run directory") from None
+    except OSError as error:
+        raise ConfigError((str(path),), f"cannot read: {error.strerror or error}") from None
+    try:
+        data = json.loads(raw.decode("utf-8"))
+    except UnicodeDecodeError as error:
+        raise ConfigError((str(path),), f"not UTF-8 text: {describe_bad_byte(raw, error)}"
+                          ) from None
+    except ValueError as error:
+        raise ConfigError((str(path),), f"not valid JSON: {error}") from None
+    if not isinstance(data, dict):
+        raise ConfigError((str(path),), f"must hold a JSON object (a configuration), not a "
+                                        f"{type(data).__name__}")
+    return data
+
+
+def _restore_journal(path: Path, config: TrainConfig) -> Any:
+    """`journal.restore(path)`, every failure a ConfigError naming the file."""
+    from invar.runtime import journal
+    if not path.is_file():
+        raise ConfigError((str(path),), "not found: the run has no journal to resume from")
+    try:
+        raw = path.read_bytes()
+        raw.decode("utf-8")
+    except OSError as error:
+        raise ConfigError((str(path),), f"cannot read: {error.strerror or error}") from None
+    except UnicodeDecodeError as error:
+        raise ConfigError((str(path),), f"not UTF-8 text: {describe_bad_byte(raw, error)}"
+                          ) from None
+    del raw
+    try:
+        restored = journal.restore(path)
+    except journal.JournalError as error:
+        where, _, why = str(error).partition(": ")  # "PATH:LINE: why"
+        raise ConfigError((where,), f"cannot be resumed from: {why}") from None
+    protocol = restored[0]
+    if protocol != config.protocol:
+        old = to_dict(protocol)
+        new = to_dict(config.protocol)
+        differ = [key for key in old if old[key] != new.get(key)] or ["protocol"]
+        raise ConfigError((str(path),), f"was written for another protocol configuration than "
+                          f"the run's config.json (protocol {', '.join(differ)} differ): "
+                          "a run cannot change its protocol")
+    return restored
 
 
 def _flatten(data: dict[str, Any], prefix: str = "") -> list[str]:

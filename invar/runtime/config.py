@@ -7,7 +7,10 @@ silently ignored.
 
 from __future__ import annotations
 
+import copy
 import dataclasses
+import math
+import os
 import tomllib
 import types
 import typing
@@ -19,6 +22,7 @@ from invar.model.config import RunConfig
 from invar.model.errors import ConfigError
 from invar.model.objective import ObjectiveConfig
 from invar.runtime.policy import PolicyConfig
+from invar.runtime.task import TASKS
 from invar.runtime.torch_learner import OptimConfig
 
 
@@ -128,6 +132,11 @@ class TrainConfig:
             raise ConfigError(("task.name",), f"unknown task {self.task.name!r}; known: reverse")
         if self.task.length < 1 or self.task.heldout_prompts < 1:
             raise ConfigError(("task.length", "task.heldout_prompts"), "must be >= 1")
+        vocabulary = TASKS[self.task.name].vocab_size
+        if self.policy.vocab_size < vocabulary:
+            raise ConfigError(("policy.vocab_size",),
+                              f"{self.policy.vocab_size} cannot hold the {self.task.name} task's "
+                              f"tokens 0..{vocabulary - 1}: must be >= {vocabulary}")
         if self.policy.max_len < 2 * self.task.length + 2:
             raise ConfigError(("policy.max_len", "task.length"),
                               f"max_len {self.policy.max_len} cannot hold a prompt and answer of "
@@ -138,6 +147,7 @@ class TrainConfig:
             raise ConfigError(("sampling.top_p",), "must be in (0, 1]")
         if self.sampling.top_k < 0:
             raise ConfigError(("sampling.top_k",), "must be >= 0")
+        self._validate_optim()
         if self.rollout.workers < 1 or self.rollout.chunk_prompts < 1 or self.rollout.threads < 1:
             raise ConfigError(("rollout.workers", "rollout.chunk_prompts", "rollout.threads"),
                               "must be >= 1")
@@ -163,9 +173,79 @@ class TrainConfig:
                               "protocol.max_staleness = 0")
         if self.learner.threads < 1 or self.learner.keep_commits < 1:
             raise ConfigError(("learner.threads", "learner.keep_commits"), "must be >= 1")
+        self._validate_machine()
         if not self.output.retry_seconds > 0:
             raise ConfigError(("output.retry_seconds",), "must be > 0")
         return self
+
+    def _validate_optim(self) -> None:
+        optim = self.optim
+        if not (math.isfinite(optim.lr) and optim.lr > 0):
+            raise ConfigError(("optim.lr",), f"must be a finite number > 0, got {optim.lr}")
+        for index, beta in enumerate(optim.betas):
+            if not 0 <= beta < 1:
+                raise ConfigError((f"optim.betas[{index}]",), f"must be in [0, 1), got {beta}")
+        if not (math.isfinite(optim.eps) and optim.eps > 0):
+            raise ConfigError(("optim.eps",), f"must be a finite number > 0, got {optim.eps}")
+        for name in ("weight_decay", "grad_clip"):
+            value = getattr(optim, name)
+            if not (math.isfinite(value) and value >= 0):
+                raise ConfigError((f"optim.{name}",), f"must be a finite number >= 0, got {value}")
+
+    def _validate_machine(self) -> None:
+        """What this machine must offer: the learner's device and the CPUs to pin to."""
+        device = self.learner.device
+        kind, colon, index = device.partition(":")
+        if kind not in ("cpu", "cuda") or (colon and (kind != "cuda" or not index.isdigit())):
+            raise ConfigError(("learner.device",),
+                              f"unknown device {device!r}; known: \"cpu\", \"cuda\", \"cuda:N\"")
+        if kind == "cuda" and self.learner.backend == "torch":
+            import torch
+            if not torch.cuda.is_available():
+                raise ConfigError(("learner.device",),
+                                  f"{device!r}, but CUDA is not available on this machine")
+            if index and int(index) >= torch.cuda.device_count():
+                raise ConfigError(("learner.device",),
+                                  f"{device!r}, but this machine has "
+                                  f"{torch.cuda.device_count()} CUDA device(s)")
+        for key, cpus in (("learner.cpus", self.learner.cpus), ("rollout.cpus", self.rollout.cpus)):
+            if not cpus:
+                continue
+            if not hasattr(os, "sched_getaffinity"):
+                raise ConfigError((key,), "pinning to CPUs needs os.sched_setaffinity (Linux)")
+            available = os.sched_getaffinity(0)
+            missing = [cpu for cpu in cpus if cpu not in available]
+            if missing:
+                raise ConfigError((key,), f"CPU(s) {', '.join(map(str, missing))} not available "
+                                          f"to this process; available: "
+                                          f"{', '.join(map(str, sorted(available)))}")
+
+
+OPERATIONAL = (
+    "rollout.workers", "rollout.transport", "rollout.hosts", "rollout.threads",
+    "rollout.respawn", "rollout.cpus", "rollout.faults",
+    "learner.device", "learner.threads", "learner.keep_commits", "learner.cpus",
+    "output.run_dir", "output.tensorboard", "output.retry_seconds", "output.progress",
+)
+"""The keys a resumed run may change: where and how fast the run executes, never what it
+computes (the logical schedule, the policy, the optimizer, the task or the sampling). Listed
+in the README; every other change is refused on resume."""
+
+
+def changed_keys(before: TrainConfig, after: TrainConfig) -> list[tuple[str, Any, Any]]:
+    """(dotted key, value before, value after) of every leaf that differs, in config order."""
+    old, new = _leaves(to_dict(before)), _leaves(to_dict(after))
+    return [(key, old[key], new.get(key)) for key in old if old[key] != new.get(key)]
+
+
+def _leaves(data: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for key, value in data.items():
+        if isinstance(value, dict):
+            out.update(_leaves(value, f"{prefix}{key}."))
+        else:
+            out[f"{prefix}{key}"] = value
+    return out
 
 
 FAULT_KINDS = ("wrong_version_once", "garbage_frame_once", "exit_after:N")
@@ -194,15 +274,36 @@ def fault_problem(kind: str) -> str:
     return f"unknown fault; known: {', '.join(FAULT_KINDS)}"
 
 
-def load_config(path: str | Path | None = None, overrides: list[str] | tuple[str, ...] = ()
-                ) -> TrainConfig:
-    """Defaults, then the TOML file, then each `key.path=value` override; validated."""
-    data: dict[str, Any] = {}
+def read_toml(path: str | Path) -> dict[str, Any]:
+    """A TOML file's tables; an unreadable, non-UTF-8 or malformed file is refused, named."""
+    try:
+        raw = Path(path).read_bytes()
+    except OSError as error:
+        raise ConfigError((str(path),), f"cannot read config: {error.strerror or error}") from None
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as error:
+        raise ConfigError((str(path),), f"not UTF-8 text: {describe_bad_byte(raw, error)}"
+                          ) from None
+    try:
+        return tomllib.loads(text)
+    except tomllib.TOMLDecodeError as error:
+        raise ConfigError((str(path),), f"cannot read config: {error}") from None
+
+
+def describe_bad_byte(raw: bytes, error: UnicodeDecodeError) -> str:
+    """Where a UTF-8 decoding failed: the byte, its offset and line."""
+    line = raw.count(b"\n", 0, error.start) + 1
+    return f"byte {raw[error.start]:#04x} at offset {error.start} (line {line})"
+
+
+def load_config(path: str | Path | None = None, overrides: list[str] | tuple[str, ...] = (),
+                base: dict[str, Any] | None = None, validate: bool = True) -> TrainConfig:
+    """Defaults, then `base` (a saved configuration), then the TOML file's keys, then each
+    `key.path=value` override; validated unless `validate` is false."""
+    data: dict[str, Any] = copy.deepcopy(base) if base is not None else {}
     if path is not None:
-        try:
-            data = tomllib.loads(Path(path).read_text())
-        except (OSError, tomllib.TOMLDecodeError) as error:
-            raise ConfigError((str(path),), f"cannot read config: {error}") from None
+        _merge(data, read_toml(path))
     for item in overrides:
         key, sep, text = item.partition("=")
         if not sep or not key.strip():
@@ -220,7 +321,17 @@ def load_config(path: str | Path | None = None, overrides: list[str] | tuple[str
         node[parts[-1]] = value
     if not isinstance(data, dict):
         raise ConfigError(("<root>",), "must be a table")
-    return _rebuild(TrainConfig, TrainConfig(), data, "").validate()
+    config = _rebuild(TrainConfig, TrainConfig(), data, "")
+    return config.validate() if validate else config
+
+
+def _merge(into: dict[str, Any], given: dict[str, Any]) -> None:
+    """`given` on top of `into`, table by table."""
+    for key, value in given.items():
+        if isinstance(value, dict) and isinstance(into.get(key), dict):
+            _merge(into[key], value)
+        else:
+            into[key] = copy.deepcopy(value)
 
 
 def _rebuild(cls: type, current: Any, given: dict[str, Any], where: str) -> Any:
@@ -245,6 +356,9 @@ def _rebuild(cls: type, current: Any, given: dict[str, Any], where: str) -> Any:
         values[f.name] = value
     try:
         return cls(**values)
+    except ConfigError as error:  # a section that names its own fields
+        raise ConfigError(tuple(f"{where}.{f}" if where else f for f in error.fields),
+                          error.reason) from None
     except (TypeError, ValueError) as error:
         raise ConfigError((where or "<root>",), str(error)) from None
 

@@ -64,7 +64,7 @@ from invar.model.messages import (
     encode,
 )
 from invar.model.shell import LEARNER, STORE, TIMER, Delivery, Verdict, deliver, route
-from invar.model.state import Sample, State, initial_state, state_digest
+from invar.model.state import Sample, State, WorkerPhase, initial_state, state_digest
 from invar.model.world import Decision, LearnerRules
 from invar.runtime import journal as journal_io
 from invar.runtime.config import TrainConfig, split_fault, to_dict, worker_names
@@ -349,7 +349,8 @@ class Driver:
     """
 
     def __init__(self, config: TrainConfig, learner: Any, spawn_worker: SpawnWorker | None = None,
-                 resume: bool = False, learner_inputs: LearnerInputs = learner_inputs) -> None:
+                 resume: bool = False, learner_inputs: LearnerInputs = learner_inputs,
+                 restored: tuple[Any, State, int] | None = None) -> None:
         self.config = config
         self.run_dir = Path(config.output.run_dir)
         self.run_dir.mkdir(parents=True, exist_ok=True)
@@ -365,6 +366,8 @@ class Driver:
         self.learner_queue: asyncio.Queue[tuple[Command, np.ndarray | None]] = asyncio.Queue()
         self.workers: dict[str, WorkerHandle] = {}
         self.resume = resume
+        self.restored = restored
+        """`journal.restore` of the run's journal, when the caller checked it before (resume)."""
         self.seq = 0
         self._timer_armed = False
         self._last_progress = time.perf_counter()
@@ -384,7 +387,7 @@ class Driver:
     async def run(self) -> State:
         journal_path = self.run_dir / "journal.jsonl"
         if self.resume:
-            protocol, self.state, self.seq = journal_io.restore(journal_path)
+            protocol, self.state, self.seq = self.restored or journal_io.restore(journal_path)
             if protocol != self.config.protocol:
                 raise ResumeError(f"{journal_path} was written for protocol {protocol}, not "
                                   f"{self.config.protocol}: a run cannot change its protocol")
@@ -398,7 +401,8 @@ class Driver:
                 return self.state
         elif journal_path.exists() and journal_path.stat().st_size:
             raise FileExistsError(f"{journal_path} exists: use --resume, or another run_dir")
-        (self.run_dir / "config.json").write_text(json.dumps(to_dict(self.config), indent=2))
+        if not self.resume:
+            self._write_config()
         self.journal = journal_io.Journal(journal_path, self.config.protocol)
         self.store = WeightsStore(self.run_dir / "store")
         self._spawn_task(self._learner_loop())
@@ -414,8 +418,16 @@ class Driver:
                                   f"accept: {check.error or check.verdict.value}")
             self.events.put_nowait(started)
             if self.resume:
+                # Accepted: only now may the resumed run record its (operational) settings.
+                self._write_config()
                 # Whatever was in flight when the driver died is re-sent (a no-op if nothing).
                 self.events.put_nowait(TimerFired())
+                # Workers the journal knows but the configuration no longer has (the run was
+                # resumed with fewer workers) are lost: their requests go to the others.
+                configured = set(worker_names(self.config.rollout.workers))
+                for known in self.state.workers:
+                    if known.name not in configured and known.phase is not WorkerPhase.LOST:
+                        self.events.put_nowait(WorkerLost(known.name, known.incarnation))
             self._spawn_task(self._watchdog())
             for name in worker_names(self.config.rollout.workers):
                 known = self.state.worker(name)
@@ -432,6 +444,10 @@ class Driver:
             await self._shutdown()
         self.metrics.finish(self.stats, self.executor.busy_seconds)
         return self.state
+
+    def _write_config(self) -> None:
+        atomic_write(self.run_dir / "config.json",
+                     json.dumps(to_dict(self.config), indent=2).encode())
 
     async def _shutdown(self) -> None:
         self._stopping = True

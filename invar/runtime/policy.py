@@ -15,6 +15,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from invar.model.errors import ConfigError
 from invar.runtime.task import VOCAB_SIZE
 
 
@@ -38,11 +39,13 @@ class PolicyConfig:
     """Share the output projection with the token embedding."""
 
     def __post_init__(self) -> None:
-        if self.width % self.heads:
-            raise ValueError(f"heads ({self.heads}) must divide width ({self.width})")
+        # ConfigError is a ValueError naming the field (the configuration prefixes its section).
         for name in ("vocab_size", "layers", "width", "heads", "mlp_ratio", "max_len"):
             if getattr(self, name) < 1:
-                raise ValueError(f"{name} must be positive, got {getattr(self, name)}")
+                raise ConfigError((name,), f"must be positive, got {getattr(self, name)}")
+        if self.width % self.heads:
+            raise ConfigError(("heads", "width"),
+                              f"heads ({self.heads}) must divide width ({self.width})")
 
 
 @dataclass(frozen=True)
