@@ -8,7 +8,8 @@ schedule's arithmetic.
     invar-check --prove
 
 Exit status: 0 every property holds, 1 a violation (or a departure, or a failed lemma),
-2 bad input (the message names the field or file).
+2 bad input (the message names the field or file); with --trace, 3 a journal that matches the
+model but whose run is incomplete (it says where it ends).
 """
 
 from __future__ import annotations
@@ -301,14 +302,24 @@ def _result_json(result: Any, model: InvarModel, bounds: Bounds) -> dict[str, An
 
 
 def _trace(path: Path, console: Console) -> int:
-    """Trace validation: replay a real journal through `step` with every invariant."""
+    """Trace validation: replay a real journal through `step` with every invariant.
+
+    Exit 0: the journal is a complete run and every event matches the model; 3: every event
+    matches but the run is incomplete (it ends before the run's last event: a crash, a run
+    still going, or lines lost at the end; a torn last line, a write cut by a crash, counts
+    as such an end); 1: a departure (an event, digest, invariant or sequence number the model
+    does not accept); 2: not a journal this version can read (the message names the file and
+    line: unreadable, not UTF-8, a bad line before the last, an unknown format)."""
+    from invar.model.core import run_complete
     from invar.runtime import journal
     try:
-        config, entries = journal.read(path)
+        contents = journal.read_contents(path)
     except (OSError, journal.JournalError, ConfigError) as error:
         print(f"invar-check: {error}", file=sys.stderr)
         return 2
+    config, entries = contents.config, contents.entries
     checked = 0
+    state = None
     for entry, _, after in journal.replay(config, entries, check_invariants=True):
         if isinstance(after, journal.Departure):
             console.print(f"[red bold]departure[/red bold] at {path}:{after.line} "
@@ -316,9 +327,18 @@ def _trace(path: Path, console: Console) -> int:
             console.print(f"the first {checked} events match the model")
             return 1
         checked += 1
-    console.print(f"[green]{path}: all {checked} events match the model[/green]; every "
-                  f"invariant holds and every recorded digest agrees")
-    return 0
+        state = after
+    if state is not None and run_complete(state) and not contents.torn:
+        console.print(f"[green]{path}: complete run: all {checked} events match the model"
+                      f"[/green]; every invariant holds and every recorded digest agrees")
+        return 0
+    committed = 0 if state is None else state.committed
+    torn = (f"; its last line is torn ({len(contents.torn)} "
+            f"characters after the last newline, ignored)" if contents.torn else "")
+    console.print(f"[yellow]{path}: valid prefix, run incomplete: ends at update {committed} "
+                  f"of {config.total_updates}[/yellow] after {checked} events, every one "
+                  f"matching the model{torn}")
+    return 3
 
 
 def _prove(console: Console, assume_valid: bool) -> int:

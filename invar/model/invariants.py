@@ -242,3 +242,189 @@ def violations(state: State) -> dict[str, str]:
 def transition_violations(before: State, commands: Sequence[Command], after: State) -> dict[str, str]:
     return {name: msg for name, check in TRANSITION_INVARIANTS.items()
             if (msg := check(before, commands, after))}
+
+
+# ---------------------------------------------------------------------------------------------
+# The same state invariants over a sequence of states, in time linear in the sequence.
+
+
+class IncrementalInvariants:
+    """`violations(state)` for the successive states of one run (a journal's replay), without
+    walking the whole history on every state.
+
+    `violations` returns exactly what the module's `violations` returns: a fast path decides
+    that every invariant holds, and whenever it cannot, the full `violations(state)` is
+    computed and returned. The fast path is sound by construction:
+
+    * an invariant is a pure function of a few fields of the state; when those fields are
+      the very objects (`is`) they were in the last state it was checked on, the answer is the
+      same (publication order, boundaries, commit count, the ledger's schedule);
+    * the ledger grows by appending: records already checked against the schedule are not
+      checked again (each record's own checks are remembered by identity; the one condition
+      that involves the commits after it is checked on every record when either changes), and
+      the requests seen so far are kept, so a new record is checked against them alone;
+    * a batch's slot counts (pending, completed, requests held per worker incarnation) are
+      kept per batch and updated from the slots that changed since the batch's last state,
+      instead of counting all of its slots again.
+
+    Anything it does not recognise (a ledger that is not an extension of the last one, a batch
+    whose size changed) is recomputed from scratch.
+    """
+
+    _MEMOISED: dict[str, Callable[[State], tuple]] = {
+        "publish_after_commit_in_order":
+            lambda s: (s.config, s.published, s.commit_digests),
+        "boundaries_acknowledged_before_moving_on":
+            lambda s: (s.config, s.commit_digests, s.learner.phase, s.evaluated, s.checkpointed),
+        "each_update_commits_once": lambda s: (s.ledger, s.commit_digests),
+    }
+    _ALWAYS = ("inflight_batches_bounded", "version_retained_while_in_use",
+               "learner_bound_to_its_step")
+
+    def __init__(self) -> None:
+        self._memo: dict[str, tuple[tuple, bool]] = {}
+        self._ledger: tuple = ()
+        self._seen: set = set()
+        self._scheduled: tuple[tuple, bool] | None = None
+        self._records: dict[int, tuple[object, object, bool]] = {}
+        self._batches: dict[int, tuple[object, tuple[int, int, dict]]] = {}
+
+    def violations(self, state: State) -> dict[str, str]:
+        if self.all_hold(state):
+            return {}
+        return violations(state)
+
+    def all_hold(self, state: State) -> bool:
+        """True only if every state invariant holds (False: compute `violations`)."""
+        if any(INVARIANTS[name](state) for name in self._ALWAYS):
+            return False
+        for name, fields in self._MEMOISED.items():
+            if not self._memoised(name, fields(state), state):
+                return False
+        return (self._distinct_requests(state) and self._ledger_scheduled(state)
+                and self._slots_consistent(state))
+
+    def _memoised(self, name: str, deps: tuple, state: State) -> bool:
+        known = self._memo.get(name)
+        if known is not None and all(a is b for a, b in zip(known[0], deps)):
+            return known[1]
+        holds = not INVARIANTS[name](state)
+        self._memo[name] = (deps, holds)
+        return holds
+
+    # -- the ledger ------------------------------------------------------------------------
+
+    def _extends(self, ledger: tuple) -> bool:
+        old = self._ledger
+        return len(ledger) >= len(old) and all(a is b for a, b in zip(old, ledger))
+
+    def _distinct_requests(self, state: State) -> bool:
+        """no_sample_consumed_twice, for the records appended since the last state."""
+        ledger = state.ledger
+        if ledger is self._ledger:
+            return True
+        if not self._extends(ledger):
+            self._ledger, self._seen = (), set()
+        for record in ledger[len(self._ledger):]:
+            for request in record.requests:
+                if request in self._seen:
+                    self._ledger, self._seen = (), set()
+                    return False
+                self._seen.add(request)
+        self._ledger = ledger
+        return True
+
+    def _ledger_scheduled(self, state: State) -> bool:
+        """consumed_version_is_scheduled: each record's own checks once, the condition that
+        involves later commits on every record whenever the ledger or the commits change."""
+        deps = (state.config, state.ledger, state.commit_digests)
+        if self._scheduled is not None and all(a is b for a, b in zip(self._scheduled[0], deps)):
+            return self._scheduled[1]
+        holds = True
+        digests = state.commit_digests
+        for record in state.ledger:
+            known = self._records.get(id(record))
+            if known is None or known[0] is not record or known[1] is not state.config:
+                alone = _LedgerView(state.config, (record,), ())
+                known = (record, state.config, not consumed_version_is_scheduled(alone))
+                self._records[id(record)] = known
+            u = record.update
+            if not known[2] or (len(digests) > u + 1 and digests[u + 1] != record.commit_digest):
+                holds = False
+                break
+        self._scheduled = (deps, holds)
+        return holds
+
+    # -- the batches -------------------------------------------------------------------------
+
+    def _summary(self, batch: object) -> tuple[int, int, dict]:
+        """(pending, completed, {(worker, incarnation): requests held}) of a batch's slots."""
+        index = batch.batch  # type: ignore[attr-defined]
+        slots = batch.slots  # type: ignore[attr-defined]
+        known = self._batches.get(index)
+        if known is not None and known[0] is batch:
+            return known[1]
+        if known is not None and len(known[0].slots) == len(slots):  # type: ignore[attr-defined]
+            old = known[0].slots  # type: ignore[attr-defined]
+            pending, completed, held = known[1][0], known[1][1], dict(known[1][2])
+            changed = [i for i, (a, b) in enumerate(zip(old, slots)) if a is not b]
+            for slot, sign in ((old[i], -1) for i in changed):
+                pending, completed = _count(slot, sign, pending, completed, held)
+            for slot in (slots[i] for i in changed):
+                pending, completed = _count(slot, 1, pending, completed, held)
+        else:
+            pending, completed, held = 0, 0, {}
+            for slot in slots:
+                pending, completed = _count(slot, 1, pending, completed, held)
+        summary = (pending, completed, held)
+        self._batches[index] = (batch, summary)
+        return summary
+
+    def _slots_consistent(self, state: State) -> bool:
+        """batch_counters_consistent and launch_only_published_and_loaded from the summaries."""
+        summaries = [self._summary(batch) for batch in state.batches]
+        if len(self._batches) > 2 * len(state.batches) + 8:
+            live = {batch.batch for batch in state.batches}
+            self._batches = {k: v for k, v in self._batches.items() if k in live}
+        for batch, (pending, completed, _) in zip(state.batches, summaries):
+            if (pending, completed) != (batch.pending, batch.completed):
+                return False
+        for worker in state.workers:
+            key = (worker.name, worker.incarnation)
+            held = sum(s[2].get(key, 0) for s in summaries)
+            if worker.phase is not WorkerPhase.LOST and held != worker.assigned:
+                return False
+            if worker.phase is WorkerPhase.LOST and (worker.assigned, worker.version) != (0, None):
+                return False
+        for batch, (_, _, held) in zip(state.batches, summaries):
+            version = schedule.gen_version(state.config, batch.batch)
+            if not state.published or version > state.published[-1]:
+                return False
+            for name, incarnation in held:
+                worker = state.worker(name)
+                if (worker is None or worker.incarnation != incarnation
+                        or worker.phase is not WorkerPhase.READY or worker.version != version):
+                    return False
+        return True
+
+
+class _LedgerView:
+    """The fields `consumed_version_is_scheduled` reads, for one record checked alone."""
+
+    def __init__(self, config: object, ledger: tuple, commit_digests: tuple) -> None:
+        self.config, self.ledger, self.commit_digests = config, ledger, commit_digests
+
+
+def _count(slot: object, sign: int, pending: int, completed: int, held: dict) -> tuple[int, int]:
+    if slot is None:
+        return pending + sign, completed
+    if isinstance(slot, Sample):
+        return pending, completed + sign
+    if isinstance(slot, Assigned):
+        key = (slot.worker, slot.incarnation)
+        count = held.get(key, 0) + sign
+        if count:
+            held[key] = count
+        else:
+            del held[key]
+    return pending, completed

@@ -21,7 +21,7 @@ from typing import Any, Iterator
 
 from invar.model.config import RunConfig
 from invar.model.errors import ConfigError
-from invar.model.invariants import transition_violations, violations
+from invar.model.invariants import IncrementalInvariants, transition_violations
 from invar.model.messages import DecodeError, Event, decode, encode
 from invar.model.objective import ObjectiveConfig
 from invar.model.shell import Verdict, deliver
@@ -113,19 +113,46 @@ class JournalError(ValueError):
     """A journal that cannot be read: names the line."""
 
 
+@dataclass(frozen=True)
+class Contents:
+    """A journal as read: its configuration, its entries, and `torn`: the bytes after the last
+    newline (a line cut by a crash mid-write; empty when the file ends with a whole line)."""
+
+    config: RunConfig
+    entries: list[Entry]
+    torn: str = ""
+
+
 def read(path: Path) -> tuple[RunConfig, list[Entry]]:
     """The configuration and entries; a torn final line (a crash mid-write) is dropped."""
-    text = path.read_text(encoding="utf-8")
+    contents = read_contents(path)
+    return contents.config, contents.entries
+
+
+def read_contents(path: Path) -> Contents:
+    """The whole journal; raises `JournalError` naming the file (and line) when it cannot be
+    read: not UTF-8, empty, a header that is not one or of a format this version does not
+    know, a line before the last that is not a whole entry."""
+    try:
+        text = path.read_bytes().decode("utf-8")
+    except UnicodeDecodeError as error:
+        raise JournalError(f"{path}: not a journal (not UTF-8: byte {error.start})") from None
     lines = text.split("\n")
     # Every line is written with its newline: text after the last newline is a torn write.
-    lines = lines[:-1]
+    torn = lines.pop()
     if not lines:
         raise JournalError(f"{path}: empty journal")
     try:
         header = json.loads(lines[0])
+        version = header["journal"]
+        if version != JOURNAL_FORMAT:
+            raise JournalError(f"{path}:1: journal format {version!r}; this version of invar "
+                               f"reads format {JOURNAL_FORMAT}")
         config = protocol_from_dict(header["protocol"])
-    except (ValueError, KeyError, TypeError) as error:
-        raise JournalError(f"{path}:1: bad header: {error}") from None
+    except (ValueError, KeyError, TypeError, AttributeError) as error:
+        if isinstance(error, JournalError):
+            raise
+        raise JournalError(f"{path}:1: bad header: {error!r}") from None
     entries = []
     for number, line in enumerate(lines[1:], start=2):
         try:
@@ -134,7 +161,7 @@ def read(path: Path) -> tuple[RunConfig, list[Entry]]:
                                  decode(record["event"])))
         except (ValueError, KeyError, TypeError, DecodeError) as error:
             raise JournalError(f"{path}:{number}: {error}") from None
-    return config, entries
+    return Contents(config, entries, torn)
 
 
 @dataclass(frozen=True)
@@ -149,11 +176,19 @@ class Departure:
 def replay(config: RunConfig, entries: list[Entry], check_invariants: bool = False
            ) -> Iterator[tuple[Entry, State, State | Departure]]:
     """Deliver entries with `shell.deliver`; yields (entry, before, after-or-departure), stops
-    at the first departure: a digest that differs, or an event the model refuses or counts a
-    no-op (a driver journals accepted events only)."""
+    at the first departure: a sequence number out of order (entries are numbered 0, 1, 2...),
+    a digest that differs, or an event the model refuses or counts a no-op (a driver journals
+    accepted events only). With `check_invariants`, every state invariant (incrementally:
+    `IncrementalInvariants`, exactly the same verdicts) and every transition invariant."""
     state = initial_state(config)
+    digest = state_digest(state)  # the digest of `state`: the previous entry's after
+    invariants = IncrementalInvariants() if check_invariants else None
     for line, entry in enumerate(entries, start=2):
-        before = state_digest(state)
+        if entry.seq != line - 2:
+            yield entry, state, Departure(entry.seq, line, f"sequence number {entry.seq} where "
+                                          f"{line - 2} follows")
+            return
+        before = digest
         if entry.before != before:
             yield entry, state, Departure(entry.seq, line, f"state digest before is {before}, "
                                           f"journal says {entry.before}")
@@ -172,15 +207,15 @@ def replay(config: RunConfig, entries: list[Entry], check_invariants: bool = Fal
             yield entry, state, Departure(entry.seq, line, f"state digest after is {after}, "
                                           f"journal says {entry.after}")
             return
-        if check_invariants:
-            broken = {**violations(delivery.state),
+        if invariants is not None:
+            broken = {**invariants.violations(delivery.state),
                       **transition_violations(state, delivery.commands, delivery.state)}
             if broken:
                 name, why = next(iter(broken.items()))
                 yield entry, state, Departure(entry.seq, line, f"invariant {name}: {why}")
                 return
         yield entry, state, delivery.state
-        state = delivery.state
+        state, digest = delivery.state, after
 
 
 def restore(path: Path) -> tuple[RunConfig, State, int]:
