@@ -93,7 +93,10 @@ def main(argv: list[str] | None = None) -> int:
     if summary:
         run_dir = Path(config.output.run_dir)
         heldout = summary["final_heldout_reward"]
-        print(f"done: {summary['updates']} updates in {summary['wall_seconds']:.1f} s, "
+        lives = summary.get("lives", 1)
+        resumed = (f" over {lives} lives (this one: {summary['session_updates']} updates in "
+                   f"{summary['session_wall_seconds']:.1f} s)" if lives > 1 else "")
+        print(f"done: {summary['updates']} updates in {summary['wall_seconds']:.1f} s{resumed}, "
               f"held-out reward {'-' if heldout is None else f'{heldout:.3f}'}; "
               f"report: {run_dir / 'report.md'}")
     return 0

@@ -391,12 +391,15 @@ class Driver:
             if protocol != self.config.protocol:
                 raise ResumeError(f"{journal_path} was written for protocol {protocol}, not "
                                   f"{self.config.protocol}: a run cannot change its protocol")
+            # Metrics rows of what the journal holds (one written just before the crash is
+            # written again when its update is redone).
+            self.metrics.resume_at(self.state.committed, self.state.evaluated)
             if run_complete(self.state):
                 # Nothing to do: leave the finished run's files (summary, report) as they are
                 # (written now only if the driver died between the last event and writing them).
                 log.info("%s: the run is complete, nothing to resume", self.run_dir)
                 if not (self.run_dir / "summary.json").exists():
-                    self.metrics.finish(self.stats, 0.0)
+                    self.metrics.finish(self.stats, 0.0, events=self.seq)
                 self.metrics.close()
                 return self.state
         elif journal_path.exists() and journal_path.stat().st_size:
@@ -442,7 +445,7 @@ class Driver:
                     self._apply(event)
         finally:
             await self._shutdown()
-        self.metrics.finish(self.stats, self.executor.busy_seconds)
+        self.metrics.finish(self.stats, self.executor.busy_seconds, events=self.seq)
         return self.state
 
     def _write_config(self) -> None:

@@ -6,49 +6,57 @@ from __future__ import annotations
 
 import contextlib
 import csv
+import io
 import json
 import time
 from collections import Counter
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
+from invar.runtime.weights import atomic_write
+
 UPDATE_FIELDS = ("update", "reward", "staleness", "loss", "clip_fraction", "mean_ratio",
                  "mean_behavior_weight", "kl", "seconds", "wall", "refused", "noops")
 
 
 class MetricsLog:
+    """The metrics of one run, across its lives (a run killed and resumed is one run).
+
+    Rows are kept one per update and one per evaluated version, whatever the crashes: a
+    resumed run reads the rows earlier lives wrote, keeps those of the updates and evaluations
+    its journal holds (`resume_at`: a row written just before a crash whose journal line was
+    lost is dropped; the resumed run writes it again), and rewrites metrics.jsonl and
+    metrics.csv from them (atomically, with the CSV header) before appending. `wall` in a row
+    is seconds since the run began, counting earlier lives up to their last kept row.
+    Nothing is written until the first row (or `finish`).
+    """
+
     def __init__(self, run_dir: Path, config: Any, tensorboard: bool = True) -> None:
-        self.run_dir = run_dir
+        self.run_dir = Path(run_dir)
         self.config = config
         self.counters: Counter[str] = Counter()
         self.updates: list[dict[str, Any]] = []
         self.evaluations: list[dict[str, Any]] = []
         self.started = time.perf_counter()
-        jsonl_path = run_dir / "metrics.jsonl"
+        self.earlier_seconds = 0.0
+        """Seconds of earlier lives of this run (to their last kept row)."""
+        self.lives = 1
+        jsonl_path = self.run_dir / "metrics.jsonl"
         if jsonl_path.exists():  # a resumed run: the report covers the whole run
             self._load(jsonl_path)
-        self._session_updates = 0  # rates are of this session
-        self._jsonl = open(jsonl_path, "a", encoding="utf-8")
-        csv_path = run_dir / "metrics.csv"
-        fresh = not csv_path.exists()
-        self._csv_file = open(csv_path, "a", newline="", encoding="utf-8")
-        self._csv = csv.DictWriter(self._csv_file, fieldnames=UPDATE_FIELDS, extrasaction="ignore")
-        if fresh:
-            self._csv.writeheader()
+        self._session_updates = 0  # rates of the progress bar are of this session
+        self._jsonl: Any = None
+        self._csv_file: Any = None
+        self._tensorboard = tensorboard
         self._tb = None
-        if tensorboard:
-            try:
-                from torch.utils.tensorboard import SummaryWriter
-                self._tb = SummaryWriter(str(run_dir / "tensorboard"))
-            except ImportError:  # tensorboard is optional
-                self._tb = None
 
     def _load(self, path: Path) -> None:
-        """Rows earlier sessions of this run wrote (a torn line is skipped; an update redone
+        """Rows earlier lives of this run wrote (a torn line is skipped; an update redone
         after a crash keeps its last row)."""
         updates: dict[int, dict[str, Any]] = {}
         evaluations: dict[int, dict[str, Any]] = {}
-        for line in path.read_text(encoding="utf-8").splitlines():
+        lives = 1
+        for line in path.read_text(encoding="utf-8", errors="replace").splitlines():
             try:
                 row = json.loads(line)
                 kind = row.pop("kind", None)
@@ -56,10 +64,55 @@ class MetricsLog:
                     updates[int(row["update"])] = row
                 elif kind == "evaluation":
                     evaluations[int(row["version"])] = row
+                elif kind == "life":
+                    lives = max(lives, int(row["life"]))
             except (ValueError, KeyError, TypeError, AttributeError):
                 continue
         self.updates = [updates[u] for u in sorted(updates)]
         self.evaluations = [evaluations[v] for v in sorted(evaluations)]
+        self.lives = lives + 1
+        self._earlier()
+
+    def _earlier(self) -> None:
+        walls = [float(r.get("wall", 0.0)) for r in (*self.updates, *self.evaluations)]
+        self.earlier_seconds = max(walls, default=0.0)
+
+    def resume_at(self, committed: int, evaluated: tuple[int, ...] | list[int]) -> None:
+        """Keep the rows of what the journal holds: updates below `committed`, evaluations of
+        `evaluated` (rows beyond them were written before a crash whose journal line was
+        lost: the resumed run writes them again)."""
+        self.updates = [r for r in self.updates if int(r["update"]) < committed]
+        self.evaluations = [e for e in self.evaluations if int(e["version"]) in set(evaluated)]
+        self._earlier()
+
+    def _open(self) -> None:
+        """Rewrite metrics.jsonl and metrics.csv from the rows kept, then append to them."""
+        if self._jsonl is not None:
+            return
+        jsonl_path, csv_path = self.run_dir / "metrics.jsonl", self.run_dir / "metrics.csv"
+        rows = [{"kind": "update", **r} for r in self.updates] + \
+               [{"kind": "evaluation", **e} for e in self.evaluations]
+        rows.sort(key=lambda r: float(r.get("wall", 0.0)))
+        rows.append({"kind": "life", "life": self.lives, "wall": self.earlier_seconds})
+        atomic_write(jsonl_path, "".join(json.dumps(r) + "\n" for r in rows).encode())
+        table = io.StringIO(newline="")
+        writer = csv.DictWriter(table, fieldnames=UPDATE_FIELDS, extrasaction="ignore")
+        writer.writeheader()
+        writer.writerows(self.updates)
+        atomic_write(csv_path, table.getvalue().encode())
+        self._jsonl = open(jsonl_path, "a", encoding="utf-8")
+        self._csv_file = open(csv_path, "a", newline="", encoding="utf-8")
+        self._csv = csv.DictWriter(self._csv_file, fieldnames=UPDATE_FIELDS, extrasaction="ignore")
+        if self._tensorboard:
+            try:
+                from torch.utils.tensorboard import SummaryWriter
+                self._tb = SummaryWriter(str(self.run_dir / "tensorboard"))
+            except ImportError:  # tensorboard is optional
+                self._tb = None
+
+    def wall(self) -> float:
+        """Seconds since the run began (earlier lives included)."""
+        return self.earlier_seconds + time.perf_counter() - self.started
 
     def count(self, name: str) -> None:
         self.counters[name] += 1
@@ -69,8 +122,9 @@ class MetricsLog:
                timing: dict[str, float] | None = None) -> None:
         """`timing`: seconds of learner work, worker generation and core + driver, and the
         count of rollout replies, since the previous row (JSONL only; for benchmarks)."""
+        self._open()
         row = {"update": update, "reward": reward, "staleness": staleness, **terms,
-               "seconds": seconds, "wall": time.perf_counter() - self.started,
+               "seconds": seconds, "wall": self.wall(),
                "refused": refused, "noops": noops, **(timing or {})}
         while self.updates and self.updates[-1]["update"] >= update:
             self.updates.pop()  # a row written just before a crash, for an update redone
@@ -87,8 +141,8 @@ class MetricsLog:
         """The held-out reward of `version`, recorded when its `VersionEvaluated` is accepted.
         A version has one row: one written before a crash whose journal lost the event is
         replaced when the resumed run evaluates it again."""
-        row = {"version": version, "heldout_reward": reward,
-               "wall": time.perf_counter() - self.started}
+        self._open()
+        row = {"version": version, "heldout_reward": reward, "wall": self.wall()}
         self.evaluations = sorted([e for e in self.evaluations if e["version"] != version]
                                   + [row], key=lambda e: e["version"])
         self._write("evaluation", row)
@@ -121,26 +175,38 @@ class MetricsLog:
 
             yield advance
 
-    def finish(self, stats: Any, learner_seconds: float) -> dict[str, Any]:
-        """Write summary.json and report.md (with reward_curve.png); returns the summary."""
-        wall = time.perf_counter() - stats.started
+    def finish(self, stats: Any, learner_seconds: float,
+               events: int | None = None) -> dict[str, Any]:
+        """Write summary.json and report.md (with reward_curve.png); returns the summary.
+
+        The summary is of the whole run: every update, `wall_seconds` across its lives (the
+        earlier ones up to their last recorded row), `events` the journal's (`events`, when
+        given); the `session_*` keys are of this life alone."""
+        self._open()
+        session = time.perf_counter() - stats.started
+        wall = self.earlier_seconds + session
         protocol = self.config.protocol
-        n = self._session_updates
+        n = len(self.updates)
         summary = {
-            "updates": len(self.updates),
+            "updates": n,
             "wall_seconds": wall,
             "updates_per_second": n / wall if wall else 0.0,
             "samples_per_second": n * protocol.samples_per_batch / wall if wall else 0.0,
+            "lives": self.lives,
+            "session_updates": self._session_updates,
+            "session_wall_seconds": session,
             "final_train_reward": self.updates[-1]["reward"] if self.updates else None,
             "final_heldout_reward": (self.evaluations[-1]["heldout_reward"]
                                      if self.evaluations else None),
-            "events": stats.events,
+            "events": stats.events if events is None else events,
+            "session_events": stats.events,
             "noops": stats.noops,
             "refused": stats.refused,
             "malformed_frames": stats.malformed_frames,
             "worker_deaths": stats.worker_deaths,
-            "core_and_driver_share": stats.core_seconds / wall if wall else 0.0,
-            "learner_busy_share": learner_seconds / wall if wall else 0.0,
+            # Shares and seconds of work are of this life (what this process measured).
+            "core_and_driver_share": stats.core_seconds / session if session else 0.0,
+            "learner_busy_share": learner_seconds / session if session else 0.0,
             # Absolute seconds behind the shares, and the workers' reported generation and
             # weight-loading seconds (summed over workers): for benchmarks.
             "core_and_driver_seconds": stats.core_seconds,
@@ -155,8 +221,9 @@ class MetricsLog:
         return summary
 
     def close(self) -> None:
-        self._jsonl.close()
-        self._csv_file.close()
+        if self._jsonl is not None:
+            self._jsonl.close()
+            self._csv_file.close()
         if self._tb is not None:
             self._tb.close()
 
@@ -201,7 +268,10 @@ def write_report(run_dir: Path, config: Any, updates: list[dict[str, Any]],
         "| throughput | value |",
         "|---|---|",
         f"| updates | {summary['updates']} |",
-        f"| wall time | {summary['wall_seconds']:.1f} s |",
+        f"| wall time | {summary['wall_seconds']:.1f} s"
+        + (f" over {summary['lives']} lives (this one: {summary['session_updates']} updates "
+           f"in {summary['session_wall_seconds']:.1f} s)" if summary.get('lives', 1) > 1
+           else "") + " |",
         f"| updates / s | {summary['updates_per_second']:.2f} |",
         f"| samples / s | {summary['samples_per_second']:.0f} |",
         f"| learner busy | {100 * summary['learner_busy_share']:.1f} % of wall |",
