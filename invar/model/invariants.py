@@ -367,7 +367,7 @@ class IncrementalInvariants:
         if known is not None and len(known[0].slots) == len(slots):  # type: ignore[attr-defined]
             old = known[0].slots  # type: ignore[attr-defined]
             pending, completed, held = known[1][0], known[1][1], dict(known[1][2])
-            changed = [i for i, (a, b) in enumerate(zip(old, slots)) if a is not b]
+            changed = _changed(old, slots, 0, len(slots), [])
             for slot, sign in ((old[i], -1) for i in changed):
                 pending, completed = _count(slot, sign, pending, completed, held)
             for slot in (slots[i] for i in changed):
@@ -428,3 +428,16 @@ def _count(slot: object, sign: int, pending: int, completed: int, held: dict) ->
         else:
             del held[key]
     return pending, completed
+
+
+def _changed(old: tuple, new: tuple, lo: int, hi: int, out: list[int]) -> list[int]:
+    """Positions in [lo, hi) where `old` and `new` hold unequal slots (equal slots count
+    alike), by halving: a batch's successive states differ in a slot or a few."""
+    if old[lo:hi] == new[lo:hi]:
+        return out
+    if hi - lo <= 8:
+        out.extend(i for i in range(lo, hi) if old[i] != new[i])
+        return out
+    mid = (lo + hi) // 2
+    _changed(old, new, lo, mid, out)
+    return _changed(old, new, mid, hi, out)

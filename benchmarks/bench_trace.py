@@ -1,0 +1,94 @@
+"""Benchmark of trace validation (`invar-check --trace`): events per second, and the ratio
+against the run that wrote the journal.
+
+    python benchmarks/bench_trace.py RUN_DIR        # a real run: its journal and summary.json
+    python benchmarks/bench_trace.py                # a default-sized journal written from the
+                                                    # canonical run (120 updates x 512 samples)
+
+Validation replays every event through `shell.deliver`, compares both digests and checks
+every state and transition invariant (incrementally: `IncrementalInvariants`); it must be
+linear in the journal and at least 10x faster than the run. The run's time is summary.json's
+`wall_seconds` (every life of the run); without a run directory there is none to compare.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+
+def canonical_journal(path: Path, overrides: list[str]) -> Path:
+    """The journal a driver writes for the canonical run of the default protocol."""
+    from invar.model.shell import deliver
+    from invar.model.state import initial_state, state_digest
+    from invar.runtime import journal
+    from invar.runtime.config import load_config
+    from invar.testing import canonical_run
+    config = load_config(None, overrides).protocol
+    run = canonical_run(config)
+    writer = journal.Journal(path, config)
+    state = initial_state(config)
+    digest = state_digest(state)
+    for seq, event in enumerate(run.events):
+        delivery = deliver(state, event)
+        after = state_digest(delivery.state)
+        writer.append(seq, event, digest, after, sync=False)
+        state, digest = delivery.state, after
+    writer.close()
+    return path
+
+
+def validate(path: Path) -> tuple[int, float, float]:
+    """(events, seconds reading, seconds replaying with every invariant)."""
+    from invar.runtime import journal
+    began = time.perf_counter()
+    contents = journal.read_contents(path)
+    read = time.perf_counter() - began
+    began = time.perf_counter()
+    events = 0
+    for _, _, after in journal.replay(contents.config, contents.entries, check_invariants=True):
+        if isinstance(after, journal.Departure):
+            raise SystemExit(f"departure at line {after.line}: {after.reason}")
+        events += 1
+    return events, read, time.perf_counter() - began
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("run_dir", nargs="?", help="a run directory (default: a canonical "
+                                                   "journal of the default protocol)")
+    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                        help="protocol overrides for the canonical journal")
+    args = parser.parse_args()
+    run_seconds = None
+    if args.run_dir:
+        path = Path(args.run_dir) / "journal.jsonl"
+        summary = Path(args.run_dir) / "summary.json"
+        if summary.exists():
+            run_seconds = json.loads(summary.read_text())["wall_seconds"]
+    else:
+        path = Path(tempfile.mkdtemp()) / "journal.jsonl"
+        began = time.perf_counter()
+        canonical_journal(path, args.set)
+        print(f"wrote {path} ({path.stat().st_size / 1e6:.1f} MB) in "
+              f"{time.perf_counter() - began:.1f} s")
+    events, read, replay = validate(path)
+    total = read + replay
+    print(f"{events} events: read {read:.2f} s, replay with invariants {replay:.2f} s, "
+          f"total {total:.2f} s, {events / total:,.0f} events/s")
+    if run_seconds is not None:
+        print(f"the run took {run_seconds:.1f} s: validation is {run_seconds / total:.1f}x "
+              f"faster than the run")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
