@@ -14,7 +14,7 @@ from typing import Any
 
 from invar.model.errors import ConfigError
 from invar.model.schedule import report
-from invar.runtime.config import (OPERATIONAL, TrainConfig, changed_keys, describe_bad_byte,
+from invar.runtime.config import (OPERATIONAL, ROUNDING, TrainConfig, changed_keys, describe_bad_byte,
                                   load_config, to_dict)
 
 
@@ -79,7 +79,7 @@ def main(argv: list[str] | None = None) -> int:
     schedule = report(config.protocol)
     for note in schedule.notes:
         print(f"note: {note}", file=sys.stderr)
-    from invar.runtime.driver import ResumeError  # torch is imported from here on
+    from invar.runtime.driver import ResumeError, RunStopped  # torch from here on
     from invar.runtime.journal import JournalError
     from invar.runtime.torch_learner import CommitError
     try:
@@ -89,6 +89,9 @@ def main(argv: list[str] | None = None) -> int:
         # A run directory that cannot be (re)started as it is: say which file and why.
         print(f"invar: {'cannot resume' if args.resume else 'cannot start'}: {error}",
               file=sys.stderr)
+        return 1
+    except RunStopped as error:  # no worker can serve: the run stays resumable
+        print(f"invar: run stopped: {error}", file=sys.stderr)
         return 1
     if summary:
         run_dir = Path(config.output.run_dir)
@@ -139,7 +142,13 @@ def resume_config(run_dir: str, config_path: str | None, overrides: list[str]
         raise ConfigError(tuple(key for key, _, _ in refused),
                           f"the run was started with other values ({changes}); a resumed run "
                           "may change only operational settings (README, \"Resume\")")
-    return config, _restore_journal(directory / "journal.jsonl", config)
+    restored = _restore_journal(directory / "journal.jsonl", config)
+    for key, old, new in changed_keys(saved, config):
+        if key in ROUNDING:
+            print(f"note: {key} {json.dumps(old)} -> {json.dumps(new)}: the logical schedule is "
+                  "unchanged, but floating-point results (samples, weights) may differ from an "
+                  "uninterrupted run's", file=sys.stderr)
+    return config, restored
 
 
 def _read_json_table(path: Path) -> dict[str, Any]:

@@ -338,6 +338,15 @@ class Stats:
     rollout_replies: int = 0
     """Replies received in frames that reported generation seconds (measurement only)."""
     started: float = field(default_factory=time.perf_counter)
+    completed_by: dict[str, int] = field(default_factory=dict)
+    """Requests each worker (any incarnation) reported completed."""
+
+
+MAX_RESPAWNS = 5
+"""A worker that dies this many times in a row, each incarnation without completing a request,
+is not restarted again."""
+RESPAWN_BACKOFF = 0.5
+"""Seconds before the second respawn in a row of such a worker, doubled for each next one."""
 
 
 class Driver:
@@ -373,6 +382,8 @@ class Driver:
         self._last_progress = time.perf_counter()
         self._tasks: set[asyncio.Task] = set()
         self._stopping = False
+        self._failures: dict[str, int] = {}
+        self._given_up: dict[str, str] = {}
         self._terms: dict[int, list[dict[str, float]]] = {}
         self._update_started = time.perf_counter()
         # Learner, rollout, core seconds and rollout replies at the last metrics row.
@@ -477,6 +488,8 @@ class Driver:
 
     def _apply(self, event: Event) -> None:
         if isinstance(event, _Crash):
+            if isinstance(event.error, RunStopped):
+                raise event.error
             raise RuntimeError("a driver task failed") from event.error
         began = time.perf_counter()
         # Popped first, while `event` is alive: its id cannot have been reused.
@@ -598,9 +611,35 @@ class Driver:
             logs / f"{name}.{incarnation}.log", cpus=self.config.rollout.cpus)
 
     async def _start_worker(self, name: str, incarnation: int) -> None:
+        while True:
+            served = await self._serve_worker(name, incarnation)
+            if self._stopping:
+                return
+            self.stats.worker_deaths += 1
+            self.metrics.count("worker_deaths")
+            self.events.put_nowait(WorkerLost(name, incarnation))
+            # Deaths in a row without a completed request: a worker that cannot serve.
+            self._failures[name] = 0 if served else self._failures.get(name, 0) + 1
+            failures = self._failures[name]
+            if not self.config.rollout.respawn:
+                why = "rollout.respawn is false"
+            elif failures > MAX_RESPAWNS:
+                why = f"it died {failures} times in a row without completing a request"
+            else:
+                # Backoff: at once after a death that followed work, then 0.5 s, 1 s, 2 s...
+                await asyncio.sleep(0 if failures <= 1 else RESPAWN_BACKOFF * 2 ** (failures - 2))
+                incarnation += 1
+                continue
+            self._gave_up(name, incarnation, why)
+            return
+
+    async def _serve_worker(self, name: str, incarnation: int) -> bool:
+        """Run one incarnation of a worker until its connection ends; True if it completed a
+        request."""
         transport = await self.spawn_worker(name, incarnation)
         handle = WorkerHandle(name, incarnation, transport)
         self.workers[name] = handle
+        completed = self.stats.completed_by.get(name, 0)
         try:
             header, _ = await transport.receive()
             if header.get("kind") != "hello":
@@ -619,13 +658,31 @@ class Driver:
                 log.warning("worker %s#%d lost: %s", name, incarnation, error)
         finally:
             await transport.close()
-        if self._stopping:
-            return
-        self.stats.worker_deaths += 1
-        self.metrics.count("worker_deaths")
-        self.events.put_nowait(WorkerLost(name, incarnation))
-        if self.config.rollout.respawn:
-            await self._start_worker(name, incarnation + 1)
+        return self.stats.completed_by.get(name, 0) > completed
+
+    def _gave_up(self, name: str, incarnation: int, why: str) -> None:
+        """No more incarnations of `name`; when no worker is left, the run stops (it stays
+        resumable: the journal and the commits are as a crash would leave them)."""
+        self._given_up[name] = why
+        tail = self._log_tail(name, incarnation)
+        log.error("worker %s is not restarted: %s%s", name, why,
+                  f"; its last log lines ({tail[0]}):\n{tail[1]}" if tail else "")
+        if len(self._given_up) == len(worker_names(self.config.rollout.workers)):
+            where = f"; last lines of {tail[0]}:\n{tail[1]}" if tail else ""
+            self.events.put_nowait(_Crash(RunStopped(
+                f"no rollout worker can serve: {name} died and is not restarted ({why}); the "
+                f"run stops at update {self.state.committed} of "
+                f"{self.config.protocol.total_updates} and can be resumed with "
+                f"`invar train --resume {self.run_dir}`{where}")))
+
+    def _log_tail(self, name: str, incarnation: int, lines: int = 10) -> tuple[Path, str] | None:
+        path = self.run_dir / "logs" / f"{name}.{incarnation}.log"
+        try:
+            text = path.read_text(encoding="utf-8", errors="replace")
+        except OSError:
+            return None
+        tail = [line for line in text.splitlines() if line.strip()][-lines:]
+        return (path, "\n".join("  " + line for line in tail)) if tail else None
 
     def _accept_frame(self, name: str, header: dict[str, Any]) -> None:
         kind = header["kind"]
@@ -644,6 +701,8 @@ class Driver:
             event = decode(raw)
             if not isinstance(event, (RequestCompleted, WeightsLoaded)):
                 raise FrameError(f"a worker cannot report {type(event).__name__}")
+            if isinstance(event, RequestCompleted):
+                self.stats.completed_by[name] = self.stats.completed_by.get(name, 0) + 1
             # The journal writes the event as received instead of encoding it again.
             self._received[id(event)] = raw
             self.events.put_nowait(event)
@@ -696,6 +755,10 @@ class Driver:
 
 class ResumeError(RuntimeError):
     """The run directory's commits and journal disagree: the run cannot continue from them."""
+
+
+class RunStopped(RuntimeError):
+    """The run cannot go on (no worker can serve); it stays resumable."""
 
 
 @dataclass
