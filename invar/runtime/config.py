@@ -231,6 +231,11 @@ OPERATIONAL = (
 computes (the logical schedule, the policy, the optimizer, the task or the sampling). Listed
 in the README; every other change is refused on resume."""
 
+ROUNDING = ("rollout.threads", "learner.device", "learner.threads")
+"""Operational keys that can change floating-point rounding (how reductions are split): the
+logical schedule stays the same, but samples and weights may then differ in the last bits from
+an uninterrupted run's, so a resume that changes one says so."""
+
 
 def changed_keys(before: TrainConfig, after: TrainConfig) -> list[tuple[str, Any, Any]]:
     """(dotted key, value before, value after) of every leaf that differs, in config order."""
