@@ -78,7 +78,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--drop-validity", action="store_true",
                         help="with --prove: drop the config rule P <= S+1 to see what fails")
     args = parser.parse_args(argv)
-    console = Console(stderr=False)
+    # Piped output is not wrapped at 80 columns (a line stays one line for grep and logs).
+    piped = not sys.stdout.isatty()
+    console = Console(stderr=False, width=160 if piped else None, soft_wrap=piped)
     if args.prove:
         return _prove(console, assume_valid=not args.drop_validity)
     if args.trace:

@@ -43,7 +43,7 @@ def train(config: TrainConfig, resume: bool = False, serial: bool = False,
     learner = make_learner(config)
     if serial:
         run_serial(config, learner)
-        return {}
+        return json.loads((Path(config.output.run_dir) / "summary.json").read_text())
     asyncio.run(Driver(config, learner, resume=resume, restored=restored).run())
     return json.loads((Path(config.output.run_dir) / "summary.json").read_text())
 

@@ -777,58 +777,109 @@ def _policy_dict(config: TrainConfig) -> dict[str, Any]:
 def run_serial(config: TrainConfig, learner: Any) -> State:
     """The same schedule, one command at a time in FIFO order, every component in-process:
     events through `shell.deliver`, commands where `shell.route` says (nothing is lost, so
-    nothing is journalled and the retry timer never fires)."""
+    the retry timer never fires). Like any run it journals every accepted event (with the
+    state digests around it), writes a metrics row per update, shows the progress bar and
+    ends with summary.json and report.md; it cannot be resumed (a serial run is a reference,
+    run whole)."""
     run_dir = Path(config.output.run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
+    journal_path = run_dir / "journal.jsonl"
+    if journal_path.exists() and journal_path.stat().st_size:
+        raise FileExistsError(f"{journal_path} exists: a serial run needs a new run_dir")
     task = DigitReversal(config.task.length)
     metrics = MetricsLog(run_dir, config, tensorboard=False)
     heldout = task.prompts("heldout", range(config.task.heldout_prompts))
     executor = LearnerExecutor(learner, task, heldout, run_dir, metrics)
     store = WeightsStore(run_dir / "store")
+    (run_dir / "config.json").write_text(json.dumps(to_dict(config), indent=2))
+    journal = journal_io.Journal(journal_path, config.protocol)
+    stats = Stats()
     workers: dict[str, RolloutWorker] = {}
     state = initial_state(config.protocol)
+    digest = state_digest(state)
     queue: deque[Event] = deque([executor.start(state.learner.attempt + 1)])
     for name in worker_names(config.rollout.workers):
         raw = worker_args(config, name)
         workers[name] = RolloutWorker(WorkerArgs(**{**raw, "faults": tuple(raw["faults"])}))
         queue.append(WorkerConnected(name, 0))
-    while queue and not run_complete(state):
-        event = queue.popleft()
-        delivery = deliver(state, event)
-        if delivery.verdict is Verdict.REFUSED:
-            raise RuntimeError(f"serial run refused an event: {delivery.error}")
-        state = delivery.state
-        if isinstance(event, VersionEvaluated) and delivery.verdict is Verdict.ACCEPTED:
-            metrics.evaluation(event.version, event.reward)
-        launches: dict[str, list[LaunchRequest]] = {}
-        for command in delivery.commands:
-            where = route(command)
-            if where == LEARNER:
-                reply = executor.execute(command, learner_inputs(state, task, command))
-                if reply is not None:
-                    queue.append(reply)
-            elif where == STORE:
-                if isinstance(command, Publish):
-                    blob, params_digest, digest = learner.published_weights(command.version)
-                    store.write(command.version, blob, params_digest)
-                    queue.append(VersionPublished(command.version, digest))
-                elif isinstance(command, ReleaseVersion):
-                    store.delete(command.version)
-            elif where == TIMER:
-                pass  # nothing is lost here: the retry timer never needs to fire
-            elif isinstance(command, LaunchRequest):
-                launches.setdefault(where, []).append(command)
+    terms: dict[int, list[dict[str, float]]] = {}
+    update_started = time.perf_counter()
+    with metrics.progress(config.protocol.total_updates, config.output.progress) as progress:
+        while queue and not run_complete(state):
+            event = queue.popleft()
+            began = time.perf_counter()
+            before_state = state
+            delivery = deliver(state, event)
+            if delivery.verdict is Verdict.REFUSED:
+                raise RuntimeError(f"serial run refused an event: {delivery.error}")
+            state = delivery.state
+            if delivery.verdict is Verdict.ACCEPTED:
+                after = state_digest(state)
+                journal.append(stats.events, event, digest, after, sync=delivery.durable)
+                digest = after
+                stats.events += 1
+                if isinstance(event, VersionEvaluated):
+                    metrics.evaluation(event.version, event.reward)
+                elif isinstance(event, StepFinished) and \
+                        before_state.learner.cotangent is not None:
+                    terms.setdefault(event.observation.update, []).append(
+                        before_state.learner.cotangent.terms.to_dict())
+                elif isinstance(event, (UpdateCommitted, LearnerStarted)) and \
+                        state.committed > before_state.committed:
+                    update_started = _serial_row(config, metrics, before_state, terms,
+                                                 update_started, progress)
             else:
-                loaded = workers[where].load(command, *store.read(command.version))
-                if loaded is not None:
-                    queue.append(loaded)
-        for name, group in launches.items():
-            # Generate with the thread count a worker process uses, not the learner's.
-            with _torch_threads(config.rollout.threads):
-                replies = workers[name].launch(group)
-            queue.extend(decode(raw) for raw in replies)
+                stats.noops += 1
+            stats.core_seconds += time.perf_counter() - began
+            launches: dict[str, list[LaunchRequest]] = {}
+            for command in delivery.commands:
+                where = route(command)
+                if where == LEARNER:
+                    reply = executor.execute(command, learner_inputs(state, task, command))
+                    if reply is not None:
+                        queue.append(reply)
+                elif where == STORE:
+                    if isinstance(command, Publish):
+                        blob, params_digest, published = learner.published_weights(
+                            command.version)
+                        store.write(command.version, blob, params_digest)
+                        queue.append(VersionPublished(command.version, published))
+                    elif isinstance(command, ReleaseVersion):
+                        store.delete(command.version)
+                elif where == TIMER:
+                    pass  # nothing is lost here: the retry timer never needs to fire
+                elif isinstance(command, LaunchRequest):
+                    launches.setdefault(where, []).append(command)
+                else:
+                    loaded = workers[where].load(command, *store.read(command.version))
+                    if loaded is not None:
+                        queue.append(loaded)
+            for name, group in launches.items():
+                # Generate with the thread count a worker process uses, not the learner's.
+                with _torch_threads(config.rollout.threads):
+                    replies = workers[name].launch(group)
+                queue.extend(decode(raw) for raw in replies)
+    journal.close()
+    metrics.finish(stats, executor.busy_seconds, events=stats.events)
     metrics.close()
     return state
+
+
+def _serial_row(config: TrainConfig, metrics: MetricsLog, before: State,
+                terms: dict[int, list[dict[str, float]]], started: float,
+                progress: Callable[[int, float, int], None]) -> float:
+    """The metrics row of the update `before` commits (as the driver writes it)."""
+    update = before.committed
+    rewards = [s.reward for s in before.batches[0].slots if isinstance(s, Sample)]
+    applied = terms.pop(update, [])
+    now = time.perf_counter()
+    staleness = schedule.staleness(config.protocol, update)
+    metrics.update(update=update, reward=float(np.mean(rewards)), staleness=staleness,
+                   terms={k: float(np.mean([t[k] for t in applied]))
+                          for k in (applied[0] if applied else {})},
+                   seconds=now - started, refused=0, noops=0)
+    progress(update + 1, float(np.mean(rewards)), staleness)
+    return now
 
 
 @contextlib.contextmanager

@@ -161,10 +161,16 @@ class MetricsLog:
             return
         from rich.progress import (BarColumn, MofNCompleteColumn, Progress, TextColumn,
                                    TimeElapsedColumn)
+        import sys
+
+        from rich.console import Console
+        piped = not sys.stdout.isatty()  # piped: wide lines, not wrapped at 80 columns
+        console = Console(width=160 if piped else None, soft_wrap=piped)
         bar = Progress(TextColumn("[bold]train"), BarColumn(), MofNCompleteColumn(),
                        TextColumn("reward {task.fields[reward]:.3f}"),
                        TextColumn("staleness {task.fields[staleness]}"),
-                       TextColumn("{task.fields[rate]:.2f} upd/s"), TimeElapsedColumn())
+                       TextColumn("{task.fields[rate]:.2f} upd/s"), TimeElapsedColumn(),
+                       console=console)
         began = time.perf_counter()
         with bar:
             task = bar.add_task("train", total=total, reward=0.0, staleness=0, rate=0.0)
@@ -228,27 +234,35 @@ class MetricsLog:
             self._tb.close()
 
 
+def reward_figure(updates: list[dict[str, Any]], evaluations: list[dict[str, Any]]) -> Any:
+    """(figure, axis) of the reward curves; the legend sits below the axes, so it covers no
+    curve whatever the rewards."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    figure, axis = plt.subplots(figsize=(6.4, 3.6))
+    axis.plot([u["update"] + 1 for u in updates], [u["reward"] for u in updates],
+              label="train reward (sampled)")
+    if evaluations:
+        axis.plot([e["version"] for e in evaluations],
+                  [e["heldout_reward"] for e in evaluations], "o-",
+                  label="held-out reward (greedy)")
+    axis.set_xlabel("version (committed updates)")
+    axis.set_ylabel("mean reward")
+    axis.set_ylim(0, 1.02)
+    axis.grid(alpha=0.3)
+    figure.legend(loc="lower center", ncol=2, frameon=False)
+    figure.tight_layout(rect=(0, 0.08, 1, 1))
+    return figure, axis
+
+
 def write_report(run_dir: Path, config: Any, updates: list[dict[str, Any]],
                  evaluations: list[dict[str, Any]], summary: dict[str, Any]) -> None:
     plot = run_dir / "reward_curve.png"
     if updates:
-        import matplotlib
-        matplotlib.use("Agg")
         import matplotlib.pyplot as plt
-        figure, axis = plt.subplots(figsize=(6.4, 3.6))
-        axis.plot([u["update"] + 1 for u in updates], [u["reward"] for u in updates],
-                  label="train reward (sampled)")
-        if evaluations:
-            axis.plot([e["version"] for e in evaluations],
-                      [e["heldout_reward"] for e in evaluations], "o-",
-                      label="held-out reward (greedy)")
-        axis.set_xlabel("version (committed updates)")
-        axis.set_ylabel("mean reward")
-        axis.set_ylim(0, 1.02)
-        axis.grid(alpha=0.3)
-        axis.legend(loc="lower right")
-        figure.tight_layout()
-        figure.savefig(plot, dpi=110)
+        figure, _ = reward_figure(updates, evaluations)
+        figure.savefig(plot, dpi=110, bbox_inches="tight")
         plt.close(figure)
     p = config.protocol
     lines = [

@@ -36,6 +36,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from invar.model.schedule import derive_seed
 from invar.runtime.policy import Policy, PolicyConfig, sequence_logprobs
 from invar.runtime.sampler import generate
 from invar.runtime.task import DigitReversal
@@ -242,6 +243,9 @@ class TorchLearner:
         self.commit_dir = Path(commit_dir)
         self.device = torch.device(device)
         self.keep_commits = keep_commits
+        # The process's torch RNG (kept in every commit) starts from the run's seed, so two
+        # identical runs write byte-identical commits.
+        torch.manual_seed(derive_seed(seed, "learner", "torch_rng"))
         self.model = Policy(policy_config, seed).to(self.device)
         # The reference is the initial policy, frozen: the anchor for KL penalties.
         self.reference = copy.deepcopy(self.model).requires_grad_(False)

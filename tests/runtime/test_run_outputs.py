@@ -1,0 +1,87 @@
+"""What a run leaves and prints: no stale weights in store/, byte-identical commits for
+identical runs, `--serial` like any run, a reward plot whose legend covers no curve, and
+messages that are not wrapped at 80 columns when piped."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from invar.model.core import run_complete
+
+
+def test_identical_learners_write_byte_identical_commits(tmp_path, rt):
+    import torch
+
+    from invar.runtime.cli import make_learner
+    files = []
+    for name, noise in (("a", 1), ("b", 7)):
+        config = rt.tiny_config(tmp_path / name)
+        torch.rand(noise)  # whatever the process drew before, the commits do not change
+        with rt_globals():
+            learner = make_learner(config)
+            learner.start()
+        files.append((tmp_path / name / "commits").glob("commit-*").__next__().read_bytes())
+    assert files[0] == files[1]
+
+
+def rt_globals():
+    from conftest import torch_globals_kept  # noqa: PLC0415 (the runtime tests' conftest)
+    return torch_globals_kept()
+
+
+def test_serial_runs_like_any_run(tmp_path, rt):
+    overrides = rt.tiny_overrides(tmp_path)
+    command = rt.cli("train", "--serial", *(arg for item in overrides for arg in ("--set", item)))
+    done = subprocess.run(command, capture_output=True, text=True, timeout=180)
+    assert done.returncode == 0, done.stderr
+    assert "done: 3 updates in" in done.stdout
+    for name in ("journal.jsonl", "summary.json", "report.md", "metrics.csv", "config.json"):
+        assert (tmp_path / name).exists(), name
+    from invar.runtime import journal
+    _, state, _ = journal.restore(tmp_path / "journal.jsonl")
+    assert run_complete(state)
+    assert rt.summary(tmp_path)["updates"] == 3
+    checked = subprocess.run([sys.executable, "-m", "checker.cli", "--trace",
+                              str(tmp_path / "journal.jsonl")], capture_output=True, text=True)
+    assert checked.returncode == 0, checked.stdout + checked.stderr
+
+
+def test_the_store_keeps_only_what_is_retained(tmp_path, rt):
+    rt.run_driver(rt.tiny_config(tmp_path, "protocol.total_updates=4"))
+    left = sorted(p.name for p in (tmp_path / "store").iterdir())
+    assert left == ["weights-000004.bin", "weights-000004.digest"]
+
+
+def test_the_legend_covers_no_curve():
+    from invar.runtime.metrics import reward_figure
+    updates = [{"update": u, "reward": 0.05 + 0.001 * u} for u in range(40)]
+    evaluations = [{"version": v, "heldout_reward": 0.1} for v in (0, 20, 40)]
+    figure, axis = reward_figure(updates, evaluations)
+    figure.canvas.draw()
+    renderer = figure.canvas.get_renderer()
+    legend = figure.legends[0].get_window_extent(renderer)
+    assert not legend.overlaps(axis.get_window_extent(renderer))
+
+
+def test_piped_messages_are_not_wrapped(tmp_path):
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "checker"))
+    from test_trace_validation import small_config, write_journal
+    path = write_journal(tmp_path / ("a-long-directory-name-" * 3) / "journal.jsonl"
+                         if (tmp_path / ("a-long-directory-name-" * 3)).mkdir() is None
+                         else tmp_path, small_config())
+    checked = subprocess.run([sys.executable, "-m", "checker.cli", "--trace", str(path)],
+                             capture_output=True, text=True)
+    assert checked.returncode == 0, checked.stdout
+    lines = checked.stdout.splitlines()
+    assert len(lines) == 1 and "every recorded digest agrees" in lines[0], lines
+
+
+@pytest.fixture(autouse=True)
+def _runtime_conftest_importable():
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    yield
