@@ -18,7 +18,6 @@ import pytest
 
 from invar.model.core import logical_projection, run_complete
 from invar.runtime import journal
-from invar.runtime.config import OPERATIONAL
 
 UPDATES = 5
 WORKERS = 2
@@ -164,6 +163,7 @@ def test_a_thread_count_change_is_accepted_with_a_note(killed, reference, tmp_pa
 
 
 def test_the_readme_lists_every_operational_key():
+    from invar.runtime.config import OPERATIONAL
     readme = (Path(__file__).parents[2] / "README.md").read_text()
     section = readme.split("### Resume", 1)[1].split("\n## ", 1)[0]
     for key in OPERATIONAL:

@@ -1,0 +1,149 @@
+"""Bad input to `invar train` and `invar-check --trace`: refused with the key or file named,
+exit 2, one line, no traceback, nothing written."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from invar.runtime import cli
+
+BAD_SETTINGS = [
+    ("policy.heads=0", "policy.heads"),
+    ("optim.lr=-1", "optim.lr"),
+    ("optim.lr=nan", "optim.lr"),
+    ("optim.betas=[1.5,0.9]", "optim.betas[0]"),
+    ("optim.eps=-1.0", "optim.eps"),
+    ("learner.device=foo", "learner.device"),
+    ("learner.cpus=[99]", "learner.cpus"),
+    ("rollout.cpus=[99]", "rollout.cpus"),
+    ("policy.vocab_size=5", "policy.vocab_size"),
+]
+
+
+def _tree(directory: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(directory)): p.read_bytes()
+            for p in sorted(directory.rglob("*")) if p.is_file()}
+
+
+def _refused(capsys, argv: list[str], named: str, what: str = "configuration refused") -> str:
+    status = cli.main(argv)
+    err = capsys.readouterr().err
+    assert status == 2, err
+    lines = err.strip().splitlines()
+    assert len(lines) == 1, err
+    assert lines[0].startswith(f"invar: {what}: "), lines[0]
+    assert named in lines[0], lines[0]
+    assert "Traceback" not in err
+    return lines[0]
+
+
+@pytest.mark.parametrize("item, key", BAD_SETTINGS)
+def test_bad_setting_is_refused_with_its_key(item, key, tmp_path, capsys):
+    assert all(cpu != 99 for cpu in os.sched_getaffinity(0))
+    run_dir = tmp_path / "run"
+    line = _refused(capsys, ["train", "--set", f"output.run_dir={json.dumps(str(run_dir))}",
+                             "--set", item], key)
+    assert line.startswith(f"invar: configuration refused: {key}")
+    assert not run_dir.exists()
+
+
+def test_cuda_is_refused_where_there_is_none(tmp_path, capsys):
+    import torch
+    if torch.cuda.is_available():
+        pytest.skip("this machine has CUDA")
+    run_dir = tmp_path / "run"
+    line = _refused(capsys, ["train", "--set", f"output.run_dir={json.dumps(str(run_dir))}",
+                             "--set", "learner.device=cuda"], "learner.device")
+    assert "CUDA is not available" in line
+    assert not run_dir.exists()
+
+
+def test_non_utf8_toml_is_refused_naming_the_file(tmp_path, capsys):
+    path = tmp_path / "bad.toml"
+    path.write_bytes(b"[optim]\nlr = 0.001 # caf\xe9\n")
+    line = _refused(capsys, ["train", str(path), "--set",
+                             f"output.run_dir={json.dumps(str(tmp_path / 'run'))}"], str(path))
+    assert "not UTF-8" in line and "line 2" in line
+    assert not (tmp_path / "run").exists()
+
+
+# -- --resume of a damaged run directory ---------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def finished(tmp_path_factory, rt):
+    """A complete tiny run, made with the real command line."""
+    run_dir = tmp_path_factory.mktemp("cli-errors") / "run"
+    overrides = rt.tiny_overrides(run_dir, "protocol.total_updates=2")
+    done = subprocess.run(rt.cli("train", *(a for item in overrides for a in ("--set", item))),
+                          capture_output=True, text=True, timeout=180)
+    assert done.returncode == 0, done.stderr
+    return run_dir
+
+
+def _missing_journal(run_dir: Path) -> None:
+    (run_dir / "journal.jsonl").unlink()
+
+
+def _non_utf8_journal(run_dir: Path) -> None:
+    path = run_dir / "journal.jsonl"
+    lines = path.read_bytes().split(b"\n")
+    lines[2] = lines[2].replace(b'"', b'"\xff', 1)
+    path.write_bytes(b"\n".join(lines))
+
+
+def _garbage_config(run_dir: Path) -> None:
+    (run_dir / "config.json").write_bytes(b"{\"protocol\": ]garbage")
+
+
+def _list_config(run_dir: Path) -> None:
+    (run_dir / "config.json").write_text("[1, 2, 3]")
+
+
+def _non_utf8_config(run_dir: Path) -> None:
+    (run_dir / "config.json").write_bytes(b"{\"x\": \"\xff\"}")
+
+
+@pytest.mark.parametrize("damage, file, why", [
+    (_missing_journal, "journal.jsonl", "not found"),
+    (_non_utf8_journal, "journal.jsonl", "not UTF-8"),
+    (_garbage_config, "config.json", "not valid JSON"),
+    (_list_config, "config.json", "JSON object"),
+    (_non_utf8_config, "config.json", "not UTF-8"),
+])
+def test_resume_of_a_damaged_run_directory_is_refused(finished, tmp_path, capsys, damage, file,
+                                                      why):
+    run_dir = tmp_path / "run"
+    shutil.copytree(finished, run_dir)
+    damage(run_dir)
+    before = _tree(run_dir)
+    line = _refused(capsys, ["train", "--resume", str(run_dir)], str(run_dir / file),
+                    "resume refused")
+    assert why in line
+    assert _tree(run_dir) == before
+
+
+def test_resume_of_a_missing_directory_is_refused(tmp_path, capsys):
+    _refused(capsys, ["train", "--resume", str(tmp_path / "nothing")], "--resume",
+             "resume refused")
+    assert not (tmp_path / "nothing").exists()
+
+
+# -- invar-check --trace ---------------------------------------------------------------------
+
+def test_trace_of_a_non_utf8_file_is_bad_input(finished, tmp_path):
+    path = tmp_path / "journal.jsonl"
+    lines = (finished / "journal.jsonl").read_bytes().split(b"\n")
+    lines[2] = lines[2].replace(b'"', b'"\xff', 1)
+    path.write_bytes(b"\n".join(lines))
+    done = subprocess.run([sys.executable, "-m", "checker.cli", "--trace", str(path)],
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2, (done.stdout, done.stderr)
+    assert str(path) in done.stderr + done.stdout
+    assert "Traceback" not in done.stderr
