@@ -69,8 +69,8 @@ class Bounds:
     reproducible_forwards: bool = True
     """False: a forward re-run in a new learner attempt returns other log-probs."""
     forgeries: bool = False
-    """Also check, in every state, that the core refuses every event no correct component
-    could send there (`invar.model.world.forgeries`)."""
+    """Also check, in every state, that the core refuses (a ProtocolError, not a no-op) every
+    event no correct component could send there (`invar.model.world.forgeries`)."""
 
     def protocol(self) -> RunConfig:
         return RunConfig(
@@ -230,7 +230,7 @@ class InvarModel(BaseModel[Explored, tuple]):
         props.append(Property.transition("transition_invariants", self._transition_ok))
         if self.bounds.forgeries:
             props.append(Property.always("forged_events_are_refused",
-                                         lambda s: not w.accepted_forgery(s.world.core)))
+                                         lambda s: not w.unrefused_forgery(s.world.core)))
         props.append(Property.final("completed_run_matches_canonical_schedule",
                                     self._matches_canonical))
         props.append(Property.sometimes("run_completes", self.is_final))

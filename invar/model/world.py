@@ -505,8 +505,8 @@ INTRUDER = "intruder"
 
 
 def forgeries(state: State) -> tuple[Event, ...]:
-    """Events that no correct component could send in `state`: the core must refuse each (or
-    count it a no-op), never accept it. Forged from the state, each wrong in one respect only
+    """Events that no correct component could send in `state`: the core must refuse each (a
+    ProtocolError), neither accept it nor pass it off as a duplicate or late reply. Forged from the state, each wrong in one respect only
     (payloads well formed where the check under probe comes after them): a stranger's messages,
     a future incarnation or attempt, a load or forward never requested, a wrong version, a
     digest that is not the real one, a commit or boundary acknowledgement out of turn."""
@@ -546,6 +546,8 @@ def forgeries(state: State) -> tuple[Event, ...]:
         if learner.phase is not LearnerPhase.COMMITTING:
             out += [UpdateCommitted(newest, learner.step_digest),
                     LearnerStarted(learner.attempt + 1, newest + 1, learner.step_digest)]
+        else:
+            out.append(UpdateCommitted(newest + 1, learner.step_digest))
         if not schedule.is_eval_boundary(config, newest):
             out.append(VersionEvaluated(newest, 0.0))
         if not schedule.is_checkpoint_boundary(config, newest):
@@ -571,15 +573,15 @@ def forgeries(state: State) -> tuple[Event, ...]:
     return tuple(out)
 
 
-def accepted_forgery(state: State) -> str:
-    """The first forgery `state` would accept (empty when every one is refused or a no-op)."""
+def unrefused_forgery(state: State) -> str:
+    """The first forgery `state` does not refuse (empty when the core refuses every one)."""
     for event in forgeries(state):
         try:
             verdict = deliver(state, event).verdict
         except Exception as error:  # a crash on bad input is a refusal the core failed to make
             return f"{event!r} raised {type(error).__name__}: {error}"
-        if verdict is Verdict.ACCEPTED:
-            return repr(event)
+        if verdict is not Verdict.REFUSED:
+            return f"{event!r} was {verdict.value}"
     return ""
 
 
