@@ -184,14 +184,14 @@ def replay(config: RunConfig, entries: list[Entry], check_invariants: bool = Fal
     digest = state_digest(state)  # the digest of `state`: the previous entry's after
     invariants = IncrementalInvariants() if check_invariants else None
     for line, entry in enumerate(entries, start=2):
-        if entry.seq != line - 2:
-            yield entry, state, Departure(entry.seq, line, f"sequence number {entry.seq} where "
-                                          f"{line - 2} follows")
-            return
         before = digest
         if entry.before != before:
             yield entry, state, Departure(entry.seq, line, f"state digest before is {before}, "
                                           f"journal says {entry.before}")
+            return
+        if entry.seq != line - 2:
+            yield entry, state, Departure(entry.seq, line, f"sequence number {entry.seq} where "
+                                          f"{line - 2} follows")
             return
         delivery = deliver(state, entry.event)
         if delivery.verdict is Verdict.REFUSED:
