@@ -270,7 +270,8 @@ def test_a_run_cannot_change_its_backend_on_resume(tmp_path, rt, capsys):
     config = rt.tiny_config(tmp_path, *MLX_TINY)
     (tmp_path / "config.json").write_text(json.dumps(to_dict(config)))
     assert main(["train", "--resume", str(tmp_path), "--backend", "torch"]) == 2
-    assert "started with the mlx backend" in capsys.readouterr().err
+    assert "resume refused: learner.backend:" in (err := capsys.readouterr().err)
+    assert 'learner.backend "mlx" -> "torch"' in err
     assert sorted(p.name for p in tmp_path.iterdir()) == ["config.json"]  # nothing ran
 
 
