@@ -14,8 +14,8 @@ from typing import Any
 
 from invar.model.errors import ConfigError
 from invar.model.schedule import report
-from invar.runtime.config import (OPERATIONAL, ROUNDING, TrainConfig, changed_keys, describe_bad_byte,
-                                  load_config, to_dict)
+from invar.runtime.config import (OPERATIONAL, ROUNDING, TrainConfig, changed_keys,
+                                  describe_bad_byte, load_config, to_dict)
 
 
 def make_learner(config: TrainConfig) -> Any:
