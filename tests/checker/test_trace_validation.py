@@ -17,7 +17,7 @@ import pytest
 
 from checker.cli import main as invar_check
 from invar.model.config import RunConfig
-from invar.model.invariants import IncrementalInvariants, violations
+from invar.model.invariants import violations
 from invar.model.shell import deliver
 from invar.model.state import Assigned, initial_state, state_digest
 from invar.runtime import journal
@@ -188,6 +188,7 @@ def _tampered(state, rng: random.Random):
 
 @pytest.mark.parametrize("seed", range(6))
 def test_incremental_invariants_give_the_same_verdicts(seed):
+    from invar.model.invariants import IncrementalInvariants
     config = small_config(max_inflight_batches=3 if seed % 2 else 2)
     rng = random.Random(seed)
     incremental = IncrementalInvariants()

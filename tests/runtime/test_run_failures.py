@@ -10,7 +10,7 @@ import time
 import pytest
 
 from invar.runtime import driver as driver_module
-from invar.runtime.driver import RunStopped, worker_args
+from invar.runtime.driver import worker_args
 from invar.runtime.transport import LocalProcessTransport
 
 
@@ -47,7 +47,8 @@ async def _broken_worker(driver, name, incarnation):
 
 def test_a_worker_that_keeps_dying_is_respawned_a_bounded_number_of_times(
         tmp_path, rt, monkeypatch):
-    monkeypatch.setattr(driver_module, "RESPAWN_BACKOFF", 0.05)
+    from invar.runtime.driver import RunStopped
+    monkeypatch.setattr(driver_module, "RESPAWN_BACKOFF", 0.05, raising=False)
     config = rt.tiny_config(tmp_path, "rollout.respawn=true")
     with pytest.raises(RunStopped) as stopped:
         rt.run_driver(config, spawn=_broken_worker)
