@@ -10,7 +10,15 @@ from __future__ import annotations
 from typing import Callable, Sequence
 
 from invar.model import schedule
-from invar.model.messages import ApplyCotangent, Command, LaunchRequest, LoadWeights, Publish
+from invar.model.core import outstanding_commands
+from invar.model.messages import (
+    ApplyCotangent,
+    Command,
+    LaunchRequest,
+    LoadWeights,
+    Publish,
+    SetTimer,
+)
 from invar.model.state import Assigned, LearnerPhase, Sample, State, WorkerPhase
 
 
@@ -210,7 +218,9 @@ def history_only_grows(before: State, commands: Sequence[Command], after: State)
 
 
 def commands_respect_schedule(before: State, commands: Sequence[Command], after: State) -> str:
-    """Launches carry the scheduled version and seed; loads and publications name commits."""
+    """Launches carry the scheduled version and seed; loads and publications name retained or
+    committed versions and their commit digests; the timer is armed only while a reply is
+    awaited."""
     config = after.config
     for command in commands:
         if isinstance(command, LaunchRequest):
@@ -222,6 +232,12 @@ def commands_respect_schedule(before: State, commands: Sequence[Command], after:
             return f"{command.worker} told to load version {command.version}, not retained"
         if isinstance(command, Publish) and command.version > after.committed:
             return f"version {command.version} published before its commit"
+        if isinstance(command, (LoadWeights, Publish)) and \
+                command.weights_digest != after.commit_digests[command.version]:
+            return (f"{type(command).__name__} of version {command.version} names digest "
+                    f"{command.weights_digest}, not its commit's")
+        if isinstance(command, SetTimer) and not outstanding_commands(after):
+            return "the retry timer was armed with nothing awaited"
     return ""
 
 
