@@ -613,7 +613,8 @@ def _reconcile(state: State, commands: list[Command]) -> tuple[State, tuple[Comm
         if upcoming and state.commit_digests:
             state = replace(state, publishing=upcoming[0])
             commands.append(Publish(upcoming[0], state.commit_digests[upcoming[0]]))
-    # Retention: drop a version once every batch it generates is complete.
+    # Retention: drop a version once every batch it generates is complete and a newer one is
+    # published.
     for version in state.retained:
         if not _version_needed(state, version):
             state = replace(state, retained=tuple(v for v in state.retained if v != version))
@@ -629,11 +630,9 @@ def _is_published(state: State, version: int) -> bool:
 
 
 def _version_needed(state: State, version: int) -> bool:
-    batches = schedule.batches_of_version(state.config, version)
-    if not batches:
-        # Needed by no batch; keep the newest publication until a newer one replaces it.
-        return version == state.published[-1]
-    for b in batches:
+    if version == state.published[-1]:
+        return True  # the store always holds the newest publication, until one replaces it
+    for b in schedule.batches_of_version(state.config, version):
         if b >= state.admitted:
             return True
         held = state.batch(b)

@@ -130,6 +130,10 @@ def inflight_batches_bounded(state: State) -> str:
 
 
 def version_retained_while_in_use(state: State) -> str:
+    """A version stays in the store while a batch or a loading worker needs it; the newest
+    publication stays too (the weights a user of the store reads)."""
+    if state.published and state.published[-1] not in state.retained:
+        return f"the newest publication, version {state.published[-1]}, was released"
     for batch in state.batches:
         if batch.completed < len(batch.slots):
             version = schedule.gen_version(state.config, batch.batch)

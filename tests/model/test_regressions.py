@@ -623,20 +623,28 @@ def _old_requires_fsync(event, commands) -> bool:
         isinstance(c, (m.Commit, m.Publish)) for c in commands)
 
 
-def _held_batch_2(msg) -> bool:
-    return isinstance(msg.body, m.RequestCompleted) and msg.body.request.batch == 2
+def _held(msg, core) -> bool:
+    """Batch 2 (the last batch of version 0) completes only after update 1 has committed, and
+    version 2's publication (which releases version 0) is heard only after that."""
+    body = msg.body
+    if isinstance(body, m.RequestCompleted) and body.request.batch == 2:
+        return core.committed < 2
+    if isinstance(body, m.VersionPublished) and body.version == 2:
+        batch = core.batch(2)
+        return batch is not None and batch.completed < len(batch.slots)
+    return False
 
 
 def _delayed_path():
-    """The FIFO run, except that the completions of batch 2 (the last batch of version 0) are
-    held until update 0 has committed: a journal sync then happens while version 0 is still
-    needed, and its release comes later. Yields the world after each delivery."""
+    """The FIFO run, except that the completions of batch 2 are held until update 1 has
+    committed: the journal sync of that commit (and of version 2's Publish) happens while
+    version 0 is still needed, and its release comes later, with version 2's publication.
+    Yields the world after each delivery."""
     from invar.model import world as w
     world = w.new_world(F2_CONFIG, F2_WORKERS)
     yield world
     while world.network:
-        held = world.core.committed < 1
-        free = [msg for msg in world.network if not (held and _held_batch_2(msg))]
+        free = [msg for msg in world.network if not _held(msg, world.core)]
         world = w.deliver_message(world, free[0].key)
         assert not world.refused and not world.broken
         yield world
@@ -669,14 +677,14 @@ def _restart_points(old_rule: bool, monkeypatch) -> list[tuple[int, str]]:
 def test_f2_the_delayed_schedule_releases_a_version_the_journal_needs():
     """The schedule of the F2 tests really sets the trap: at some point the store has deleted
     version 0 while a batch of version 0 was incomplete at the last journal sync of the old
-    rule (the commit of update 0)."""
+    rule (the commit of update 1, which also sends version 2's Publish)."""
     from invar.model import world as w
     from invar.model.core import requires_fsync as rule
     journal, trap = None, False
     for world in _delayed_path():
-        if journal is None and world.core.committed == 1:
+        if journal is None and world.core.committed == 2:
             journal = world.core  # synced by the old rule too (UpdateCommitted)
-            assert rule(m.UpdateCommitted(0, version_digest(1)), ())
+            assert rule(m.UpdateCommitted(1, version_digest(2)), ())
             assert 0 in journal.retained and journal.batch(2).completed < 2
         if journal is not None and 0 not in world.store:
             trap = True
