@@ -69,6 +69,8 @@ def boundaries_acknowledged_before_moving_on(state: State) -> str:
     newest = state.committed
     busy = state.learner.phase not in (LearnerPhase.WAITING, LearnerPhase.FINISHED,
                                        LearnerPhase.OFFLINE)
+    if 0 in state.checkpointed:
+        return "version 0 (the initial weights, not a training result) was checkpointed"
     for name, done, is_boundary in (
             ("evaluation", state.evaluated, schedule.is_eval_boundary),
             ("checkpoint", state.checkpointed, schedule.is_checkpoint_boundary)):
@@ -232,6 +234,13 @@ def commands_respect_schedule(before: State, commands: Sequence[Command], after:
                 return f"request {tuple(command.request)} launched with version {command.version}"
             if command.seed != schedule.sampling_seed(config, command.request):
                 return f"request {tuple(command.request)} launched with another seed"
+            # The task's prompts are consumed batch-major, each once: prompt p of every batch
+            # sits at p modulo B, all within the run's N·B prompts.
+            prompts = config.total_updates * config.prompts_per_batch
+            if not (0 <= command.prompt_index < prompts and
+                    command.prompt_index % config.prompts_per_batch == command.request.prompt):
+                return (f"request {tuple(command.request)} launched on prompt "
+                        f"{command.prompt_index}, not its slot among the {prompts} prompts")
         if isinstance(command, LoadWeights) and command.version not in after.retained:
             return f"{command.worker} told to load version {command.version}, not retained"
         if isinstance(command, Publish) and command.version > after.committed:

@@ -95,7 +95,11 @@ def step_digest(update: int, step: int, optimizer_steps: int) -> str:
 
 
 def _logprob(*key: int) -> float:
-    """A deterministic log-probability in [-2, -0.05] from a logical key."""
+    """A deterministic log-probability in [-2, -0.05] from a logical key; exactly 0.0 (a token
+    the sampler was certain of, as greedy or top-k 1 sampling gives) for the last token of
+    every sample 0, so the edge of the valid range is exercised."""
+    if key[2] == 0 and key[-1] == RESPONSE_TOKENS - 1:
+        return 0.0
     return -0.05 - (schedule.derive_seed(0, "lp", *key) % 1000) / 520.0
 
 
@@ -120,7 +124,7 @@ def scores_reply(command: ScoreProbabilities) -> ProbabilitiesReported:
 def forward_reply(command: RunForward, optimizer_steps: int, noise: int = 0) -> ForwardObserved:
     """`noise` > 0 stands for a non-reproducible re-run (other kernels, other sums)."""
     obs = command.observation
-    current = tuple(tuple(_logprob(*r, obs.update, obs.step, i, noise)
+    current = tuple(tuple(_logprob(*r, obs.update, obs.step, noise, i)
                           if noise else _logprob(*r, obs.update, obs.step, i)
                           for i in range(RESPONSE_TOKENS)) for r in command.requests)
     return ForwardObserved(obs, command.attempt, step_digest(obs.update, obs.step, optimizer_steps),

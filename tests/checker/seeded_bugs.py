@@ -208,9 +208,9 @@ def _batch_filled_in_completion_order(mp: Any) -> None:
 
 def _version_released_too_early(mp: Any) -> None:
     def needed(state, version):
+        if version == state.published[-1]:
+            return True
         batches = schedule.batches_of_version(state.config, version)
-        if not batches:
-            return version == state.published[-1]
         # The bug: a version is kept only until its last batch is *admitted*, not completed.
         if any(b >= state.admitted for b in batches):
             return True
@@ -255,7 +255,7 @@ SEEDED_BUGS: tuple[SeededBug, ...] = (
     SeededBug("version_released_too_early",
               "a version is released once its batches are admitted, though still incomplete",
               Bounds(), "version_retained_while_in_use",
-              "version 0 released while batch 0 is incomplete", _version_released_too_early),
+              "version 0 released while batch 1 is incomplete", _version_released_too_early),
 )
 
 BY_NAME = {bug.name: bug for bug in SEEDED_BUGS}
