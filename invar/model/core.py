@@ -609,10 +609,12 @@ def _reconcile(state: State, commands: list[Command]) -> tuple[State, tuple[Comm
     # Publication: one at a time, in version order, only of committed versions.
     if state.publishing is None:
         last = state.published[-1] if state.published else -1
-        upcoming = [v for v in schedule.published_versions(config) if last < v <= state.committed]
-        if upcoming and state.commit_digests:
-            state = replace(state, publishing=upcoming[0])
-            commands.append(Publish(upcoming[0], state.commit_digests[upcoming[0]]))
+        # The next version of Pub, if committed (a scan of at most P versions, not of Pub).
+        upcoming = next((v for v in range(last + 1, state.committed + 1)
+                         if schedule.is_published(config, v)), None)
+        if upcoming is not None and state.commit_digests:
+            state = replace(state, publishing=upcoming)
+            commands.append(Publish(upcoming, state.commit_digests[upcoming]))
     # Retention: drop a version once every batch it generates is complete and a newer one is
     # published.
     for version in state.retained:
