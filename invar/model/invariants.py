@@ -147,6 +147,26 @@ def version_retained_while_in_use(state: State) -> str:
     return ""
 
 
+def no_version_retained_needlessly(state: State) -> str:
+    """The store keeps nothing it need not: each retained version is the newest publication,
+    generates a batch not yet admitted or incomplete, or is being loaded (no leak)."""
+    config = state.config
+    for version in state.retained:
+        if state.published and version == state.published[-1]:
+            continue
+        if any(w.phase is WorkerPhase.LOADING and w.version == version for w in state.workers):
+            continue
+        for b in range(state.committed, config.total_updates):
+            if schedule.gen_version(config, b) != version:
+                continue
+            held = state.batch(b)
+            if b >= state.admitted or (held is not None and held.completed < len(held.slots)):
+                break
+        else:
+            return f"version {version} is retained though nothing needs it"
+    return ""
+
+
 def batch_counters_consistent(state: State) -> str:
     for batch in state.batches:
         pending = sum(1 for s in batch.slots if s is None)
@@ -188,6 +208,7 @@ INVARIANTS: dict[str, Invariant] = {
     "launch_only_published_and_loaded": launch_only_published_and_loaded,
     "inflight_batches_bounded": inflight_batches_bounded,
     "version_retained_while_in_use": version_retained_while_in_use,
+    "no_version_retained_needlessly": no_version_retained_needlessly,
     "batch_counters_consistent": batch_counters_consistent,
     "learner_bound_to_its_step": learner_bound_to_its_step,
     "boundaries_acknowledged_before_moving_on": boundaries_acknowledged_before_moving_on,
@@ -308,7 +329,10 @@ class IncrementalInvariants:
         "each_update_commits_once": lambda s: (s.ledger, s.commit_digests),
     }
     _ALWAYS = ("inflight_batches_bounded", "version_retained_while_in_use",
-               "learner_bound_to_its_step")
+               "no_version_retained_needlessly", "learner_bound_to_its_step")
+    _SPECIAL = ("no_sample_consumed_twice", "consumed_version_is_scheduled",
+                "batch_counters_consistent", "launch_only_published_and_loaded")
+    """Decided by the methods below, from what changed since the last state."""
 
     def __init__(self) -> None:
         self._memo: dict[str, tuple[tuple, bool]] = {}
