@@ -162,6 +162,16 @@ def test_report_without_clamp_has_no_staleness_note():
     assert rep.effective_staleness == 2
     assert not any("never reached" in note for note in rep.notes)
     assert rep.staleness_per_batch == tuple(b % 3 for b in range(9))
+    assert not any("clamped" in note for note in rep.notes), rep.notes
+
+
+def test_report_notes_a_sync_period_clamped_by_boundaries():
+    config = RunConfig(max_staleness=11, sync_period=12, eval_every=10, total_updates=30,
+                       prompts_per_batch=2, group_size=2, optimizer_steps=1,
+                       max_inflight_batches=12).validate()
+    rep = report(config)
+    assert rep.effective_sync_period == 10
+    assert any("sync_period=12 is clamped" in note for note in rep.notes), rep.notes
 
 
 # ---------------------------------------------------------------------------------------------
