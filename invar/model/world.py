@@ -561,6 +561,11 @@ def forgeries(state: State) -> tuple[Event, ...]:
         out += [ProbabilitiesReported(newest + 1, learner.attempt, row, None),
                 ForwardObserved(never, learner.attempt, learner.step_digest, row),
                 StepFinished(never, learner.attempt, "forged")]
+        if learner.observations > 0:
+            # A serial that was issued, bound to an update not begun (ahead of the learner).
+            ahead = ObservationId(newest + 1, 0, 0)
+            out += [ForwardObserved(ahead, learner.attempt, learner.step_digest, row),
+                    StepFinished(ahead, learner.attempt, "forged")]
         batch = state.batch(newest)
         if learner.phase is LearnerPhase.SCORING and batch is not None:
             rows = tuple((-0.5,) * len(s.tokens) for s in batch.slots)  # type: ignore[union-attr]
