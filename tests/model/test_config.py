@@ -211,3 +211,15 @@ def test_minibatch_plans_differ_between_updates_and_seeds():
     for a, b in combinations(range(20), 2):
         assert plans[a] != plans[b], (a, b)
     assert minibatch_plan(replace(config, seed=1), 0) != plans[0]
+
+
+def test_report_notes_an_inflight_bound_below_the_budget_and_a_synchronous_run():
+    base = dict(prompts_per_batch=1, group_size=2, optimizer_steps=1, total_updates=9)
+    tight = report(RunConfig(max_staleness=2, sync_period=1, max_inflight_batches=2, **base))
+    assert any("max_inflight_batches=2 < max_staleness + 1 = 3" in n for n in tight.notes)
+    roomy = report(RunConfig(max_staleness=2, sync_period=1, max_inflight_batches=3, **base))
+    assert not any("max_inflight_batches" in n for n in roomy.notes), roomy.notes
+    assert not any("synchronous" in n for n in roomy.notes), roomy.notes
+    sync = report(RunConfig(max_staleness=0, sync_period=1, max_inflight_batches=1, **base))
+    assert any(n.startswith("max_staleness=0: synchronous") for n in sync.notes), sync.notes
+    assert not any("max_inflight_batches" in n for n in sync.notes), sync.notes
