@@ -535,6 +535,12 @@ def forgeries(state: State) -> tuple[Event, ...]:
         request = schedule.request_ids(config, index)[0]
         version = schedule.gen_version(config, index)
         out.append(RequestCompleted(request, INTRUDER, 0, version, (1,), (-0.5,), 0.0))
+        if sender is not None and batch is not None:
+            # A sample and a prompt just outside the batch: requests never launched.
+            for outside in (request._replace(sample=config.group_size),
+                            request._replace(prompt=config.prompts_per_batch)):
+                out.append(RequestCompleted(outside, sender.name, sender.incarnation, version,
+                                            (1,), (-0.5,), 0.0))
         if sender is not None:
             wrong = version + 1 if batch is not None else version  # unadmitted: any version
             out.append(RequestCompleted(request, sender.name, sender.incarnation, wrong, (1,),
