@@ -182,7 +182,7 @@ class InvarModel(BaseModel[Explored, tuple]):
         if budget.duplicates:
             for key in wire:
                 yield ("duplicate", key)
-        if world.core.timer_armed and (not world.network or budget.early_timers):
+        if world.timer and (not world.network or budget.early_timers):
             yield ("timer", None)
         for worker in world.workers:
             if worker.alive and budget.worker_crashes:
@@ -431,4 +431,5 @@ def _key_text(state: Explored, config_text: str) -> str:
     return "\n".join((
         repr(world.core).replace(config_text, ""), journal.replace(config_text, ""),
         "|".join(sorted(m.key for m in world.network)), repr(world.learner),
-        repr(world.workers), repr(world.store), repr(state.budget), world.refused, world.broken))
+        repr(world.workers), repr(world.store), str(world.timer), repr(state.budget),
+        world.refused, world.broken))

@@ -275,6 +275,9 @@ class World:
     store: tuple[int, ...]
     """Versions whose weights the store holds."""
     reproducible_forwards: bool = True
+    timer: bool = False
+    """The driver's retry timer: armed by SetTimer, disarmed when it fires (the core only asks;
+    a core that never re-arms it is left without one)."""
     refused: str = ""
     """Set when the core refused a correct component's message (must never happen)."""
     broken: str = ""
@@ -337,7 +340,8 @@ def duplicate(world: World, key: str) -> World:
 
 
 def fire_timer(world: World) -> World:
-    return to_core(world, TimerFired())
+    """The armed retry timer expires: it disarms itself and tells the core."""
+    return to_core(replace(world, timer=False), TimerFired())
 
 
 def to_core(world: World, event: Event) -> World:
@@ -357,7 +361,9 @@ def to_core(world: World, event: Event) -> World:
             # The driver reads the weights from the store as it sends the load.
             return replace(world, broken=f"{command.worker} told to load version "
                                          f"{command.version}, which the store no longer holds")
-        elif where != TIMER:
+        elif where == TIMER:
+            world = replace(world, timer=True)
+        else:
             sent.append(message(where, command))
     return replace(world, network=world.network + tuple(sent))
 
@@ -494,7 +500,7 @@ def restart_driver(world: World) -> World:
     with it (replies to it, its learner's queue, its worker connections, its publication
     tasks); its in-process learner restarts from its newest commit; every worker connection is
     new (a new incarnation); the resume fires the timer to re-send what is outstanding."""
-    world = replace(world, core=world.journal, network=(),
+    world = replace(world, core=world.journal, network=(), timer=False,
                     learner=replace(world.learner, alive=False))
     world = restart_learner(world)
     workers = tuple(Worker(w.name, w.incarnation + 1, True) for w in world.workers)
@@ -620,7 +626,7 @@ def run_fifo(world: World, max_deliveries: int = 1_000_000) -> World:
             return world
         if world.network:
             world = deliver_message(world, world.network[0].key)
-        elif world.core.timer_armed and outstanding_commands(world.core):
+        elif world.timer and outstanding_commands(world.core):
             world = fire_timer(world)
         else:
             return world

@@ -95,7 +95,7 @@ def _fifo(world, limit: int):
             return world
         if world.network:
             world = w.deliver_message(world, world.network[0].key)
-        elif world.core.timer_armed and outstanding(world.core):
+        elif world.timer and outstanding(world.core):
             world = w.fire_timer(world)
         else:
             return world

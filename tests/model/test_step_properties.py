@@ -288,7 +288,7 @@ def play(run: Run, choices, budget: Budget) -> None:
             if dead:
                 run.revive(dead[0])
                 continue
-            assert world.core.timer_armed and outstanding_commands(world.core), \
+            assert world.timer and outstanding_commands(world.core), \
                 f"deadlock: nothing in flight, nothing outstanding\n{run.tail()}"
             run.fire_timer()
             continue
@@ -304,7 +304,7 @@ def play(run: Run, choices, budget: Budget) -> None:
             budget.drops -= 1
             keys = run.wire()
             run.fault("drop", keys[choices.index(len(keys))])
-        elif choice < 93 and budget.early_timers and world.core.timer_armed:
+        elif choice < 93 and budget.early_timers and world.timer:
             budget.early_timers -= 1
             run.applied["early_timer"] += 1
             run.fire_timer()
@@ -327,7 +327,7 @@ def play(run: Run, choices, budget: Budget) -> None:
     for _ in range(MAX_CORE_STEPS):
         if run.world.network:
             run.deliver(run.world.network[0].key)
-        elif run.world.core.timer_armed and outstanding_commands(run.world.core):
+        elif run.world.timer and outstanding_commands(run.world.core):
             run.fire_timer()
         else:
             break
