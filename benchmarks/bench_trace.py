@@ -26,22 +26,11 @@ sys.path.insert(0, str(ROOT))
 
 def canonical_journal(path: Path, overrides: list[str]) -> Path:
     """The journal a driver writes for the canonical run of the default protocol."""
-    from invar.model.shell import deliver
-    from invar.model.state import initial_state, state_digest
     from invar.runtime import journal
     from invar.runtime.config import load_config
     from invar.testing import canonical_run
     config = load_config(None, overrides).protocol
-    run = canonical_run(config)
-    writer = journal.Journal(path, config)
-    state = initial_state(config)
-    digest = state_digest(state)
-    for seq, event in enumerate(run.events):
-        delivery = deliver(state, event)
-        after = state_digest(delivery.state)
-        writer.append(seq, event, digest, after, sync=False)
-        state, digest = delivery.state, after
-    writer.close()
+    journal.write_events(path, config, canonical_run(config).events)
     return path
 
 

@@ -75,6 +75,21 @@ class Journal:
         self._file.close()
 
 
+def write_events(path: Path, config: RunConfig, events: list[Event]) -> Path:
+    """Journal `events` (all accepted, in order) as the driver would, digests included: how
+    tests and benchmarks make a journal from a run played in-process (e.g. `canonical_run`)."""
+    writer = Journal(path, config)
+    state = initial_state(config)
+    digest = state_digest(state)
+    for seq, event in enumerate(events):
+        delivery = deliver(state, event)
+        after = state_digest(delivery.state)
+        writer.append(seq, event, digest, after, sync=delivery.durable)
+        state, digest = delivery.state, after
+    writer.close()
+    return path
+
+
 def _drop_torn_tail(path: Path) -> None:
     """Cut a torn last line (a crash mid-write) so that appending starts a fresh line: glued
     to the torn text, the next event would make the journal unreadable."""

@@ -27,10 +27,8 @@ from seeded_bugs import BY_NAME  # noqa: E402
 from checker import Checker, Property  # noqa: E402
 from checker.cli import main, regression_test  # noqa: E402
 from checker.invar_model import Bounds, InvarModel, _rename_core, load_bounds  # noqa: E402
-from invar.model import logical_projection, state_digest  # noqa: E402
-from invar.model.shell import deliver  # noqa: E402
-from invar.model.state import initial_state  # noqa: E402
-from invar.runtime.journal import Journal  # noqa: E402
+from invar.model import logical_projection  # noqa: E402
+from invar.runtime.journal import write_events  # noqa: E402
 from invar.testing import canonical_run  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -343,17 +341,8 @@ def test_regression_file_replays_a_driver_restart(tmp_path: Path) -> None:
 
 def _journal(tmp_path: Path) -> Path:
     config = Bounds().protocol()
-    run = canonical_run(config, ("wkr0",))
-    path = tmp_path / "journal.jsonl"
-    journal = Journal(path, config)
-    state = initial_state(config)
-    for seq, event in enumerate(run.events):
-        delivery = deliver(state, event)
-        journal.append(seq, event, state_digest(state), state_digest(delivery.state),
-                       sync=delivery.durable)
-        state = delivery.state
-    journal.close()
-    return path
+    return write_events(tmp_path / "journal.jsonl", config,
+                        canonical_run(config, ("wkr0",)).events)
 
 
 def test_cli_trace_accepts_a_real_journal_and_reports_a_tampered_one(

@@ -18,8 +18,7 @@ import pytest
 from checker.cli import main as invar_check
 from invar.model.config import RunConfig
 from invar.model.invariants import violations
-from invar.model.shell import deliver
-from invar.model.state import Assigned, initial_state, state_digest
+from invar.model.state import Assigned
 from invar.runtime import journal
 from invar.testing import (
     canonical_run,
@@ -46,17 +45,7 @@ def small_config(**overrides) -> RunConfig:
 
 def write_journal(path: Path, config: RunConfig) -> Path:
     """The journal a driver writes for the canonical run of `config`."""
-    run = canonical_run(config)
-    writer = journal.Journal(path, config)
-    state = initial_state(config)
-    digest = state_digest(state)
-    for seq, event in enumerate(run.events):
-        delivery = deliver(state, event)
-        after = state_digest(delivery.state)
-        writer.append(seq, event, digest, after, sync=False)
-        state, digest = delivery.state, after
-    writer.close()
-    return path
+    return journal.write_events(path, config, canonical_run(config).events)
 
 
 @pytest.fixture
