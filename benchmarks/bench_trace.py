@@ -3,7 +3,8 @@ against the run that wrote the journal.
 
     python benchmarks/bench_trace.py RUN_DIR        # a real run: its journal and summary.json
     python benchmarks/bench_trace.py                # a default-sized journal written from the
-                                                    # canonical run (120 updates x 512 samples)
+                                                    # canonical run (120 updates x 512
+                                                    # samples, replies framed)
 
 Validation replays every event through `shell.deliver`, compares both digests and checks
 every state and transition invariant (incrementally: `IncrementalInvariants`); it must be
@@ -25,12 +26,13 @@ sys.path.insert(0, str(ROOT))
 
 
 def canonical_journal(path: Path, overrides: list[str]) -> Path:
-    """The journal a driver writes for the canonical run of the default protocol."""
+    """The journal a driver writes for the canonical run of the default protocol (replies in
+    frames, as the runtime's workers send them)."""
     from invar.runtime import journal
     from invar.runtime.config import load_config
-    from invar.testing import canonical_run
+    from invar.testing import canonical_run, framed
     config = load_config(None, overrides).protocol
-    journal.write_events(path, config, canonical_run(config).events)
+    journal.write_events(path, config, framed(canonical_run(config).events))
     return path
 
 

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import itertools
 import tomllib
+from collections import Counter
 from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
@@ -30,13 +31,13 @@ from invar.model.errors import ConfigError
 from invar.model.invariants import INVARIANTS, transition_violations
 from invar.model.messages import (
     LearnerStarted,
-    RequestCompleted,
+    RequestsCompleted,
     TimerFired,
     WorkerConnected,
     WorkerLost,
 )
 from invar.model.objective import ObjectiveConfig
-from invar.model.state import Assigned, State
+from invar.model.state import Assigned, Sample, State
 from invar.model.state import evolve as replace
 from invar.model.world import CORE, Message, World, message
 from invar.testing import canonical_run
@@ -68,6 +69,10 @@ class Bounds:
     kl_coef: float = 0.0
     reproducible_forwards: bool = True
     """False: a forward re-run in a new learner attempt returns other log-probs."""
+    frames: bool = False
+    """Workers also answer in frames of several completions: any two reply frames of one
+    worker incarnation in flight may merge (which, from one frame per launch, reaches every
+    grouping a worker can send), and merged frames are dropped and duplicated whole."""
     forgeries: bool = False
     """Also check, in every state, that the core refuses (a ProtocolError, not a no-op) every
     event no correct component could send there (`invar.model.world.forgeries`)."""
@@ -96,7 +101,7 @@ def load_bounds(path: str | Path) -> tuple[Bounds, dict[str, Any]]:
     for key, value in model.items():
         if key not in names:
             raise ConfigError((f"model.{key}",), f"unknown key in {path}")
-        if key in ("reproducible_forwards", "forgeries"):
+        if key in ("reproducible_forwards", "forgeries", "frames"):
             if not isinstance(value, bool):
                 raise ConfigError((f"model.{key}",), "expected true or false")
             continue
@@ -182,6 +187,9 @@ class InvarModel(BaseModel[Explored, tuple]):
         if budget.duplicates:
             for key in wire:
                 yield ("duplicate", key)
+        if self.bounds.frames:
+            for first, second in _mergeable_pairs(world):
+                yield ("merge", (first, second))
         if world.timer and (not world.network or budget.early_timers):
             yield ("timer", None)
         for worker in world.workers:
@@ -206,6 +214,8 @@ class InvarModel(BaseModel[Explored, tuple]):
             budget = replace(budget, **{spent: getattr(budget, spent) - 1})
         if kind in ("deliver", "drop", "duplicate"):
             world = _KEYED[kind](world, arg)
+        elif kind == "merge":
+            world = w.merge_replies(world, *arg)
         elif kind == "timer":
             world = w.fire_timer(world)
         elif kind in ("crash_worker", "restart_worker"):
@@ -238,6 +248,9 @@ class InvarModel(BaseModel[Explored, tuple]):
         if b.drops:
             props.append(Property.sometimes("a_message_is_dropped",
                                             lambda s: s.budget.drops < b.drops))
+        if b.frames:
+            props.append(Property.sometimes("a_frame_repeats_some_completions_and_brings_others",
+                                            _mixed_frame_in_flight))
         if b.learner_crashes:
             k = config.optimizer_steps
             # More forwards than K per update so far: some update's steps ran twice.
@@ -292,6 +305,8 @@ class InvarModel(BaseModel[Explored, tuple]):
 
     def format_action(self, action: tuple) -> str:
         kind, arg = action
+        if kind == "merge":
+            return f"merge {arg[0]} + {arg[1]}"
         return kind if arg is None else f"{kind} {arg}"
 
     def action_kind(self, action: tuple) -> str:
@@ -333,11 +348,12 @@ class InvarModel(BaseModel[Explored, tuple]):
         left, every component alive, and only completions in flight to the core.
         """
         b, world = state.budget, state.world
-        if (b.worker_crashes or b.learner_crashes or b.driver_restarts or b.early_timers
+        if (self.bounds.frames  # a merge would take the ample frame with another
+                or b.worker_crashes or b.learner_crashes or b.driver_restarts or b.early_timers
                 or not world.learner.alive or not all(x.alive for x in world.workers)):
             return None
         candidates = sorted((m for m in world.network if m.to == CORE), key=lambda m: m.key)
-        if not candidates or not all(isinstance(m.body, RequestCompleted) for m in candidates):
+        if not candidates or not all(isinstance(m.body, RequestsCompleted) for m in candidates):
             return None
         for msg in candidates:
             if independent_completion(world.core, msg.body):
@@ -345,19 +361,58 @@ class InvarModel(BaseModel[Explored, tuple]):
         return None
 
 
-def independent_completion(state: State, event: RequestCompleted) -> bool:
+def independent_completion(state: State, event: RequestsCompleted) -> bool:
     """True when delivering `event` commutes with every other completion delivery: it fills
-    a slot of a batch that stays incomplete, so no command follows from it."""
-    batch = state.batch(event.request.batch)
-    if batch is None:
-        return False
-    position = event.request.prompt * state.config.group_size + event.request.sample
-    slot = batch.slots[position]
-    if not isinstance(slot, Assigned) or batch.completed + 1 == len(batch.slots):
-        return False
-    holder = state.worker(slot.worker)
-    # The worker keeps other requests, so it does not become free (and get a new load).
-    return holder is not None and holder.incarnation == slot.incarnation and holder.assigned > 1
+    slots of batches that stay incomplete, so no command follows from it."""
+    filled: dict[int, set[int]] = {}
+    freed: dict[tuple[str, int], int] = {}
+    for completion in event.completions:
+        request = completion.request
+        batch = state.batch(request.batch)
+        if batch is None:
+            return False
+        position = request.prompt * state.config.group_size + request.sample
+        slot = batch.slots[position]
+        if not isinstance(slot, Assigned) or position in filled.setdefault(request.batch, set()):
+            return False
+        filled[request.batch].add(position)
+        if batch.completed + len(filled[request.batch]) == len(batch.slots):
+            return False
+        holder = freed[slot.worker, slot.incarnation] = freed.get(
+            (slot.worker, slot.incarnation), 0) + 1
+        worker = state.worker(slot.worker)
+        # The worker keeps other requests, so it does not become free (and get a new load).
+        if worker is None or worker.incarnation != slot.incarnation or worker.assigned <= holder:
+            return False
+    return True
+
+
+def _mixed_frame_in_flight(state: Explored) -> bool:
+    """A reply frame in flight to the core holds a completion the core has and one it lacks."""
+    core = state.world.core
+    g = core.config.group_size
+    for m in state.world.network:
+        if isinstance(m.body, RequestsCompleted) and len(m.body.completions) > 1:
+            filled = set()
+            for c in m.body.completions:
+                batch = core.batch(c.request.batch)
+                slot = batch.slots[c.request.prompt * g + c.request.sample] if batch else None
+                filled.add(batch is None or isinstance(slot, Sample))
+            if filled == {True, False}:
+                return True
+    return False
+
+
+def _mergeable_pairs(world: World) -> list[tuple[str, str]]:
+    """Key pairs of reply frames that `merge_replies` may join, each pair once (first <= second:
+    the order of completions inside a frame changes nothing the core decides, since a correct
+    worker's repeats are equal, so the other order would only add states); a frame in flight
+    twice (duplicated) may merge with its copy."""
+    replies = Counter(m.key for m in world.network if isinstance(m.body, RequestsCompleted))
+    bodies = {m.key: m for m in world.network if m.key in replies}
+    keys = sorted(replies)
+    return [(a, b) for i, a in enumerate(keys) for b in keys[i:]
+            if (a != b or replies[a] > 1) and w.mergeable(bodies[a], bodies[b])]
 
 
 _SPENDS = {"drop": "drops", "duplicate": "duplicates", "crash_worker": "worker_crashes",

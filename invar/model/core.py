@@ -16,6 +16,7 @@ from __future__ import annotations
 import hashlib
 import math
 import struct
+from collections import Counter
 from typing import Any, Callable
 
 import numpy as np
@@ -28,6 +29,7 @@ from invar.model.messages import (
     CheckpointWritten,
     Command,
     Commit,
+    Completion,
     Evaluate,
     Event,
     ForwardObserved,
@@ -39,7 +41,7 @@ from invar.model.messages import (
     ProbabilitiesReported,
     Publish,
     ReleaseVersion,
-    RequestCompleted,
+    RequestsCompleted,
     RetainVersion,
     RunForward,
     ScoreProbabilities,
@@ -64,6 +66,7 @@ from invar.model.state import (
     LearnerState,
     Sample,
     Scores,
+    Slot,
     State,
     WorkerPhase,
     WorkerState,
@@ -159,8 +162,11 @@ def _boundary_commands(state: State) -> list[Command]:
 
 
 class _NoOp:
-    def __init__(self, kind: str) -> None:
+    """A harmless event: counted by kind (`n` of them: a frame may repeat several samples)."""
+
+    def __init__(self, kind: str, n: int = 1) -> None:
         self.kind = kind
+        self.n = n
 
 
 _DUPLICATE = _NoOp("duplicates")
@@ -169,9 +175,12 @@ _DIVERGENT = _NoOp("divergent")
 Handled = tuple[State, list[Command]] | _NoOp | ProtocolError
 
 
-def _count(state: State, noop: _NoOp) -> State:
+def _count(state: State, *noops: _NoOp) -> State:
     counts = state.noops
-    return replace(state, noops=replace(counts, **{noop.kind: getattr(counts, noop.kind) + 1}))
+    changes: dict[str, int] = {}
+    for noop in noops:
+        changes[noop.kind] = changes.get(noop.kind, getattr(counts, noop.kind)) + noop.n
+    return replace(state, noops=replace(counts, **changes))
 
 
 def _on_worker_connected(state: State, event: WorkerConnected) -> Handled:
@@ -224,41 +233,72 @@ def _on_weights_loaded(state: State, event: WeightsLoaded) -> Handled:
     return _put_worker(state, replace(known, phase=WorkerPhase.READY)), []
 
 
-def _on_request_completed(state: State, event: RequestCompleted) -> Handled:
-    config = state.config
-    request = event.request
-    if not (0 <= request.batch < state.admitted and 0 <= request.prompt < config.prompts_per_batch
-            and 0 <= request.sample < config.group_size):
-        return ProtocolError(state, event, Reason.UNKNOWN_REQUEST,
-                             f"request {tuple(request)} was never launched "
-                             f"(admitted batches: {state.admitted})")
-    expected = schedule.gen_version(config, request.batch)
-    if event.version != expected:
-        return ProtocolError(state, event, Reason.WRONG_VERSION,
-                             f"request {tuple(request)} is assigned version {expected}, "
-                             f"reply claims {event.version}")
-    problem = _sample_problem(event)
-    if problem:
-        return ProtocolError(state, event, Reason.MALFORMED_PAYLOAD, problem)
+def _on_requests_completed(state: State, event: RequestsCompleted) -> Handled:
+    """Each completion of the frame fills its slot, repeats it (duplicate) or contradicts it
+    (divergent); the frame is refused whole, changing nothing, if any completion is bad."""
+    if not event.completions:
+        return ProtocolError(state, event, Reason.MALFORMED_PAYLOAD,
+                             "completions: an empty frame (a reply has at least one)")
+    for i, completion in enumerate(event.completions):
+        error = _completion_error(state, event, i, completion)
+        if error is not None:
+            return error
     if state.worker(event.worker) is None:
         return ProtocolError(state, event, Reason.UNKNOWN_WORKER,
                              f"worker {event.worker!r} never connected")
-    batch = state.batch(request.batch)
-    position = request.prompt * config.group_size + request.sample
-    digest = _sample_digest(event)
-    if batch is None:
-        return _DUPLICATE
-    slot = batch.slots[position]
-    if isinstance(slot, Sample):
-        # Same identity, version and seed: a numerically invariant worker repeats itself.
-        return _DUPLICATE if slot.digest == digest else _DIVERGENT
-    sample = Sample(digest, event.tokens, event.behavior_logprobs, event.reward, event.version)
-    state = _put_batch(state, batch.with_slots({position: sample}))
-    if isinstance(slot, Assigned):
-        holder = state.worker(slot.worker)
-        if holder is not None and holder.incarnation == slot.incarnation:
-            state = _put_worker(state, replace(holder, assigned=holder.assigned - 1))
+    g = state.config.group_size
+    changes: dict[int, dict[int, Slot]] = {}  # batch -> position -> new sample
+    freed: Counter[tuple[str, int]] = Counter()  # (worker, incarnation) -> requests done
+    noops: Counter[str] = Counter()
+    for completion in event.completions:
+        request = completion.request
+        batch = state.batch(request.batch)
+        if batch is None:
+            noops[_DUPLICATE.kind] += 1  # its batch was consumed: the ledger holds it
+            continue
+        position = request.prompt * g + request.sample
+        digest = _sample_digest(completion)
+        slot = changes.get(request.batch, {}).get(position, batch.slots[position])
+        if isinstance(slot, Sample):
+            # Same identity, version and seed: a numerically invariant worker repeats itself.
+            noops[(_DUPLICATE if slot.digest == digest else _DIVERGENT).kind] += 1
+            continue
+        changes.setdefault(request.batch, {})[position] = Sample(
+            digest, completion.tokens, completion.behavior_logprobs, completion.reward,
+            completion.version)
+        if isinstance(slot, Assigned):
+            freed[slot.worker, slot.incarnation] += 1
+    repeats = [_NoOp(kind, n) for kind, n in sorted(noops.items())]
+    if not changes:
+        return repeats[0] if len(repeats) == 1 else (_count(state, *repeats), [])
+    state = _count(state, *repeats)
+    for index, slots in changes.items():
+        state = _put_batch(state, state.batch(index).with_slots(slots))  # type: ignore[union-attr]
+    for (name, incarnation), done in freed.items():
+        holder = state.worker(name)
+        if holder is not None and holder.incarnation == incarnation:
+            state = _put_worker(state, replace(holder, assigned=holder.assigned - done))
     return state, []
+
+
+def _completion_error(state: State, event: RequestsCompleted, i: int,
+                      completion: Completion) -> ProtocolError | None:
+    config, request = state.config, completion.request
+    where = f"completions[{i}]"
+    if not (0 <= request.batch < state.admitted and 0 <= request.prompt < config.prompts_per_batch
+            and 0 <= request.sample < config.group_size):
+        return ProtocolError(state, event, Reason.UNKNOWN_REQUEST,
+                             f"{where}: request {tuple(request)} was never launched "
+                             f"(admitted batches: {state.admitted})")
+    expected = schedule.gen_version(config, request.batch)
+    if completion.version != expected:
+        return ProtocolError(state, event, Reason.WRONG_VERSION,
+                             f"{where}: request {tuple(request)} is assigned version "
+                             f"{expected}, reply claims {completion.version}")
+    problem = _sample_problem(completion)
+    if problem:
+        return ProtocolError(state, event, Reason.MALFORMED_PAYLOAD, f"{where}.{problem}")
+    return None
 
 
 def _on_learner_started(state: State, event: LearnerStarted) -> Handled:
@@ -447,7 +487,7 @@ _HANDLERS: dict[type, Callable[[State, Any], Handled]] = {
     WorkerConnected: _on_worker_connected,
     WorkerLost: _on_worker_lost,
     WeightsLoaded: _on_weights_loaded,
-    RequestCompleted: _on_request_completed,
+    RequestsCompleted: _on_requests_completed,
     LearnerStarted: _on_learner_started,
     ProbabilitiesReported: _on_probabilities_reported,
     ForwardObserved: _on_forward_observed,
@@ -742,7 +782,7 @@ def _set(items: tuple, index: int, value: Any) -> tuple:
 # Payload checks and digests.
 
 
-def _sample_problem(event: RequestCompleted) -> str:
+def _sample_problem(event: Completion) -> str:
     if not event.tokens:
         return "tokens: empty response"
     if len(event.behavior_logprobs) != len(event.tokens):
@@ -768,7 +808,7 @@ def _matrix_problem(name: str, matrix: Matrix | None, lengths: list[int]) -> str
     return ""
 
 
-def _sample_digest(event: RequestCompleted) -> str:
+def _sample_digest(event: Completion) -> str:
     h = hashlib.blake2b(digest_size=12)
     h.update(struct.pack(f"<{len(event.tokens)}q", *event.tokens))
     h.update(struct.pack(f"<{len(event.behavior_logprobs)}d", *event.behavior_logprobs))

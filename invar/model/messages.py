@@ -23,8 +23,9 @@ from typing import Any, NamedTuple, Union
 from invar.model.objective import ObjectiveTerms
 from invar.model.schedule import RequestId
 
-ENCODING_VERSION = 1
-"""Bumped whenever a field of any message changes meaning; decode refuses other versions."""
+ENCODING_VERSION = 2
+"""Bumped whenever a field of any message changes meaning; decode refuses other versions.
+2: a worker's replies arrive as frames (`RequestsCompleted`), no longer one event per sample."""
 
 Logprobs = tuple[float, ...]
 Matrix = tuple[tuple[float, ...], ...]
@@ -70,16 +71,25 @@ class WeightsLoaded:
 
 
 @dataclass(frozen=True)
-class RequestCompleted:
-    """A worker sampled `request` with `version`; logprobs are its own sampler's, per token."""
+class Completion:
+    """One request a worker sampled with `version`; logprobs are its own sampler's, per token."""
 
     request: RequestId
-    worker: str
-    incarnation: int
     version: int
     tokens: tuple[int, ...]
     behavior_logprobs: Logprobs
     reward: float
+
+
+@dataclass(frozen=True)
+class RequestsCompleted:
+    """A worker finished `completions` in one call: one reply frame is one event, so the core,
+    the journal and the digests run once per frame. Each completion is judged on its own (a
+    frame may repeat some and bring others); a frame with any malformed one is refused whole."""
+
+    worker: str
+    incarnation: int
+    completions: tuple[Completion, ...]
 
 
 @dataclass(frozen=True)
@@ -271,7 +281,7 @@ class SetTimer:
 
 
 Event = Union[
-    WorkerConnected, WorkerLost, WeightsLoaded, RequestCompleted, ProbabilitiesReported,
+    WorkerConnected, WorkerLost, WeightsLoaded, RequestsCompleted, ProbabilitiesReported,
     ForwardObserved, StepFinished, UpdateCommitted, VersionPublished, LearnerStarted,
     VersionEvaluated, CheckpointWritten, TimerFired,
 ]

@@ -115,6 +115,8 @@ def deliver(state: State, event: Event) -> Delivery:
     if isinstance(outcome, ProtocolError):
         return Delivery(Verdict.REFUSED, state, error=outcome)
     after, commands = outcome
-    if not commands and after.noops != state.noops:
+    # A no-op changes only the counts; a frame that repeats some completions and brings
+    # others is counted *and* accepted.
+    if not commands and after.noops != state.noops and after == state:
         return Delivery(Verdict.NOOP, after)
     return Delivery(Verdict.ACCEPTED, after, commands, requires_fsync(event, commands))

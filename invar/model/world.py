@@ -4,7 +4,8 @@ A `World` is an immutable value: the core's `State`, the journal (what a driver 
 recovers), the network of in-flight messages, and the components — the learner, the rollout
 workers, the weights store and the checkpoints — each with exactly the memory a real one has
 and loses. The functions at the bottom are the world's actions: deliver a message, drop or
-duplicate one, fire the timer, crash and restart a worker, the learner or the driver. The model
+duplicate one, merge two reply frames of a worker or split one (a worker answers launches in
+frames of any grouping), fire the timer, crash and restart a worker, the learner or the driver. The model
 checker explores them exhaustively, the property tests draw them at random, `canonical_run`
 takes the first message each time; all deliver events through `shell.deliver` and commands
 through `shell.route`, so there is one definition of what happens around `step`.
@@ -43,6 +44,7 @@ from invar.model.messages import (
     CheckpointWritten,
     Command,
     Commit,
+    Completion,
     Evaluate,
     Event,
     ForwardObserved,
@@ -53,7 +55,7 @@ from invar.model.messages import (
     ProbabilitiesReported,
     Publish,
     ReleaseVersion,
-    RequestCompleted,
+    RequestsCompleted,
     RetainVersion,
     RunForward,
     ScoreProbabilities,
@@ -103,14 +105,20 @@ def _logprob(*key: int) -> float:
     return -0.05 - (schedule.derive_seed(0, "lp", *key) % 1000) / 520.0
 
 
-def sample_reply(command: LaunchRequest) -> RequestCompleted:
+def sample_completion(command: LaunchRequest) -> Completion:
     """What a correct, numerically invariant worker samples for a launch."""
     r = command.request
     tokens = tuple((command.seed >> (4 * i)) % 10 for i in range(RESPONSE_TOKENS))
     behavior = tuple(_logprob(*r, command.version, i) for i in range(RESPONSE_TOKENS))
     reward = float(tokens[0] % 2 + r.sample % 2) / 2.0
-    return RequestCompleted(r, command.worker, command.incarnation, command.version, tokens,
-                            behavior, reward)
+    return Completion(r, command.version, tokens, behavior, reward)
+
+
+def sample_reply(*commands: LaunchRequest) -> RequestsCompleted:
+    """One reply frame answering `commands` (launches to one worker incarnation)."""
+    first = commands[0]
+    return RequestsCompleted(first.worker, first.incarnation,
+                             tuple(sample_completion(c) for c in commands))
 
 
 def scores_reply(command: ScoreProbabilities) -> ProbabilitiesReported:
@@ -339,6 +347,34 @@ def duplicate(world: World, key: str) -> World:
     return _send(world, msg)
 
 
+def merge_replies(world: World, first: str, second: str) -> World:
+    """Two reply frames of one worker incarnation travel as one (the worker answered both
+    launches in one call). With replies sent one per launch, merging reaches every way a
+    worker can group its answers into frames; `split_reply` undoes it."""
+    world, a = _take(world, first)
+    world, b = _take(world, second)
+    if not mergeable(a, b):
+        raise ValueError(f"not replies of one worker incarnation: {first!r}, {second!r}")
+    frame = replace(a.body, completions=a.body.completions + b.body.completions)
+    return _send(world, message(CORE, frame))
+
+
+def split_reply(world: World, key: str) -> World:
+    """A reply frame of several completions arrives as two: its first completion, the rest."""
+    world, msg = _take(world, key)
+    head, tail = msg.body.completions[:1], msg.body.completions[1:]
+    if not tail:
+        raise ValueError(f"a reply of one completion cannot be split: {key!r}")
+    return _send(world, message(CORE, replace(msg.body, completions=head)),
+                 message(CORE, replace(msg.body, completions=tail)))
+
+
+def mergeable(a: Message, b: Message) -> bool:
+    return (a.to == b.to == CORE and isinstance(a.body, RequestsCompleted)
+            and isinstance(b.body, RequestsCompleted) and a.body.worker == b.body.worker
+            and a.body.incarnation == b.body.incarnation)
+
+
 def fire_timer(world: World) -> World:
     """The armed retry timer expires: it disarms itself and tells the core."""
     return to_core(replace(world, timer=False), TimerFired())
@@ -540,17 +576,23 @@ def forgeries(state: State) -> tuple[Event, ...]:
             continue
         request = schedule.request_ids(config, index)[0]
         version = schedule.gen_version(config, index)
-        out.append(RequestCompleted(request, INTRUDER, 0, version, (1,), (-0.5,), 0.0))
+        forged = Completion(request, version, (1,), (-0.5,), 0.0)
+        out.append(RequestsCompleted(INTRUDER, 0, (forged,)))
         if sender is not None and batch is not None:
             # A sample and a prompt just outside the batch: requests never launched.
             for outside in (request._replace(sample=config.group_size),
                             request._replace(prompt=config.prompts_per_batch)):
-                out.append(RequestCompleted(outside, sender.name, sender.incarnation, version,
-                                            (1,), (-0.5,), 0.0))
+                out.append(RequestsCompleted(sender.name, sender.incarnation,
+                                             (replace(forged, request=outside),)))
+            # A frame is judged whole: a good completion does not carry a bad one in.
+            out.append(RequestsCompleted(sender.name, sender.incarnation, (
+                forged, replace(forged, request=request._replace(sample=config.group_size)))))
         if sender is not None:
             wrong = version + 1 if batch is not None else version  # unadmitted: any version
-            out.append(RequestCompleted(request, sender.name, sender.incarnation, wrong, (1,),
-                                        (-0.5,), 0.0))
+            out.append(RequestsCompleted(sender.name, sender.incarnation,
+                                         (replace(forged, version=wrong),)))
+    if sender is not None:
+        out.append(RequestsCompleted(sender.name, sender.incarnation, ()))
     learner = state.learner
     newest = state.committed
     if state.commit_digests:

@@ -49,7 +49,7 @@ from invar.model.messages import (
     ProbabilitiesReported,
     Publish,
     ReleaseVersion,
-    RequestCompleted,
+    RequestsCompleted,
     RunForward,
     ScoreProbabilities,
     StepFinished,
@@ -689,23 +689,20 @@ class Driver:
         # Worker-reported compute time (benchmarks: rollout time R per batch).
         self.stats.rollout_seconds += float(header.get("compute_seconds", 0.0))
         self.stats.load_seconds += float(header.get("load_seconds", 0.0))
-        if kind == "event":
-            messages = [header["message"]]
-        elif kind == "events":
-            messages = header["messages"]
-            if "compute_seconds" in header:
-                self.stats.rollout_replies += len(messages)
-        else:
+        if kind != "event":
             raise FrameError(f"unexpected frame kind {kind!r}")
-        for raw in messages:
-            event = decode(raw)
-            if not isinstance(event, (RequestCompleted, WeightsLoaded)):
-                raise FrameError(f"a worker cannot report {type(event).__name__}")
-            if isinstance(event, RequestCompleted):
-                self.stats.completed_by[name] = self.stats.completed_by.get(name, 0) + 1
-            # The journal writes the event as received instead of encoding it again.
-            self._received[id(event)] = raw
-            self.events.put_nowait(event)
+        raw = header["message"]
+        event = decode(raw)
+        if not isinstance(event, (RequestsCompleted, WeightsLoaded)):
+            raise FrameError(f"a worker cannot report {type(event).__name__}")
+        if isinstance(event, RequestsCompleted):
+            done = len(event.completions)
+            self.stats.completed_by[name] = self.stats.completed_by.get(name, 0) + done
+            if "compute_seconds" in header:
+                self.stats.rollout_replies += done
+        # The journal writes the event as received instead of encoding it again.
+        self._received[id(event)] = raw
+        self.events.put_nowait(event)
 
     async def _send(self, handle: WorkerHandle, header: dict[str, Any], blob: bytes = b"") -> None:
         try:
@@ -857,8 +854,10 @@ def run_serial(config: TrainConfig, learner: Any) -> State:
             for name, group in launches.items():
                 # Generate with the thread count a worker process uses, not the learner's.
                 with _torch_threads(config.rollout.threads):
-                    replies = workers[name].launch(group)
-                queue.extend(decode(raw) for raw in replies)
+                    completions = workers[name].launch(group)
+                if completions:  # one frame per call, as a worker process replies
+                    queue.append(RequestsCompleted(name, group[0].incarnation,
+                                                   tuple(completions)))
     journal.close()
     metrics.finish(stats, executor.busy_seconds, events=stats.events)
     metrics.close()

@@ -17,16 +17,17 @@ import sys
 import threading
 import time
 from collections import OrderedDict
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
 import torch
 
 from invar.model.messages import (
+    Completion,
     LaunchRequest,
     LoadWeights,
-    RequestCompleted,
+    RequestsCompleted,
     WeightsLoaded,
     decode,
     encode,
@@ -83,7 +84,7 @@ class RolloutWorker:
         self.version: int | None = None
         self.load_serial = -1
         """The serial of the last load carried out (`LoadWeights.load`)."""
-        self.replies: OrderedDict[tuple, dict[str, Any]] = OrderedDict()
+        self.replies: OrderedDict[tuple, Completion] = OrderedDict()
         self.faults = set(args.faults)
         self.sent = 0
         self._prompts: dict[int, list[int]] = {}
@@ -110,9 +111,10 @@ class RolloutWorker:
         self.replies.clear()
         return WeightsLoaded(command.worker, command.incarnation, command.load, command.version)
 
-    def launch(self, commands: list[LaunchRequest]) -> list[dict[str, Any]]:
-        """Encoded RequestCompleted events for these launches (cached replies re-sent)."""
-        out: list[dict[str, Any]] = []
+    def launch(self, commands: list[LaunchRequest]) -> list[Completion]:
+        """The completions of these launches (cached ones re-sent): the caller sends them in
+        one `RequestsCompleted` frame."""
+        out: list[Completion] = []
         fresh: dict[tuple[int, int], list[LaunchRequest]] = {}
         for command in commands:
             key = tuple(command.request)
@@ -133,7 +135,7 @@ class RolloutWorker:
             self._prompts[index] = self.task.prompt(index)
         return self._prompts[index]
 
-    def _generate_chunk(self, chunk: int, group: list[LaunchRequest]) -> list[dict[str, Any]]:
+    def _generate_chunk(self, chunk: int, group: list[LaunchRequest]) -> list[Completion]:
         g = self.args.group_size
         first_prompt = chunk * self.args.chunk_prompts
         prompts_here = min(self.args.chunk_prompts, self.args.prompts_per_batch - first_prompt)
@@ -163,16 +165,14 @@ class RolloutWorker:
             if "wrong_version_once" in self.faults:
                 self.faults.discard("wrong_version_once")
                 version += 1
-            event = RequestCompleted(
-                command.request, command.worker, command.incarnation, version, tuple(response),
-                tuple(logprobs[row].tolist()),
-                self.task.reward(prompt_of_row[row], response))
-            encoded = encode(event)
+            completion = Completion(command.request, version, tuple(response),
+                                    tuple(logprobs[row].tolist()),
+                                    self.task.reward(prompt_of_row[row], response))
             if version == command.version:
-                self.replies[tuple(command.request)] = encoded
+                self.replies[tuple(command.request)] = completion
                 if len(self.replies) > REPLY_CACHE:
                     self.replies.popitem(last=False)
-            out.append(encoded)
+            out.append(completion)
         return out
 
 
@@ -197,19 +197,28 @@ def main(argv: list[str]) -> int:
                       None)
     write_frame_blocking(stdout, {"kind": "hello", "name": args.name})
 
-    def launch(launches: list[LaunchRequest]) -> tuple[list[dict[str, Any]], float]:
-        """The replies to these launches and the seconds spent computing them (measurement
-        only: reported in the reply frame's header, never part of any event)."""
+    def launch(launches: list[LaunchRequest]) -> tuple[RequestsCompleted | None, float]:
+        """The reply frame to these launches and the seconds spent computing it (measurement
+        only: reported in the frame's header, never part of any event)."""
         began = time.perf_counter()
-        replies = worker.launch(launches)
-        return replies, time.perf_counter() - began
+        completions = worker.launch(launches)
+        frame = None
+        if completions:
+            frame = RequestsCompleted(launches[0].worker, launches[0].incarnation,
+                                      tuple(completions))
+        return frame, time.perf_counter() - began
 
-    def reply(replies: list[dict[str, Any]], seconds: float) -> bool:
-        """Send replies (at most up to exit_after of them); True when it is time to crash."""
-        if exit_after is not None:
-            replies = replies[:max(exit_after - worker.sent, 0)]
-        _reply_all(stdout, replies, seconds)
-        worker.sent += len(replies)
+    def reply(frame: RequestsCompleted | None, seconds: float) -> bool:
+        """Send the frame (cut after exit_after completions); True when it is time to crash."""
+        if frame is not None and exit_after is not None:
+            frame = replace(frame, completions=frame.completions[:max(exit_after - worker.sent,
+                                                                      0)])
+        if frame is not None and frame.completions:
+            # `compute_seconds` (generation time, for benchmarks) rides in the header beside
+            # the event, so the event and the journal are unchanged.
+            write_frame_blocking(stdout, {"kind": "event", "message": encode(frame),
+                                          "compute_seconds": seconds})
+            worker.sent += len(frame.completions)
         return exit_after is not None and worker.sent >= exit_after
 
     while True:
@@ -235,20 +244,12 @@ def main(argv: list[str]) -> int:
                 if loaded is not None:
                     write_frame_blocking(stdout, {"kind": "event", "message": encode(loaded),
                                                   "load_seconds": time.perf_counter() - began})
-        replies, seconds = launch(launches)
-        if "garbage_frame_once" in worker.faults and replies:
+        frame, seconds = launch(launches)
+        if "garbage_frame_once" in worker.faults and frame is not None:
             worker.faults.discard("garbage_frame_once")
             write_frame_blocking(stdout, {"kind": "event", "message": {"type": "Nonsense"}})
-        if reply(replies, seconds):
+        if reply(frame, seconds):
             return 3  # simulated crash, for tests: the rest of this batch is lost
-
-
-def _reply_all(stdout: Any, replies: list[dict[str, Any]], seconds: float = 0.0) -> None:
-    """One frame of replies; `compute_seconds` (generation time, for benchmarks) rides in
-    the header beside the events, so the events and the journal are unchanged."""
-    if replies:
-        write_frame_blocking(stdout, {"kind": "events", "messages": replies,
-                                      "compute_seconds": seconds})
 
 
 if __name__ == "__main__":

@@ -4,7 +4,7 @@
 keep (a learner that holds its pending forward binding and refuses mismatched cotangents,
 workers that hold one loaded version, a weights store, a journal that loses its unsynced
 suffix, forwards that may be non-reproducible), and the world's actions (deliver, drop,
-duplicate, crash, restart). The model checker, the property tests, `canonical_run` and the
+duplicate, merge and split reply frames, crash, restart). The model checker, the property tests, `canonical_run` and the
 benchmarks all use them, with the very `step` and `shell` the runtime runs.
 
 The stateless replies below (`reply`, `worker_reply`, `learner_reply`) are what those
@@ -17,7 +17,7 @@ against them, without torch or processes.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from invar.model.config import RunConfig
 from invar.model.messages import (
@@ -32,6 +32,7 @@ from invar.model.messages import (
     LearnerStarted,
     LoadWeights,
     Publish,
+    RequestsCompleted,
     RunForward,
     ScoreProbabilities,
     StepFinished,
@@ -59,6 +60,7 @@ from invar.model.world import (
     evaluation_reward,
     fire_timer,
     forward_reply,
+    merge_replies,
     new_world,
     restart_driver,
     restart_learner,
@@ -66,6 +68,7 @@ from invar.model.world import (
     run_fifo,
     sample_reply,
     scores_reply,
+    split_reply,
     step_digest,
     version_digest,
 )
@@ -73,9 +76,9 @@ from invar.model.world import (
 __all__ = [
     "CORE", "RESPONSE_TOKENS", "Decision", "Learner", "LearnerRules", "Message", "Run", "World",
     "Worker", "canonical_run", "crash_learner", "crash_worker", "deliver_message", "drop",
-    "duplicate", "fire_timer", "learner_reply", "new_world", "reply", "restart_driver",
-    "restart_learner", "restart_worker", "run_fifo", "start_events", "step_digest",
-    "version_digest", "worker_reply",
+    "duplicate", "fire_timer", "framed", "learner_reply", "merge_replies", "new_world", "reply",
+    "restart_driver", "restart_learner", "restart_worker", "run_fifo", "split_reply",
+    "start_events", "step_digest", "version_digest", "worker_reply",
 ]
 
 
@@ -149,3 +152,19 @@ def canonical_run(config: RunConfig, workers: tuple[str, ...] = ("w0",),
         run.commands.extend(m.body for m in world.network[sent:] if m.to != CORE)
     run.state, run.world = world.core, world
     return run
+
+
+def framed(events: list[Event]) -> list[Event]:
+    """`events` with each run of consecutive reply frames of one worker incarnation merged into
+    one frame, as a worker process answers the launches it was sent together (a FIFO trace
+    from `canonical_run` has one frame per launch). Merging is a world action, so the result is
+    a run of its own, ending in the same logical projection."""
+    out: list[Event] = []
+    for event in events:
+        last = out[-1] if out else None
+        if (isinstance(event, RequestsCompleted) and isinstance(last, RequestsCompleted)
+                and (last.worker, last.incarnation) == (event.worker, event.incarnation)):
+            out[-1] = replace(last, completions=last.completions + event.completions)
+        else:
+            out.append(event)
+    return out

@@ -174,9 +174,9 @@ class MemoryWorkers:
     """`spawn_worker` for the driver: each worker a coroutine behind a `MemoryTransport`.
 
     A worker carries out loads in serial order, holds the one version it loaded last and
-    answers launches for it as `invar.model.world.sample_reply`. Faults: `duplicate` sends
+    answers the launches of each frame with one `invar.model.world.sample_reply` frame. Faults: `duplicate` sends
     every reply frame twice; `die_after[name] = n` closes the first incarnation's connection
-    after n replies (the driver sees the worker lost).
+    after n completions (the driver sees the worker lost).
     """
 
     def __init__(self, duplicate: bool = False, die_after: dict[str, int] | None = None) -> None:
@@ -206,14 +206,13 @@ class MemoryWorkers:
         while (item := await transport.to_worker.get()) is not None:
             header, blob = item
             if header["kind"] == "commands":
-                launches = [decode(raw) for raw in header["messages"]]
-                replies = [encode(sample_reply(c)) for c in launches
-                           if isinstance(c, LaunchRequest) and c.version == version]
+                launches = [c for c in map(decode, header["messages"])
+                            if isinstance(c, LaunchRequest) and c.version == version]
                 if limit is not None:
-                    replies = replies[:max(limit - sent, 0)]
-                sent += len(replies)
-                if replies:
-                    await reply({"kind": "events", "messages": replies})
+                    launches = launches[:max(limit - sent, 0)]
+                sent += len(launches)
+                if launches:  # one reply frame per call, as the real worker sends
+                    await reply({"kind": "event", "message": encode(sample_reply(*launches))})
                 if limit is not None and sent >= limit:
                     await transport.close()  # the worker dies: its connection ends
                     return

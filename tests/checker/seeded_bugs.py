@@ -29,7 +29,7 @@ from invar.model.messages import (
     LaunchRequest,
     LearnerStarted,
     Publish,
-    RequestCompleted,
+    RequestsCompleted,
     RetainVersion,
     VersionPublished,
 )
@@ -63,21 +63,22 @@ class SeededBug:
 
 
 def _duplicate_completion_applied_twice(mp: Any) -> None:
-    original = core._HANDLERS[RequestCompleted]
+    original = core._HANDLERS[RequestsCompleted]
 
     def handler(state, event):
         outcome = original(state, event)
-        batch = state.batch(event.request.batch)
-        if outcome is core._DUPLICATE and batch is not None:
+        request = event.completions[0].request if event.completions else None
+        batch = state.batch(request.batch) if request is not None else None
+        if isinstance(outcome, core._NoOp) and outcome.kind == "duplicates" and batch:
             # The bug: a re-delivered completion is applied again: written over its slot and
             # counted a second time.
-            position = event.request.prompt * state.config.group_size + event.request.sample
+            position = request.prompt * state.config.group_size + request.sample
             again = batch.with_slots({position: batch.slots[position]})
             again = replace(again, completed=again.completed + 1)
             return core._put_batch(state, again), []
         return outcome
 
-    mp.setitem(core._HANDLERS, RequestCompleted, handler)
+    mp.setitem(core._HANDLERS, RequestsCompleted, handler)
 
 
 class _OlderGenVersion(types.ModuleType):
@@ -184,16 +185,17 @@ def _reissued_request_new_seed(mp: Any) -> None:
 
 
 def _batch_filled_in_completion_order(mp: Any) -> None:
-    original = core._HANDLERS[RequestCompleted]
+    original = core._HANDLERS[RequestsCompleted]
 
     def handler(state, event):
-        before = state.batch(event.request.batch)
+        request = event.completions[0].request if event.completions else None
+        before = state.batch(request.batch) if request is not None else None
         outcome = original(state, event)
         if before is None or isinstance(outcome, (ProtocolError, core._NoOp)):
             return outcome
         after, commands = outcome
-        batch = after.batch(event.request.batch)
-        position = event.request.prompt * state.config.group_size + event.request.sample
+        batch = after.batch(request.batch)
+        position = request.prompt * state.config.group_size + request.sample
         first_free = next(i for i, s in enumerate(before.slots) if not isinstance(s, Sample))
         if first_free != position:
             # The bug: the k-th completion to arrive fills slot k (arrival order), not the
@@ -203,7 +205,7 @@ def _batch_filled_in_completion_order(mp: Any) -> None:
             after = core._put_batch(after, batch)
         return after, commands
 
-    mp.setitem(core._HANDLERS, RequestCompleted, handler)
+    mp.setitem(core._HANDLERS, RequestsCompleted, handler)
 
 
 def _version_released_too_early(mp: Any) -> None:
@@ -222,7 +224,7 @@ def _version_released_too_early(mp: Any) -> None:
 
 SEEDED_BUGS: tuple[SeededBug, ...] = (
     SeededBug("duplicate_completion_applied_twice",
-              "a re-delivered RequestCompleted is applied (and counted) again",
+              "a re-delivered completion is applied (and counted) again",
               Bounds(duplicates=1), "batch_counters_consistent", "counts 0/2, holds 0/1",
               _duplicate_completion_applied_twice),
     # The first alarm is launch_only_published_and_loaded (the batch is admitted before its

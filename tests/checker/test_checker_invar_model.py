@@ -104,15 +104,15 @@ DUPLICATE_COMPLETION_PATH = [
     "deliver core|WeightsLoaded(worker='wkr0', incarnation=0, load=1, version=0)",
     "deliver wkr0|LaunchRequest(worker='wkr0', incarnation=0, request=RequestId(batch=0, "
     "prompt=0, sample=0), version=0, seed=6441727025358988839, prompt_index=0)",
-    "duplicate core|RequestCompleted(request=RequestId(batch=0, prompt=0, sample=0), "
-    "worker='wkr0', incarnation=0, version=0, tokens=(9, 2), behavior_logprobs="
-    "(-0.8980769230769231, 0.0), reward=0.5)",
-    "deliver core|RequestCompleted(request=RequestId(batch=0, prompt=0, sample=0), "
-    "worker='wkr0', incarnation=0, version=0, tokens=(9, 2), behavior_logprobs="
-    "(-0.8980769230769231, 0.0), reward=0.5)",
-    "deliver core|RequestCompleted(request=RequestId(batch=0, prompt=0, sample=0), "
-    "worker='wkr0', incarnation=0, version=0, tokens=(9, 2), behavior_logprobs="
-    "(-0.8980769230769231, 0.0), reward=0.5)",
+    "duplicate core|RequestsCompleted(worker='wkr0', incarnation=0, completions=(Completion("
+    "request=RequestId(batch=0, prompt=0, sample=0), version=0, tokens=(9, 2), "
+    "behavior_logprobs=(-0.8980769230769231, 0.0), reward=0.5),))",
+    "deliver core|RequestsCompleted(worker='wkr0', incarnation=0, completions=(Completion("
+    "request=RequestId(batch=0, prompt=0, sample=0), version=0, tokens=(9, 2), "
+    "behavior_logprobs=(-0.8980769230769231, 0.0), reward=0.5),))",
+    "deliver core|RequestsCompleted(worker='wkr0', incarnation=0, completions=(Completion("
+    "request=RequestId(batch=0, prompt=0, sample=0), version=0, tokens=(9, 2), "
+    "behavior_logprobs=(-0.8980769230769231, 0.0), reward=0.5),))",
 ]
 
 
@@ -354,9 +354,9 @@ def test_cli_trace_accepts_a_real_journal_and_reports_a_tampered_one(
     assert "all 20 events match the model" in capsys.readouterr().out
     lines = path.read_text().splitlines()
     number = next(i for i, line in enumerate(lines)
-                  if '"RequestCompleted"' in line)  # 0-based index; file line number + 1
+                  if '"RequestsCompleted"' in line)  # 0-based index; file line number + 1
     record = json.loads(lines[number])
-    record["event"]["reward"] = 1.0
+    record["event"]["completions"][0]["reward"] = 1.0
     lines[number] = json.dumps(record, separators=(",", ":"))
     tampered = tmp_path / "tampered.jsonl"
     tampered.write_text("\n".join(lines) + "\n")
@@ -365,8 +365,8 @@ def test_cli_trace_accepts_a_real_journal_and_reports_a_tampered_one(
     assert "departure" in out and f"{tampered}:{number + 1}" in out
     assert "state digest after" in out
     # An event the model refuses (a completion claiming another version).
-    record["event"]["reward"] = 0.5
-    record["event"]["version"] = 1
+    record["event"]["completions"][0]["reward"] = 0.5
+    record["event"]["completions"][0]["version"] = 1
     lines[number] = json.dumps(record, separators=(",", ":"))
     tampered.write_text("\n".join(lines) + "\n")
     assert main(["--trace", str(tampered)]) == 1

@@ -40,9 +40,11 @@ STRATEGIES: dict[type, st.SearchStrategy] = {
     m.WorkerLost: st.builds(m.WorkerLost, worker=names, incarnation=small),
     m.WeightsLoaded: st.builds(m.WeightsLoaded, worker=names, incarnation=small, load=small,
                                version=small),
-    m.RequestCompleted: st.builds(
-        m.RequestCompleted, request=request_ids, worker=names, incarnation=small, version=small,
-        tokens=st.lists(ints, max_size=6).map(tuple), behavior_logprobs=row, reward=reals),
+    m.RequestsCompleted: st.builds(
+        m.RequestsCompleted, worker=names, incarnation=small, completions=st.lists(st.builds(
+            m.Completion, request=request_ids, version=small,
+            tokens=st.lists(ints, max_size=6).map(tuple), behavior_logprobs=row, reward=reals),
+            max_size=3).map(tuple)),
     m.ProbabilitiesReported: st.builds(m.ProbabilitiesReported, update=small, attempt=small,
                                        proximal=matrix, reference=st.none() | matrix),
     m.ForwardObserved: st.builds(m.ForwardObserved, observation=observations, attempt=small,
@@ -120,8 +122,8 @@ def test_decoded_types_are_exact(message):
     for f in dataclasses.fields(message):
         original, decoded = getattr(message, f.name), getattr(back, f.name)
         assert type(decoded) is type(original), f.name
-    if isinstance(message, m.RequestCompleted):
-        assert isinstance(back.request, RequestId)
+    if isinstance(message, m.RequestsCompleted):
+        assert all(isinstance(c.request, RequestId) for c in back.completions)
     if hasattr(message, "observation"):
         assert isinstance(back.observation, ObservationId)
 
@@ -219,18 +221,21 @@ def _acceptable(original, wrong) -> bool:
 
 
 @pytest.mark.parametrize("mutate, where", [
-    (lambda d: d["request"].__setitem__(1, "p"), "RequestCompleted.request[1]"),
-    (lambda d: d.__setitem__("request", [1, 2]), "RequestCompleted.request"),
-    (lambda d: d["tokens"].__setitem__(0, 1.5), "RequestCompleted.tokens[0]"),
-    (lambda d: d["behavior_logprobs"].__setitem__(1, "x"), "RequestCompleted.behavior_logprobs[1]"),
-    (lambda d: d.__setitem__("reward", None), "RequestCompleted.reward"),
-    (lambda d: d.__setitem__("incarnation", True), "RequestCompleted.incarnation"),
+    (lambda d: d[1]["request"].__setitem__(1, "p"), "completions[1].request[1]"),
+    (lambda d: d[1].__setitem__("request", [1, 2]), "completions[1].request"),
+    (lambda d: d[1]["tokens"].__setitem__(0, 1.5), "completions[1].tokens[0]"),
+    (lambda d: d[1]["behavior_logprobs"].__setitem__(1, "x"),
+     "completions[1].behavior_logprobs[1]"),
+    (lambda d: d[0].__setitem__("reward", None), "completions[0].reward"),
+    (lambda d: d[0].pop("version"), "completions[0]: missing field(s) ['version']"),
+    (lambda d: d.append(5), "completions[2]: expected an object"),
 ])
 def test_nested_errors_name_the_path(mutate, where):
-    message = m.RequestCompleted(RequestId(0, 1, 0), "w0", 0, 0, (1, 2), (-0.5, -0.25), 1.0)
+    sample = m.Completion(RequestId(0, 1, 0), 0, (1, 2), (-0.5, -0.25), 1.0)
+    message = m.RequestsCompleted("w0", 0, (sample, sample))
     data = encode(message)
-    mutate(data)
-    assert where in decode_error(data)
+    mutate(data["completions"])
+    assert f"RequestsCompleted.{where}" in decode_error(data)
 
 
 def test_nested_dataclass_error_names_the_path():

@@ -38,7 +38,7 @@ from invar.model.messages import (  # noqa: E402
     LoadWeights,
     ObservationId,
     ProbabilitiesReported,
-    RequestCompleted,
+    RequestsCompleted,
     RunForward,
     ScoreProbabilities,
     StepFinished,
@@ -51,6 +51,8 @@ from invar.model.messages import (  # noqa: E402
     WorkerLost,
 )
 from invar.model.schedule import RequestId  # noqa: E402
+from invar.model.state import Sample  # noqa: E402
+from invar.model.shell import Verdict, deliver  # noqa: E402
 from invar.testing import canonical_run, reply, version_digest  # noqa: E402
 
 CONFIG = small_config()  # B=2, G=2, S=1, P=1, K=2, N=3
@@ -63,9 +65,15 @@ def learner_reply(d: Driver):
     return reply(command, K)
 
 
-def first_completion(d: Driver) -> RequestCompleted:
+def first_completion(d: Driver) -> RequestsCompleted:
     launch = d.pump_until_command(lambda c: isinstance(c, LaunchRequest))
     return reply(launch, K)
+
+
+def changed(frame: RequestsCompleted, **changes) -> RequestsCompleted:
+    """`frame` with its first completion changed."""
+    first = replace(frame.completions[0], **changes)
+    return replace(frame, completions=(first, *frame.completions[1:]))
 
 
 def at_phase(d: Driver, phase: LearnerPhase, step_index: int | None = None) -> Driver:
@@ -79,47 +87,58 @@ def at_phase(d: Driver, phase: LearnerPhase, step_index: int | None = None) -> D
 
 def wrong_version(d):
     good = first_completion(d)
-    return replace(good, version=good.version + 1)
+    return changed(good, version=good.completions[0].version + 1)
 
 
 def unknown_batch(d):
     good = first_completion(d)
-    return replace(good, request=RequestId(d.state.admitted + 3, 0, 0))
+    return changed(good, request=RequestId(d.state.admitted + 3, 0, 0))
 
 
 def unknown_prompt(d):
     good = first_completion(d)
-    return replace(good, request=RequestId(0, CONFIG.prompts_per_batch, 0))
+    return changed(good, request=RequestId(0, CONFIG.prompts_per_batch, 0))
 
 
 def unknown_sample(d):
     good = first_completion(d)
-    return replace(good, request=RequestId(0, 0, -1))
+    return changed(good, request=RequestId(0, 0, -1))
 
 
 def positive_logprob(d):
     good = first_completion(d)
-    return replace(good, behavior_logprobs=(0.5,) + good.behavior_logprobs[1:])
+    return changed(good, behavior_logprobs=(0.5,) + good.completions[0].behavior_logprobs[1:])
 
 
 def nan_logprob(d):
     good = first_completion(d)
-    return replace(good, behavior_logprobs=(math.nan,) + good.behavior_logprobs[1:])
+    return changed(good, behavior_logprobs=(math.nan,) + good.completions[0].behavior_logprobs[1:])
 
 
 def length_mismatch(d):
     good = first_completion(d)
-    return replace(good, behavior_logprobs=good.behavior_logprobs + (-1.0,))
+    return changed(good, behavior_logprobs=good.completions[0].behavior_logprobs + (-1.0,))
 
 
 def empty_response(d):
     good = first_completion(d)
-    return replace(good, tokens=(), behavior_logprobs=())
+    return changed(good, tokens=(), behavior_logprobs=())
 
 
 def infinite_reward(d):
     good = first_completion(d)
-    return replace(good, reward=math.inf)
+    return changed(good, reward=math.inf)
+
+
+def empty_frame(d):
+    return replace(first_completion(d), completions=())
+
+
+def good_then_unknown(d):
+    """A frame is judged whole: its good first completion does not carry in a bad second."""
+    good = first_completion(d)
+    bad = replace(good.completions[0], request=RequestId(0, CONFIG.prompts_per_batch, 0))
+    return replace(good, completions=(*good.completions, bad))
 
 
 def scores_wrong_rows(d):
@@ -339,6 +358,8 @@ SCENARIOS = [
     (length_mismatch, Reason.MALFORMED_PAYLOAD),
     (empty_response, Reason.MALFORMED_PAYLOAD),
     (infinite_reward, Reason.MALFORMED_PAYLOAD),
+    (empty_frame, Reason.MALFORMED_PAYLOAD),
+    (good_then_unknown, Reason.UNKNOWN_REQUEST),
     (scores_wrong_rows, Reason.MALFORMED_PAYLOAD),
     (scores_positive, Reason.MALFORMED_PAYLOAD),
     (scores_unrequested_reference, Reason.MALFORMED_PAYLOAD),
@@ -414,6 +435,15 @@ def test_refusal(scenario, reason):
     assert run_complete(d.state)
     assert violations(d.state) == {}
     assert logical_projection(d.state) == logical_projection(canonical_run(CONFIG).state)
+
+
+def test_a_refused_frame_names_the_completion_at_fault():
+    for scenario, prefix in ((good_then_unknown, "completions[1]: "),
+                             (nan_logprob, "completions[0].behavior_logprobs: ")):
+        d = Driver(CONFIG)
+        bad = scenario(d)
+        outcome = step(d.state, bad)
+        assert isinstance(outcome, ProtocolError) and outcome.detail.startswith(prefix), outcome
 
 
 def test_non_event_is_refused():
@@ -556,6 +586,26 @@ def test_late_load_is_a_noop():
     assert logical_projection(d.state) == logical_projection(canonical_run(CONFIG).state)
 
 
+def test_a_frame_that_repeats_some_completions_is_accepted_and_counts_them():
+    d = Driver(CONFIG)
+    launches = []
+    while len(launches) < 2:
+        launches.append(d.pump_until_command(
+            lambda c: isinstance(c, LaunchRequest) and c not in launches))
+    first, second = (reply(c, K) for c in launches)
+    d.apply(first)
+    both = replace(first, completions=first.completions + second.completions * 2)
+    outcome = step(d.state, both)
+    assert not isinstance(outcome, ProtocolError), outcome
+    after, _ = outcome
+    assert after != d.state, "the new completion was not taken"
+    assert after.noops.duplicates == d.state.noops.duplicates + 2  # the repeat and the copy
+    request = second.completions[0].request
+    slot = after.batch(request.batch).slots[request.prompt * CONFIG.group_size + request.sample]
+    assert isinstance(slot, Sample)
+    assert deliver(d.state, both).verdict is Verdict.ACCEPTED
+
+
 def test_divergent_completion_is_kept_out_and_counted():
     """A second completion of a sample with other content: the first one stays."""
     d = Driver(CONFIG, workers=("a", "b"))
@@ -563,7 +613,7 @@ def test_divergent_completion_is_kept_out_and_counted():
     d.apply(completion)
     digest_before = d.state.batch(0).slots_digest if hasattr(d.state.batch(0), "slots_digest") \
         else None
-    other = replace(completion, reward=completion.reward + 1.0)
+    other = changed(completion, reward=completion.completions[0].reward + 1.0)
     assert_noop(d, other)
     if digest_before is not None:
         assert d.state.batch(0).slots_digest == digest_before

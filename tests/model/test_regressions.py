@@ -508,10 +508,11 @@ class DistinctValues(Driver):
     def answer(self, command):
         event = super().answer(command)
         v = self.values
-        if isinstance(event, m.RequestCompleted):
-            r = event.request
-            return replace(event, tokens=tuple(range(v.length(r))),
-                           behavior_logprobs=v.behavior(r), reward=v.reward(r))
+        if isinstance(event, m.RequestsCompleted):
+            return replace(event, completions=tuple(
+                replace(c, tokens=tuple(range(v.length(c.request))),
+                        behavior_logprobs=v.behavior(c.request), reward=v.reward(c.request))
+                for c in event.completions))
         if isinstance(event, m.ProbabilitiesReported):
             return replace(event, proximal=tuple(v.proximal(r, command.update)
                                                  for r in command.requests),
@@ -627,7 +628,7 @@ def _held(msg, core) -> bool:
     """Batch 2 (the last batch of version 0) completes only after update 1 has committed, and
     version 2's publication (which releases version 0) is heard only after that."""
     body = msg.body
-    if isinstance(body, m.RequestCompleted) and body.request.batch == 2:
+    if isinstance(body, m.RequestsCompleted) and body.completions[0].request.batch == 2:
         return core.committed < 2
     if isinstance(body, m.VersionPublished) and body.version == 2:
         batch = core.batch(2)

@@ -12,12 +12,13 @@ import asyncio
 import json
 import shutil
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
 from invar.model import schedule
 from invar.model.core import logical_projection, run_complete, step
-from invar.model.messages import LaunchRequest, RequestCompleted, decode
+from invar.model.messages import LaunchRequest, decode
 from invar.model.schedule import RequestId
 from invar.model.state import state_digest
 from invar.runtime import journal
@@ -65,15 +66,14 @@ def _lines(run_dir: Path) -> list[str]:
 
 
 def _completion_lines(lines: list[str]) -> list[int]:
-    """1-based line numbers of RequestCompleted events followed by another one."""
-    def completed(i: int) -> bool:
-        return i < len(lines) and json.loads(lines[i])["event"]["type"] == "RequestCompleted"
-    return [i + 1 for i in range(1, len(lines)) if completed(i) and completed(i + 1)]
+    """1-based line numbers of RequestsCompleted events followed by another event."""
+    return [i + 1 for i in range(1, len(lines) - 1)
+            if json.loads(lines[i])["event"]["type"] == "RequestsCompleted"]
 
 
 def _change_reward(lines: list[str], number: int) -> None:
     record = json.loads(lines[number - 1])
-    record["event"]["reward"] = record["event"]["reward"] + 0.25
+    record["event"]["completions"][0]["reward"] += 0.25
     lines[number - 1] = json.dumps(record, separators=(",", ":")) + "\n"
 
 
@@ -93,7 +93,7 @@ def _swap(lines: list[str], number: int) -> None:
 def test_tampered_journal_departs_at_the_tampered_line(baseline, tmp_path, tamper, why):
     _, _, run_dir = baseline
     lines = _lines(run_dir)
-    number = _completion_lines(lines)[5]
+    number = _completion_lines(lines)[-1]
     tamper(lines, number)
     path = tmp_path / "journal.jsonl"
     path.write_text("".join(lines))
@@ -146,8 +146,11 @@ def _assert_same_result(rt, baseline, state, run_dir):
     rt.assert_same_weights(rt.final_weights(run_dir), rt.final_weights(base_dir))
 
 
-def _completions(run_dir: Path, rt) -> list[RequestCompleted]:
-    return [decode(e) for e in rt.journal_events(run_dir) if e["type"] == "RequestCompleted"]
+def _completions(run_dir: Path, rt) -> list[SimpleNamespace]:
+    """Every completion journalled, with the worker and incarnation of its frame."""
+    frames = [decode(e) for e in rt.journal_events(run_dir) if e["type"] == "RequestsCompleted"]
+    return [SimpleNamespace(worker=f.worker, incarnation=f.incarnation, **vars(c))
+            for f in frames for c in f.completions]
 
 
 def test_wrong_version_reply_is_refused_counted_and_not_used(baseline, tmp_path, rt):
@@ -223,7 +226,7 @@ def test_run_continues_on_the_remaining_worker(baseline, tmp_path, rt):
     events = rt.journal_events(tmp_path)
     lost_at = next(i for i, e in enumerate(events) if e["type"] == "WorkerLost")
     assert events[lost_at]["worker"] == "worker-1"
-    later = [decode(e) for e in events[lost_at:] if e["type"] == "RequestCompleted"]
+    later = [decode(e) for e in events[lost_at:] if e["type"] == "RequestsCompleted"]
     assert later and all(e.worker == "worker-0" for e in later)
     assert sum(1 for e in _completions(tmp_path, rt) if e.worker == "worker-1") == 5
     _assert_same_result(rt, baseline, state, tmp_path)

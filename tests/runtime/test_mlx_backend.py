@@ -220,7 +220,7 @@ def test_sampler_draws_the_torch_samplers_tokens_from_equal_weights():
 
 
 def test_an_mlx_worker_samples_what_the_learner_scores(tmp_path):
-    from invar.model.messages import LaunchRequest, LoadWeights, RequestCompleted, decode
+    from invar.model.messages import Completion, LaunchRequest, LoadWeights
     from invar.model.schedule import RequestId
     from invar.runtime.worker import RolloutWorker, WorkerArgs
 
@@ -234,8 +234,8 @@ def test_an_mlx_worker_samples_what_the_learner_scores(tmp_path):
     worker.load(LoadWeights("w", 0, 0, 0, params_digest), blob, params_digest)
     launches = [LaunchRequest("w", 0, RequestId(0, prompt, sample), 0, 7 + 2 * prompt + sample,
                               prompt) for prompt in range(2) for sample in range(2)]
-    events = [decode(raw) for raw in worker.launch(launches)]
-    assert all(isinstance(event, RequestCompleted) for event in events)
+    events = worker.launch(launches)
+    assert all(isinstance(event, Completion) for event in events)
     assert [event.request for event in events] == [launch.request for launch in launches]
     sequences = np.array([TASK.prompt(launch.prompt_index) + list(event.tokens)
                           for event, launch in zip(events, launches)])

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import torch
 
-from invar.model.messages import LaunchRequest, LoadWeights, RequestCompleted, WeightsLoaded, decode
+from invar.model.messages import Completion, LaunchRequest, LoadWeights, WeightsLoaded
 from invar.model.schedule import RequestId
 from invar.runtime.policy import Policy, PolicyConfig
 from invar.runtime.task import DigitReversal
@@ -37,6 +37,6 @@ def test_an_older_load_is_ignored_and_the_current_one_answered_again():
     assert worker.version == 2 and worker.load_serial == 1
     assert worker.load(LoadWeights("w", 0, 1, 2, "d2"), *new) == WeightsLoaded("w", 0, 1, 2)
     assert worker.launch(launch(1)) == []  # a launch for a version it does not hold
-    completed = [decode(raw) for raw in worker.launch(launch(2))]
-    assert [type(e) for e in completed] == [RequestCompleted] * 2
+    completed = worker.launch(launch(2))
+    assert [type(e) for e in completed] == [Completion] * 2
     assert all(e.version == 2 for e in completed)
