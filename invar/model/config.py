@@ -7,7 +7,9 @@ budget actually reachable when a hard boundary clamps it.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
+from typing import Any
 
 from invar.model.errors import ConfigError
 from invar.model.objective import ObjectiveConfig
@@ -43,6 +45,18 @@ class RunConfig:
     @property
     def samples_per_batch(self) -> int:
         return self.prompts_per_batch * self.group_size
+
+    def __hash__(self) -> int:
+        # Cached: the schedule's caches are keyed by the config and looked up once per sample.
+        cached = self.__dict__.get("_hash")
+        if cached is None:
+            cached = hash(dataclasses.astuple(self))
+            object.__setattr__(self, "_hash", cached)
+        return cached
+
+    def __getstate__(self) -> dict[str, Any]:
+        # The cached hash depends on this process's string hash seed: never ship it.
+        return {k: v for k, v in self.__dict__.items() if k != "_hash"}
 
     def validate(self) -> RunConfig:
         """Return self, or raise ConfigError naming every field of the first impossible rule."""

@@ -22,6 +22,7 @@ from typing import Any, Callable
 import numpy as np
 
 from invar.model import schedule
+from invar.model.config import RunConfig
 from invar.model.errors import ProtocolError, Reason
 from invar.model.messages import (
     ApplyCotangent,
@@ -57,6 +58,7 @@ from invar.model.messages import (
     matrix_digest,
 )
 from invar.model.objective import group_advantages, objective, pad, unpad
+from invar.model.schedule import RequestId
 from invar.model.state import (
     AppliedStep,
     Assigned,
@@ -125,9 +127,11 @@ def outstanding_commands(state: State) -> tuple[Command, ...]:
     for batch in state.batches:
         if batch.pending + batch.completed == len(batch.slots):
             continue
+        requests = schedule.request_ids(state.config, batch.batch)
+        version = schedule.gen_version(state.config, batch.batch)
         for position, slot in enumerate(batch.slots):
             if isinstance(slot, Assigned):
-                out.append(_launch(state, batch.batch, position, slot))
+                out.append(_launch(state.config, requests[position], version, slot))
     for w in state.workers:
         if w.phase is WorkerPhase.LOADING:
             out.append(_load(state, w))
@@ -696,6 +700,7 @@ def _assign_pending(state: State, commands: list[Command]) -> State:
             continue
         loads = {w.name: w.assigned for w in ready}
         slots = batch.slots
+        requests = schedule.request_ids(state.config, batch.batch)
         changes: dict[int, Assigned] = {}
         group_size = state.config.group_size
         # A prompt's group goes to one worker: its samples share the prompt's prefill, and the
@@ -707,9 +712,10 @@ def _assign_pending(state: State, commands: list[Command]) -> State:
             name = min(loads, key=lambda k: (loads[k], k))
             loads[name] += len(group)
             holder = next(w for w in ready if w.name == name)
+            slot = Assigned(name, holder.incarnation)
             for position in group:
-                changes[position] = Assigned(name, holder.incarnation)
-                commands.append(_launch(state, batch.batch, position, changes[position]))
+                changes[position] = slot
+                commands.append(_launch(state.config, requests[position], version, slot))
         state = replace(state, batches=_set(state.batches, index, batch.with_slots(changes)))
         for w in ready:
             state = _put_worker(state, replace(w, assigned=loads[w.name]))
@@ -740,13 +746,11 @@ def _schedule_loads(state: State, commands: list[Command]) -> State:
     return state
 
 
-def _launch(state: State, batch: int, position: int, slot: Assigned) -> LaunchRequest:
-    config = state.config
-    request = schedule.request_ids(config, batch)[position]
-    return LaunchRequest(slot.worker, slot.incarnation, request,
-                         schedule.gen_version(config, batch),
+def _launch(config: RunConfig, request: RequestId, version: int,
+            slot: Assigned) -> LaunchRequest:
+    return LaunchRequest(slot.worker, slot.incarnation, request, version,
                          schedule.sampling_seed(config, request),
-                         schedule.prompt_index(config, batch, request.prompt))
+                         schedule.prompt_index(config, request.batch, request.prompt))
 
 
 def _load(state: State, worker: WorkerState) -> LoadWeights:
@@ -785,10 +789,12 @@ def _set(items: tuple, index: int, value: Any) -> tuple:
 def _sample_problem(event: Completion) -> str:
     if not event.tokens:
         return "tokens: empty response"
-    if len(event.behavior_logprobs) != len(event.tokens):
-        return (f"behavior_logprobs: {len(event.behavior_logprobs)} values for "
-                f"{len(event.tokens)} tokens")
-    if not all(math.isfinite(x) and x <= 0.0 for x in event.behavior_logprobs):
+    logprobs = event.behavior_logprobs
+    if len(logprobs) != len(event.tokens):
+        return f"behavior_logprobs: {len(logprobs)} values for {len(event.tokens)} tokens"
+    # One pass in C each: a NaN or an infinity makes the sum non-finite (a finite sum of
+    # finite log-probs cannot overflow below -1e308 with any real sampler).
+    if not (math.isfinite(sum(logprobs)) and max(logprobs) <= 0.0):
         return "behavior_logprobs: every value must be a finite log-probability (<= 0)"
     if not math.isfinite(event.reward):
         return "reward: must be finite"

@@ -193,6 +193,11 @@ def pad(rows: Sequence[Sequence[float]]) -> tuple[np.ndarray, np.ndarray]:
 
     Padding is 0.0 under a False mask; row i's values sit at the start of row i.
     """
+    if rows and len({len(row) for row in rows}) == 1:
+        # Rows of one length (fixed-length responses, the common case): one conversion.
+        values = np.asarray(rows, dtype=np.float64)
+        if values.ndim == 2:
+            return values, np.ones(values.shape, dtype=bool)
     rows = [np.asarray(row, dtype=np.float64) for row in rows]
     for index, row in enumerate(rows):
         if row.ndim != 1:

@@ -8,6 +8,7 @@ cheaply; everything that decides the protocol's future is compared.
 from __future__ import annotations
 
 import enum
+import functools
 import hashlib
 from dataclasses import dataclass, field
 from typing import Any
@@ -19,11 +20,12 @@ from invar.model.schedule import RequestId
 
 def evolve(obj: Any, **changes: Any) -> Any:
     """A copy of a frozen record with `changes`: `dataclasses.replace` without re-running
-    `__init__` (the hottest call of the model checker). Drops the cached repr."""
+    `__init__` (the hottest call of the model checker). Drops the cached repr and hash."""
     new = object.__new__(type(obj))
     fields = new.__dict__
     fields.update(obj.__dict__)
     fields.pop("_repr", None)
+    fields.pop("_hash", None)
     fields.update(changes)
     return new
 
@@ -149,8 +151,27 @@ class BatchState:
 
 
 def _slot_hash(position: int, slot: Slot) -> int:
-    text = f"{position}:{slot!r}".encode()
-    return int.from_bytes(hashlib.blake2b(text, digest_size=16).digest(), "big")
+    """A stable 128-bit hash of (position, slot) from what takes part in the slot's equality
+    (a sample's digest, an assignee): the batch digest XORs them, so a change costs two."""
+    if type(slot) is Sample:
+        return _text_hash(f"{position}:S:{slot.digest}")
+    if slot is None:
+        return _pending_hash(position)
+    return _assigned_hash(position, slot.worker, slot.incarnation)  # type: ignore[union-attr]
+
+
+def _text_hash(text: str) -> int:
+    return int.from_bytes(hashlib.blake2b(text.encode(), digest_size=16).digest(), "big")
+
+
+@functools.lru_cache(maxsize=1 << 16)
+def _pending_hash(position: int) -> int:
+    return _text_hash(f"{position}:-")
+
+
+@functools.lru_cache(maxsize=1 << 16)
+def _assigned_hash(position: int, worker: str, incarnation: int) -> int:
+    return _text_hash(f"{position}:A:{worker}#{incarnation}")
 
 
 @cached_repr

@@ -13,6 +13,7 @@ how the driver resumes, and how `invar-check --trace` validates a real run again
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 from dataclasses import dataclass
@@ -110,8 +111,8 @@ def _drop_torn_tail(path: Path) -> None:
 
 
 def protocol_to_dict(config: RunConfig) -> dict[str, Any]:
-    data = {k: v for k, v in vars(config).items() if k != "objective"}
-    data["objective"] = dict(vars(config.objective))
+    data = {f.name: getattr(config, f.name) for f in dataclasses.fields(config)}
+    data["objective"] = dataclasses.asdict(config.objective)
     return data
 
 
