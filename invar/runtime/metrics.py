@@ -216,6 +216,9 @@ class MetricsLog:
             # Absolute seconds behind the shares, and the workers' reported generation and
             # weight-loading seconds (summed over workers): for benchmarks.
             "core_and_driver_seconds": stats.core_seconds,
+            "core_and_driver_cpu_seconds": getattr(stats, "core_cpu_seconds", 0.0),
+            "core_and_driver_cpu_share": (getattr(stats, "core_cpu_seconds", 0.0) / session
+                                          if session else 0.0),
             "learner_busy_seconds": learner_seconds,
             "rollout_compute_seconds": getattr(stats, "rollout_seconds", 0.0),
             "rollout_load_seconds": getattr(stats, "load_seconds", 0.0),
@@ -289,7 +292,8 @@ def write_report(run_dir: Path, config: Any, updates: list[dict[str, Any]],
         f"| updates / s | {summary['updates_per_second']:.2f} |",
         f"| samples / s | {summary['samples_per_second']:.0f} |",
         f"| learner busy | {100 * summary['learner_busy_share']:.1f} % of wall |",
-        f"| core + driver | {100 * summary['core_and_driver_share']:.2f} % of wall |",
+        f"| core + driver | {100 * summary['core_and_driver_share']:.2f} % of wall "
+        f"({100 * summary.get('core_and_driver_cpu_share', 0.0):.2f} % as its own CPU time) |",
         f"| events / no-ops / refused | {summary['events']} / {summary['noops']} / "
         f"{summary['refused']} |",
         f"| malformed frames / worker deaths | {summary['malformed_frames']} / "

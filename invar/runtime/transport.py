@@ -1,7 +1,9 @@
 """How the driver talks to a rollout worker: length-prefixed frames over a byte stream.
 
-A frame is `u32 header length | header (JSON object) | u32 blob length | blob`. The header
-carries an encoded command or event (`invar.model.messages`); the blob carries weights.
+A frame is `u32 header length | header (JSON object) | u32 blob length | blob`. To a worker,
+the header carries encoded commands (`invar.model.messages`) and the blob the weights of a
+load; from a worker, the blob carries one event as compact JSON text (the driver journals that
+very text) and the header the kind and measurements.
 Frames are checked on receipt: a malformed one raises `FrameError` naming what is wrong, and
 the caller logs it and drops it; the stream itself stays usable when the lengths were sound.
 

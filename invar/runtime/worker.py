@@ -25,12 +25,13 @@ import torch
 
 from invar.model.messages import (
     Completion,
+    Event,
     LaunchRequest,
     LoadWeights,
     RequestsCompleted,
     WeightsLoaded,
     decode,
-    encode,
+    dumps,
 )
 from invar.runtime.policy import Policy, PolicyConfig
 from invar.runtime.sampler import generate
@@ -216,8 +217,7 @@ def main(argv: list[str]) -> int:
         if frame is not None and frame.completions:
             # `compute_seconds` (generation time, for benchmarks) rides in the header beside
             # the event, so the event and the journal are unchanged.
-            write_frame_blocking(stdout, {"kind": "event", "message": encode(frame),
-                                          "compute_seconds": seconds})
+            send_event(stdout, frame, compute_seconds=seconds)
             worker.sent += len(frame.completions)
         return exit_after is not None and worker.sent >= exit_after
 
@@ -242,14 +242,19 @@ def main(argv: list[str]) -> int:
                 began = time.perf_counter()
                 loaded = worker.load(message, blob, header["params_digest"])
                 if loaded is not None:
-                    write_frame_blocking(stdout, {"kind": "event", "message": encode(loaded),
-                                                  "load_seconds": time.perf_counter() - began})
+                    send_event(stdout, loaded, load_seconds=time.perf_counter() - began)
         frame, seconds = launch(launches)
         if "garbage_frame_once" in worker.faults and frame is not None:
             worker.faults.discard("garbage_frame_once")
-            write_frame_blocking(stdout, {"kind": "event", "message": {"type": "Nonsense"}})
+            write_frame_blocking(stdout, {"kind": "event"}, b'{"type":"Nonsense"}')
         if reply(frame, seconds):
             return 3  # simulated crash, for tests: the rest of this batch is lost
+
+
+def send_event(stdout: Any, event: Event, **measurements: float) -> None:
+    """One frame: the event's compact JSON text as the blob (the driver journals that very
+    text); measurements (seconds computing, for benchmarks) ride in the header."""
+    write_frame_blocking(stdout, {"kind": "event", **measurements}, dumps(event).encode())
 
 
 if __name__ == "__main__":

@@ -25,6 +25,7 @@ import numpy as np
 
 from invar.model.messages import (
     Command,
+    Event,
     LaunchRequest,
     LoadWeights,
     ObservationId,
@@ -32,7 +33,7 @@ from invar.model.messages import (
     ScoreProbabilities,
     WeightsLoaded,
     decode,
-    encode,
+    dumps,
 )
 from invar.model.schedule import RequestId
 from invar.model.state import State
@@ -195,9 +196,10 @@ class MemoryWorkers:
         return transport
 
     async def _serve(self, transport: MemoryTransport, limit: int | None) -> None:
-        async def reply(header: dict[str, Any]) -> None:
+        async def reply(event: Event) -> None:
+            """As the worker process sends an event: its JSON text as the frame's blob."""
             for _ in range(2 if self.duplicate else 1):
-                await transport.to_driver.put((header, b""))
+                await transport.to_driver.put(({"kind": "event"}, dumps(event).encode()))
 
         await transport.to_driver.put(({"kind": "hello", "name": transport.name}, b""))
         version: int | None = None
@@ -212,7 +214,7 @@ class MemoryWorkers:
                     launches = launches[:max(limit - sent, 0)]
                 sent += len(launches)
                 if launches:  # one reply frame per call, as the real worker sends
-                    await reply({"kind": "event", "message": encode(sample_reply(*launches))})
+                    await reply(sample_reply(*launches))
                 if limit is not None and sent >= limit:
                     await transport.close()  # the worker dies: its connection ends
                     return
@@ -224,7 +226,7 @@ class MemoryWorkers:
                     continue  # an older load, overtaken: ignored
                 version, load_serial = load.version, load.load
                 loaded = WeightsLoaded(load.worker, load.incarnation, load.load, load.version)
-                await reply({"kind": "event", "message": encode(loaded)})
+                await reply(loaded)
 
 
 class Counted:

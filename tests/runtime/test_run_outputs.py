@@ -4,7 +4,6 @@ messages that are not wrapped at 80 columns when piped."""
 
 from __future__ import annotations
 
-import json
 import subprocess
 import sys
 from pathlib import Path
