@@ -792,8 +792,8 @@ def _sample_problem(event: Completion) -> str:
     logprobs = event.behavior_logprobs
     if len(logprobs) != len(event.tokens):
         return f"behavior_logprobs: {len(logprobs)} values for {len(event.tokens)} tokens"
-    # One pass in C each: a NaN or an infinity makes the sum non-finite (a finite sum of
-    # finite log-probs cannot overflow below -1e308 with any real sampler).
+    # One pass in C each: a NaN or an infinity makes the sum non-finite (a sum of finite
+    # log-probs cannot overflow: no real sampler reports values near -1e308).
     if not (math.isfinite(sum(logprobs)) and max(logprobs) <= 0.0):
         return "behavior_logprobs: every value must be a finite log-probability (<= 0)"
     if not math.isfinite(event.reward):
@@ -809,7 +809,7 @@ def _matrix_problem(name: str, matrix: Matrix | None, lengths: list[int]) -> str
     for i, (row, length) in enumerate(zip(matrix, lengths)):
         if len(row) != length:
             return f"{name}[{i}]: {len(row)} values for {length} tokens"
-        if not all(math.isfinite(x) and x <= 0.0 for x in row):
+        if row and not (math.isfinite(sum(row)) and max(row) <= 0.0):  # as _sample_problem
             return f"{name}[{i}]: every value must be a finite log-probability (<= 0)"
     return ""
 
