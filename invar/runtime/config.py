@@ -75,6 +75,9 @@ class SshConfig:
     keepalive_count: int = 3
     """Unanswered keepalives after which the connection is dropped: a silent partition is
     detected in about keepalive_interval x (keepalive_count + 1) seconds (TCP alone: ~15 min)."""
+    reconnect_seconds: float = 120.0
+    """How long a worker's host may stay unreachable (connections refused or timing out,
+    retried with backoff: 0.5 s, 1 s, 2 s, ... up to 10 s) before that worker is given up."""
     remote_python: str = "python3"
     """The Python on the hosts that has invar installed (a path or a command name)."""
     remote_dir: str = ""
@@ -292,7 +295,7 @@ class TrainConfig:
                                   "rollout.ssh.trust_on_first_use = true")
         if not ssh.known_hosts.strip():
             raise ConfigError(("rollout.ssh.known_hosts",), "must name a file")
-        for name in ("connect_timeout", "keepalive_interval"):
+        for name in ("connect_timeout", "keepalive_interval", "reconnect_seconds"):
             value = getattr(ssh, name)
             if not (math.isfinite(value) and value > 0):
                 raise ConfigError((f"rollout.ssh.{name}",),

@@ -354,6 +354,8 @@ MAX_RESPAWNS = 5
 is not restarted again."""
 RESPAWN_BACKOFF = 0.5
 """Seconds before the second respawn in a row of such a worker, doubled for each next one."""
+RECONNECT_BACKOFF_MAX = 10.0
+"""The longest wait between two attempts to reach a worker's host (SSH)."""
 
 
 class Driver:
@@ -396,6 +398,8 @@ class Driver:
         self._stopping = False
         self._failures: dict[str, int] = {}
         self._connected: dict[str, int] = {}
+        self._unreachable: dict[str, tuple[float, int]] = {}
+        """Per worker whose host cannot be reached now: since when, and attempts so far."""
         """The incarnation of each worker whose hello was received (WorkerConnected sent)."""
         self._given_up: dict[str, str] = {}
         self._terms: dict[int, list[dict[str, float]]] = {}
@@ -647,6 +651,22 @@ class Driver:
                 return
             if self._stopping:
                 return
+            if served is None and self.config.rollout.respawn:
+                # Not started: its host is unreachable (for now). Not a death: tried again,
+                # backing off up to RECONNECT_BACKOFF_MAX, for rollout.ssh.reconnect_seconds
+                # in all, so a restarting sshd or a rebooting host is waited for.
+                since, tries = self._unreachable.get(name, (time.monotonic(), 0))
+                self._unreachable[name] = (since, tries + 1)
+                waited = time.monotonic() - since
+                limit = self.config.rollout.ssh.reconnect_seconds
+                if waited <= limit:
+                    await asyncio.sleep(min(RECONNECT_BACKOFF_MAX, RESPAWN_BACKOFF * 2 ** tries))
+                    incarnation += 1
+                    continue
+                self._gave_up(name, incarnation, f"its host stayed unreachable for {waited:.0f} s "
+                              f"(rollout.ssh.reconnect_seconds = {limit:g})")
+                return
+            self._unreachable.pop(name, None)
             self.stats.worker_deaths += 1
             self.metrics.count("worker_deaths")
             if self._connected.get(name) == incarnation:
@@ -668,15 +688,15 @@ class Driver:
             self._gave_up(name, incarnation, why)
             return
 
-    async def _serve_worker(self, name: str, incarnation: int) -> bool:
+    async def _serve_worker(self, name: str, incarnation: int) -> bool | None:
         """Run one incarnation of a worker until its connection ends; True if it completed a
-        request."""
+        request, None if it could not be started (its host unreachable for now)."""
         completed = self.stats.completed_by.get(name, 0)
         try:
             transport = await self.spawn_worker(name, incarnation)
         except ConnectionLost as error:  # e.g. a host unreachable for now: retried, backing off
             log.warning("worker %s#%d not started: %s", name, incarnation, error)
-            return False
+            return None
         # Protocol-level faults (rollout.frame_faults), whatever the transport; off: unwrapped.
         transport = with_frame_faults(transport, self.config.rollout.frame_faults, incarnation,
                                       self.metrics.count)

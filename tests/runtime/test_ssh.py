@@ -399,3 +399,39 @@ def test_two_workers_over_ssh_survive_a_crash_and_frame_faults_bitwise(server, t
     while any(p.returncode is None for p in server.processes) and time.monotonic() < deadline:
         time.sleep(0.1)
     assert all(p.returncode is not None for p in server.processes)
+
+
+# -- reconnection (the driver's side, whatever the transport) -----------------------------------
+
+
+def _unreachable_then_local(times: int, tried: list[int]) -> Any:
+    """A spawn whose first `times` attempts find the host unreachable."""
+    async def spawn(driver: Any, name: str, incarnation: int) -> Any:
+        tried.append(incarnation)
+        if len(tried) <= times:
+            raise HostUnreachable(f"ssh test-host:22: unreachable: attempt {len(tried)}")
+        return await driver._spawn_local_worker(name, incarnation)
+    return spawn
+
+
+def test_an_unreachable_host_is_retried_with_backoff_and_is_not_a_death(rt, tmp_path, caplog):
+    tried: list[int] = []
+    config = rt.tiny_config(tmp_path, "protocol.total_updates=2")
+    began = time.monotonic()
+    with caplog.at_level("WARNING", logger="invar.driver"):
+        state = rt.run_driver(config, spawn=_unreachable_then_local(3, tried))
+    from invar.model.core import run_complete
+    assert run_complete(state)
+    assert tried == [0, 1, 2, 3]  # each attempt a new incarnation
+    assert time.monotonic() - began >= 0.5 + 1.0 + 2.0  # backed off 0.5 s, 1 s, 2 s
+    summary = rt.summary(tmp_path)
+    assert summary["worker_deaths"] == 0 and summary["refused"] == 0
+    assert caplog.text.count("not started: ssh test-host:22: unreachable") == 3
+
+
+def test_a_host_unreachable_for_longer_than_reconnect_seconds_stops_the_run(rt, tmp_path):
+    from invar.runtime.driver import RunStopped
+    config = rt.tiny_config(tmp_path, "rollout.ssh.reconnect_seconds=1.0")
+    with pytest.raises(RunStopped, match=r"worker-0 died and is not restarted \(its host "
+                                         r"stayed unreachable for \d+ s"):
+        rt.run_driver(config, spawn=_unreachable_then_local(100, []))
