@@ -68,6 +68,7 @@ class FaultyTransport:
         self._inbox: asyncio.Queue[Any] = asyncio.Queue()
         self._pump: asyncio.Task | None = None
         self._held: set[asyncio.Task] = set()
+        self._closed = False
 
     def _fate(self, schedule: FrameSchedule, direction: str, header: dict[str, Any]
               ) -> tuple[str, float]:
@@ -142,6 +143,9 @@ class FaultyTransport:
         task.add_done_callback(self._held.discard)
 
     async def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
         for task in [*self._held, *([self._pump] if self._pump else [])]:
             task.cancel()
         await asyncio.gather(*self._held, *([self._pump] if self._pump else []),
