@@ -2,7 +2,8 @@
 machines"; issue 10).
 
     sudo .venv/bin/python benchmarks/twohost_acceptance.py            # acceptance + measure
-    sudo .venv/bin/python benchmarks/twohost_acceptance.py --no-measure
+    sudo .venv/bin/python benchmarks/twohost_acceptance.py --no-measure   # acceptance only
+    sudo .venv/bin/python benchmarks/twohost_acceptance.py --no-acceptance  # measure only
 
 Host A (driver and learner) trains with two rollout workers on host B over SSH (a real
 OpenSSH sshd in another network namespace, `benchmarks/twohost.py`). During the run, one after
@@ -264,41 +265,52 @@ def same_weights(a: Path, b: Path) -> tuple[bool, str]:
                         else f"differ: {differ}")
 
 
-def measure(hosts: TwoHosts, workdir: Path, updates: int = 20,
-            say: Callable[[str], None] = print) -> list[tuple[str, dict[str, Any]]]:
-    """Same configuration, driver on host A: local workers, SSH workers on a clean link, SSH
+CONFIGURATIONS = {
+    "tiny": [*BASE, "protocol.total_updates=20"],
+    "default": ["protocol.total_updates=20", "rollout.workers=2", "output.progress=false",
+                "output.tensorboard=false"],
+}
+"""What is measured: the tests' tiny configuration, and `invar train`'s default one (reverse
+8 digits, 64 prompts x 8 samples, a ~106k-parameter policy) cut to 20 updates; 2 workers."""
+IMPAIRED = {"loss": 2, "dup": 1, "delay": 10, "reorder": 10}
+
+
+def measure(hosts: TwoHosts, workdir: Path, say: Callable[[str], None] = print
+            ) -> list[tuple[str, str, dict[str, Any]]]:
+    """Each configuration, driver on host A: local workers, SSH workers on a clean link, SSH
     workers on an impaired one."""
     rows = []
-    for label, transport, impairment in (
-            ("local processes (host A)", [], {}),
-            ("SSH to host B, clean link", [*hosts.ssh_settings(REPO), hosts.hosts(2)], {}),
-            ("SSH to host B, 2 % loss, 1 % dup, 10 ms delay, 10 % reorder",
-             [*hosts.ssh_settings(REPO), hosts.hosts(2)],
-             {"loss": 2, "dup": 1, "delay": 10, "reorder": 10})):
-        run_dir = workdir / f"measure-{len(rows)}"
-        hosts.wire(**impairment)
-        process = hosts.on_a([*tool("invar"), "train", *sets(
-            [*BASE, f"protocol.total_updates={updates}", *transport,
-             f"output.run_dir={json.dumps(str(run_dir))}"])], stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT, env=environment())
-        output = process.communicate(timeout=600)[0].decode()
-        hosts.wire()
-        assert process.returncode == 0, output
-        summary = json.loads((run_dir / "summary.json").read_text())
-        seconds = [json.loads(line)["seconds"] for line in
-                   (run_dir / "metrics.jsonl").read_text().splitlines()
-                   if '"seconds"' in line]
-        summary["median_update_seconds"] = sorted(seconds)[len(seconds) // 2] if seconds else 0
-        rows.append((label, summary))
-        say(f"{label}: {summary['updates_per_second']:.2f} updates/s, median "
-            f"{summary['median_update_seconds']:.3f} s per update")
+    ssh = [*hosts.ssh_settings(REPO), hosts.hosts(2)]
+    for name, items in CONFIGURATIONS.items():
+        for label, transport, impairment in (
+                ("local processes (host A)", [], {}),
+                ("SSH to host B, clean link", ssh, {}),
+                ("SSH to host B, 2 % loss, 1 % dup, 10 ms delay, 10 % reorder", ssh,
+                 IMPAIRED)):
+            run_dir = workdir / f"measure-{len(rows)}"
+            hosts.wire(**impairment)
+            process = hosts.on_a([*tool("invar"), "train", *sets(
+                [*items, *transport, f"output.run_dir={json.dumps(str(run_dir))}"])],
+                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=environment())
+            output = process.communicate(timeout=600)[0].decode()
+            hosts.wire()
+            assert process.returncode == 0, output
+            summary = json.loads((run_dir / "summary.json").read_text())
+            seconds = sorted(json.loads(line)["seconds"] for line in
+                             (run_dir / "metrics.jsonl").read_text().splitlines()
+                             if '"seconds"' in line)
+            summary["median_update_seconds"] = seconds[len(seconds) // 2]
+            rows.append((name, label, summary))
+            say(f"{name}, {label}: {summary['updates_per_second']:.2f} updates/s, median "
+                f"{summary['median_update_seconds']:.3f} s per update")
     return rows
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--no-measure", action="store_true")
-    parser.add_argument("--updates", type=int, default=40)
+    parser.add_argument("--no-measure", action="store_true", help="the acceptance run only")
+    parser.add_argument("--no-acceptance", action="store_true", help="the measurement only")
+    parser.add_argument("--updates", type=int, default=40, help="of the acceptance run")
     args = parser.parse_args()
     why = missing_requirements()
     if why:
@@ -309,52 +321,73 @@ def main() -> int:
     def say(text: str) -> None:
         print(text, flush=True)
         lines.append(text)
+    result: dict[str, Any] = {}
+    rows: list[tuple[str, str, dict[str, Any]]] = []
     with tempfile.TemporaryDirectory(prefix="invar-twohost-") as tmp:
         hosts = TwoHosts(Path(tmp) / "hosts").up()
         try:
             began = time.monotonic()
-            result = acceptance(hosts, Path(tmp), args.updates, say)
+            if not args.no_acceptance:
+                result = acceptance(hosts, Path(tmp), args.updates, say)
             took = time.monotonic() - began
-            rows = [] if args.no_measure else measure(hosts, Path(tmp), say=say)
+            if not args.no_measure:
+                rows = measure(hosts, Path(tmp), say=say)
         finally:
             hosts.down()
     reports = REPO / "reports"
     command = "sudo .venv/bin/python benchmarks/twohost_acceptance.py"
+    when = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
+    if result:
+        write_acceptance(reports / "twohost_acceptance.md", result, lines, args.updates, took,
+                         f"{command} --no-measure", when)
+    if rows:
+        table = ["# Rollout over SSH versus local workers", "",
+                 (f"Reproduce: `{command} --no-acceptance` ({when}). Driver and learner on "
+                  "host A; 2 workers, local processes on host A or on host B over SSH "
+                  "(OpenSSH sshd in another network namespace, through the userspace wire; "
+                  f"impaired: {json.dumps(IMPAIRED)}). Configurations: "
+                  "`tiny` = the runtime tests' (4 prompts x 4 samples, 1-layer width-32 "
+                  "policy), `default` = `invar train`'s (64 x 8, 2-layer width-64); 20 updates "
+                  "each. One run per row on one 2-core machine shared with other jobs: both "
+                  "\"hosts\" share its CPUs, so read the differences, not the absolute "
+                  "figures. updates/s is over the whole run (start-up included); the median "
+                  "is of the per-update wall time."), "",
+                 "| configuration | workers | updates/s | median s per update | wall s |",
+                 "|---|---|---|---|---|"]
+        table += [f"| {name} | {label} | {s['updates_per_second']:.2f} | "
+                  f"{s['median_update_seconds']:.3f} | {s['wall_seconds']:.1f} |"
+                  for name, label, s in rows]
+        (reports / "ssh_benchmark.md").write_text("\n".join(table) + "\n")
+    return 0
+
+
+def write_acceptance(path: Path, result: dict[str, Any], lines: list[str], updates: int,
+                     took: float, command: str, when: str) -> None:
     summary = result["summary"]
     text = [
         "# Two-host acceptance run", "",
-        f"Reproduce: `{command}` (root: network namespaces; needs openssh-server, ethtool).", "",
+        (f"Reproduce: `{command}` ({when}; root: network namespaces; needs openssh-server, "
+         "ethtool). CI runs the same (tests/runtime/test_twohost.py)."), "",
         ("Driver and learner on host A, two rollout workers on host B over SSH (OpenSSH sshd, "
          "another network namespace joined by veth through a userspace wire). "
-         f"{args.updates} updates of the tiny test configuration; fault layer dropping 5 % and "
-         f"duplicating 5 % of protocol frames throughout; keepalive 1 s x 3. Took {took:.0f} s."),
-        "", "```", *lines[:len(result['timeline'])], "```", "",
+         f"{updates} updates of the tiny test configuration; fault layer dropping 5 % and "
+         "duplicating 5 % of protocol frames throughout; keepalive 1 s x 3; sshd with "
+         f"ClientAliveInterval 1 x 3. Took {took:.0f} s."),
+        "", "```", *lines[:len(result["timeline"])], "```", "",
         (f"- outcome: complete, {summary['updates']} updates over {summary.get('lives', 1)} "
          f"lives; killed at update {result['stopped_at']} and resumed; "
-         f"{result['incarnations']} worker incarnations in all"),
+         f"{result['incarnations']} worker incarnations started in all"),
         "- what the driver logged about its workers (both lives):", "", "```",
         *result["driver_log"], "```", "",
-        (f"- counters of the resumed life: {json.dumps(summary.get('counters', {}))}; worker "
-         f"deaths {summary['worker_deaths']}, refused {summary['refused']}"),
+        (f"- counters of the resumed life (the first was killed before writing its own): "
+         f"{json.dumps(summary.get('counters', {}))}; worker deaths "
+         f"{summary['worker_deaths']}, refused {summary['refused']}"),
         f"- `invar-check --trace`: exit {result['trace'][0]} ({result['trace'][1][-160:]})",
         f"- every request consumed once ({result['consumed']} requests)",
         f"- final weights vs `invar train --serial`: {result['bitwise'][1]}",
         f"- listening sockets on host A during the run: {result['listening_on_a'] or 'none'}",
     ]
-    (reports / "twohost_acceptance.md").write_text("\n".join(text) + "\n")
-    if rows:
-        table = ["# Rollout over SSH versus local workers", "",
-                 (f"Reproduce: `{command}`. Same configuration (tiny test configuration, 2 "
-                  "workers, 20 updates), driver and learner on host A; the workers are local "
-                  "processes on host A, or on host B over SSH. One 2-core machine: both "
-                  "\"hosts\" share its CPUs."), "",
-                 "| workers | updates/s | median s per update | wall s |",
-                 "|---|---|---|---|"]
-        table += [f"| {label} | {s['updates_per_second']:.2f} | "
-                  f"{s['median_update_seconds']:.3f} | {s['wall_seconds']:.1f} |"
-                  for label, s in rows]
-        (reports / "ssh_benchmark.md").write_text("\n".join(table) + "\n")
-    return 0
+    path.write_text("\n".join(text) + "\n")
 
 
 if __name__ == "__main__":
