@@ -100,6 +100,16 @@ class Timeline:
         self.say(f"[{row[0]:6.1f} s, update {row[1]:3d}, incarnations "
                  f"{incarnations(self.run_dir):2d}] {what}")
 
+    def only_current_workers(self, hosts: TwoHosts, expected: int, timeout: float = 15) -> None:
+        """Wait until host B runs exactly the current workers: no orphan of an incarnation
+        whose connection is gone."""
+        deadline = time.monotonic() + timeout
+        while len(hosts.workers_on_b()) != expected and time.monotonic() < deadline:
+            time.sleep(0.1)
+        running = hosts.workers_on_b()
+        self.note(f"worker processes on host B: {len(running)} {running}")
+        assert len(running) == expected, f"orphaned workers on host B: {running}"
+
     def wait_incarnations(self, target: int, process: subprocess.Popen, timeout: float) -> None:
         deadline = time.monotonic() + timeout
         while incarnations(self.run_dir) < target:
@@ -139,14 +149,15 @@ def acceptance(hosts: TwoHosts, workdir: Path, updates: int = 40,
         t.note(f"listening sockets on host A: {result['listening_on_a'] or 'none'}")
         assert not result["listening_on_a"], "the driver's host listens on a socket"
 
-        victim = hosts.workers_on_b()[0]
+        victim, started = hosts.workers_on_b()[0], incarnations(run_dir)
         os.kill(victim, signal.SIGKILL)
         t.note(f"kill -9 remote worker pid {victim} on host B")
-        t.wait_incarnations(incarnations(run_dir) + 1, driver, 30)
+        t.wait_incarnations(started + 1, driver, 30)
         t.wait_updates(committed(run_dir) + 2, driver, 60)
         t.note("training goes on (the worker reconnected as a new incarnation)")
+        t.only_current_workers(hosts, 2)
 
-        seen = _keepalive_losses(workdir)
+        seen, started = _keepalive_losses(workdir), incarnations(run_dir)
         hosts.wire(down=True)
         cut = time.monotonic()
         t.note("link partitioned silently (keepalive 1 s x 3: timeout ~4 s)")
@@ -158,22 +169,27 @@ def acceptance(hosts: TwoHosts, workdir: Path, updates: int = 40,
         time.sleep(max(0.0, 7 - (time.monotonic() - cut)))
         hosts.wire()
         t.note("link healed after 7 s")
-        t.wait_incarnations(incarnations(run_dir) + 2, driver, 60)
+        t.wait_incarnations(started + 2, driver, 60)  # both workers reconnect
         t.wait_updates(committed(run_dir) + 2, driver, 90)
         t.note("training goes on after the partition")
+        t.only_current_workers(hosts, 2)
 
+        started = incarnations(run_dir)
         killed = hosts.kill_sshd()
         t.note(f"kill -9 every sshd on host B (pids {killed}): sessions and listener gone")
         time.sleep(1.0)
         hosts.start_sshd()
         t.note("sshd restarted on host B")
-        t.wait_incarnations(incarnations(run_dir) + 2, driver, 60)
+        t.wait_incarnations(started + 2, driver, 60)
         t.wait_updates(committed(run_dir) + 2, driver, 90)
         t.note("training goes on after the sshd restart")
+        t.only_current_workers(hosts, 2)
 
+        impaired_from = committed(run_dir)
         hosts.wire(loss=10, dup=5, delay=20, reorder=25)
-        t.note("wire: 10 % loss, 5 % duplication, 20 ms delay, 25 % reordering")
-        t.wait_updates(committed(run_dir) + 2, driver, 120)
+        t.note("wire: 10 % loss, 5 % duplication, 20 ms delay, 25 % reordering, for 5 s")
+        time.sleep(5)
+        t.wait_updates(impaired_from + 2, driver, 120)  # and the run progressed through it
         hosts.wire()
         t.note("wire clean again")
 
