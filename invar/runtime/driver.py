@@ -398,9 +398,9 @@ class Driver:
         self._stopping = False
         self._failures: dict[str, int] = {}
         self._connected: dict[str, int] = {}
+        """The incarnation of each worker whose hello was received (WorkerConnected sent)."""
         self._unreachable: dict[str, tuple[float, int]] = {}
         """Per worker whose host cannot be reached now: since when, and attempts so far."""
-        """The incarnation of each worker whose hello was received (WorkerConnected sent)."""
         self._given_up: dict[str, str] = {}
         self._terms: dict[int, list[dict[str, float]]] = {}
         self._update_started = time.perf_counter()
