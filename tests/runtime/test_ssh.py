@@ -129,6 +129,26 @@ def test_ssh_needs_a_known_hosts_file_or_explicit_trust_on_first_use(rt, tmp_pat
 # -- an in-process SSH server ------------------------------------------------------------------
 
 
+class _AnyPassword(asyncssh.SSHServer):
+    """Offers password and keyboard-interactive login and would accept any answer: a client
+    that ever fell back to them (or prompted for one) would get in."""
+
+    def password_auth_supported(self) -> bool:
+        return True
+
+    def validate_password(self, username: str, password: str) -> bool:
+        return True
+
+    def kbdint_auth_supported(self) -> bool:
+        return True
+
+    def get_kbdint_challenge(self, username: str, lang: str, submethods: str) -> Any:
+        return "", "", "", [("Password: ", False)]
+
+    def validate_kbdint_response(self, username: str, responses: Any) -> bool:
+        return True
+
+
 class Server:
     """An asyncssh server on 127.0.0.1 in a thread of its own, running each session's command
     as a local process; `blackhole()` makes it a silent partition (a TCP proxy in front of it
@@ -163,7 +183,7 @@ class Server:
         authorized = asyncssh.import_authorized_keys(
             self.client_key.export_public_key("openssh").decode())
         self.acceptor = await asyncssh.create_server(
-            asyncssh.SSHServer, "127.0.0.1", 0, server_host_keys=[self.host_key],
+            _AnyPassword, "127.0.0.1", 0, server_host_keys=[self.host_key],
             authorized_client_keys=authorized, process_factory=self._session, encoding=None)
         port = self.acceptor.sockets[0].getsockname()[1]
         self.proxy = await asyncio.start_server(self._forward, "127.0.0.1", 0)
@@ -300,6 +320,7 @@ def test_an_unknown_host_is_refused_unless_trust_on_first_use_is_asked_for(serve
 
 
 def test_an_unauthorized_client_key_is_refused_naming_the_host(server):
+    """The server would take any password: we are refused all the same, never prompted."""
     with pytest.raises(SshRefused, match=rf"ssh 127\.0\.0\.1:{server.port}: our key was "
                                          "refused"):
         check(server, client_keys=(str(server.directory / "rogue_key"),))
