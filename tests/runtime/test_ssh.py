@@ -13,6 +13,7 @@ import json
 import os
 import re
 import shlex
+import shutil
 import signal
 import subprocess
 import sys
@@ -487,3 +488,27 @@ def test_a_host_unreachable_for_longer_than_reconnect_seconds_stops_the_run(rt, 
     with pytest.raises(RunStopped, match=r"worker-0 died and is not restarted \(its host "
                                          r"stayed unreachable for \d+ s"):
         rt.run_driver(config, spawn=_unreachable_then_local(100, []))
+
+
+@pytest.mark.skipif(shutil.which("ssh-agent") is None or shutil.which("ssh-add") is None,
+                    reason="needs OpenSSH's ssh-agent and ssh-add")
+def test_a_key_held_by_the_agent_is_used_only_when_the_agent_is(server, monkeypatch):
+    socket_path = server.directory / "agent.sock"
+    agent = subprocess.Popen(["ssh-agent", "-D", "-a", str(socket_path)],
+                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        for _ in range(100):
+            if socket_path.exists():
+                break
+            time.sleep(0.05)
+        environment = {**os.environ, "SSH_AUTH_SOCK": str(socket_path)}
+        subprocess.run(["ssh-add", "-q", str(server.directory / "client_key")],
+                       env=environment, check=True, capture_output=True)
+        monkeypatch.setenv("SSH_AUTH_SOCK", str(socket_path))
+        monkeypatch.setenv("HOME", str(server.directory))  # no default ~/.ssh keys
+        check(server, client_keys=(), agent=True)  # the agent's key gets in
+        with pytest.raises(SshRefused, match="our key was refused"):
+            check(server, client_keys=(), agent=False)
+    finally:
+        agent.terminate()
+        agent.wait(5)
