@@ -82,11 +82,16 @@ def main(argv: list[str] | None = None) -> int:
     from invar.runtime.driver import ResumeError, RunStopped  # torch from here on
     from invar.runtime.journal import JournalError
     from invar.runtime.torch_learner import CommitError
+    from invar.runtime.transport import TransportRefused
     try:
         summary = train(config, resume=bool(args.resume), serial=args.serial,
                         restored=restored)
     except (CommitError, JournalError, ResumeError, FileExistsError) as error:
         # A run directory that cannot be (re)started as it is: say which file and why.
+        print(f"invar: {'cannot resume' if args.resume else 'cannot start'}: {error}",
+              file=sys.stderr)
+        return 1
+    except TransportRefused as error:  # a worker host unreachable or refusing us, named
         print(f"invar: {'cannot resume' if args.resume else 'cannot start'}: {error}",
               file=sys.stderr)
         return 1

@@ -51,15 +51,82 @@ class SamplingConfig:
 
 
 @dataclass(frozen=True)
+class SshConfig:
+    """How rollout workers are reached over SSH (`rollout.transport = "ssh"`; README, "Workers
+    on other machines"). Only public-key authentication: never a password or a prompt."""
+
+    known_hosts: str = "~/.ssh/known_hosts"
+    """OpenSSH known_hosts file the hosts' keys are verified against; a host without an entry
+    is refused unless trust_on_first_use."""
+    trust_on_first_use: bool = False
+    """Accept the key of a host known_hosts has no entry for, and append it there (with a
+    warning naming the host and the key's fingerprint). A host whose entry differs is refused
+    whatever this says."""
+    client_keys: tuple[str, ...] = ()
+    """Private key files to authenticate with (unencrypted, or held by the agent); empty: the
+    agent's keys and ~/.ssh's default ones."""
+    agent: bool = True
+    """Also offer the keys of the SSH agent ($SSH_AUTH_SOCK)."""
+    connect_timeout: float = 10.0
+    """Seconds a connection (TCP, key exchange, authentication) may take before the host counts
+    as unreachable."""
+    keepalive_interval: float = 2.0
+    """Seconds of silence from a host after which a keepalive is sent."""
+    keepalive_count: int = 3
+    """Unanswered keepalives after which the connection is dropped: a silent partition is
+    detected in about keepalive_interval x (keepalive_count + 1) seconds (TCP alone: ~15 min)."""
+    reconnect_seconds: float = 120.0
+    """How long a worker's host may stay unreachable (connections refused or timing out,
+    retried with backoff: 0.5 s, 1 s, 2 s, ... up to 10 s) before that worker is given up."""
+    remote_python: str = "python3"
+    """The Python on the hosts that has invar installed (a path or a command name)."""
+    remote_dir: str = ""
+    """Directory the worker is started in on the hosts (empty: the login directory)."""
+    remote_env: tuple[str, ...] = ()
+    """"NAME=value" items set in the worker's environment on the hosts (e.g. PYTHONPATH)."""
+
+
+@dataclass(frozen=True)
+class FrameFaultConfig:
+    """Protocol-level fault injection (off by default): frames between the driver and each
+    worker are dropped, duplicated or delayed (which reorders them) by a seeded schedule, in
+    both directions, whatever the transport. TCP and SSH hide packet loss; this is how a real
+    run meets the core's drop, duplicate and reorder handling. A worker's `hello` is never
+    touched (it is the transport's handshake, not a protocol message)."""
+
+    drop: float = 0.0
+    """Probability a frame is dropped."""
+    duplicate: float = 0.0
+    """Probability a frame is delivered twice."""
+    delay: float = 0.0
+    """Probability a frame is held back for up to delay_seconds (later frames overtake it)."""
+    delay_seconds: float = 0.0
+    """Longest hold of a delayed frame (each draws uniformly in [0, delay_seconds])."""
+    seed: int = 0
+    """Seeds the schedule: with (worker, incarnation, direction, frame number) it decides
+    every frame's fate, so the same run meets the same faults frame for frame."""
+
+    @property
+    def enabled(self) -> bool:
+        return self.drop > 0 or self.duplicate > 0 or self.delay > 0
+
+
+@dataclass(frozen=True)
 class RolloutConfig:
     """Rollout workers: separate OS processes behind a transport."""
 
     workers: int = 1
     """Number of worker processes."""
     transport: str = "local"
-    """"local" (subprocess with framed pipes) or "ssh" (hosts below)."""
+    """"local" (subprocess with framed pipes) or "ssh" (processes on `hosts`, over SSH)."""
     hosts: tuple[str, ...] = ()
-    """For transport "ssh": one host per worker, e.g. "user@host:22"."""
+    """For transport "ssh": the host of each worker, in worker order, "[user@]host[:port]"
+    (the same host may be listed several times: several workers there). Must be empty for
+    transport "local"."""
+    ssh: SshConfig = field(default_factory=SshConfig)
+    """SSH settings (transport "ssh")."""
+    frame_faults: FrameFaultConfig = field(default_factory=FrameFaultConfig)
+    """Protocol-level fault injection between driver and workers (off by default)."""
     chunk_prompts: int = 16
     """Prompts a worker generates in one fixed-shape call (rows at fixed positions)."""
     threads: int = 1
@@ -153,9 +220,7 @@ class TrainConfig:
                               "must be >= 1")
         if self.rollout.transport not in ("local", "ssh"):
             raise ConfigError(("rollout.transport",), "must be \"local\" or \"ssh\"")
-        if self.rollout.transport == "ssh" and len(self.rollout.hosts) != self.rollout.workers:
-            raise ConfigError(("rollout.hosts", "rollout.workers"),
-                              "ssh transport needs exactly one host per worker")
+        self._validate_transport()
         for index, fault in enumerate(self.rollout.faults):
             target, kind = split_fault(fault)
             problem = fault_problem(kind)
@@ -192,6 +257,73 @@ class TrainConfig:
             if not (math.isfinite(value) and value >= 0):
                 raise ConfigError((f"optim.{name}",), f"must be a finite number >= 0, got {value}")
 
+    def _validate_transport(self) -> None:
+        """rollout.hosts, rollout.ssh.* and rollout.frame_faults.*: consistent, well formed."""
+        rollout, ssh = self.rollout, self.rollout.ssh
+        if rollout.transport == "local" and rollout.hosts:
+            raise ConfigError(("rollout.hosts", "rollout.transport"),
+                              f"{len(rollout.hosts)} host(s) given, but rollout.transport is "
+                              "\"local\": set rollout.transport = \"ssh\" to use them, or "
+                              "rollout.hosts = [] for local workers")
+        if rollout.transport == "ssh":
+            if len(rollout.hosts) != rollout.workers:
+                raise ConfigError(("rollout.hosts", "rollout.workers"),
+                                  f"ssh transport needs one host per worker (list a host again "
+                                  f"for several workers there): {len(rollout.hosts)} host(s) "
+                                  f"for {rollout.workers} worker(s)")
+            from invar.runtime import sshspec  # no asyncssh needed to check the settings
+            for index, host in enumerate(rollout.hosts):
+                try:
+                    sshspec.parse_host(host)
+                except ValueError as error:
+                    raise ConfigError((f"rollout.hosts[{index}]",), str(error)) from None
+            try:
+                import asyncssh  # noqa: F401
+            except ImportError:
+                raise ConfigError(("rollout.transport",),
+                                  "\"ssh\" needs asyncssh: pip install 'invar[ssh]'") from None
+            for index, key in enumerate(ssh.client_keys):
+                path = Path(key).expanduser()
+                if not os.access(path, os.R_OK):
+                    raise ConfigError((f"rollout.ssh.client_keys[{index}]",),
+                                      f"{str(path)!r} is not a readable file")
+            known = Path(ssh.known_hosts).expanduser()
+            if not ssh.trust_on_first_use and not known.is_file():
+                raise ConfigError(("rollout.ssh.known_hosts",),
+                                  f"{str(known)!r} does not exist, so no host can be verified; "
+                                  "add the hosts' keys to it, or set "
+                                  "rollout.ssh.trust_on_first_use = true")
+        if not ssh.known_hosts.strip():
+            raise ConfigError(("rollout.ssh.known_hosts",), "must name a file")
+        for name in ("connect_timeout", "keepalive_interval", "reconnect_seconds"):
+            value = getattr(ssh, name)
+            if not (math.isfinite(value) and value > 0):
+                raise ConfigError((f"rollout.ssh.{name}",),
+                                  f"must be a finite number > 0, got {value}")
+        if ssh.keepalive_count < 1:
+            raise ConfigError(("rollout.ssh.keepalive_count",), "must be >= 1")
+        from invar.runtime import sshspec
+        problems = sshspec.remote_problems(ssh.remote_python, ssh.remote_dir, ssh.remote_env)
+        if problems:
+            key, problem = problems[0]
+            raise ConfigError((f"rollout.ssh.{key}",), problem)
+        faults = rollout.frame_faults
+        for name in ("drop", "duplicate", "delay"):
+            value = getattr(faults, name)
+            if not 0 <= value < 1:
+                raise ConfigError((f"rollout.frame_faults.{name}",),
+                                  f"must be a probability in [0, 1), got {value}")
+        if faults.drop + faults.duplicate + faults.delay > 1:
+            raise ConfigError(("rollout.frame_faults.drop", "rollout.frame_faults.duplicate",
+                               "rollout.frame_faults.delay"),
+                              "are exclusive fates of one frame: their sum must be <= 1")
+        if not (math.isfinite(faults.delay_seconds) and faults.delay_seconds >= 0):
+            raise ConfigError(("rollout.frame_faults.delay_seconds",),
+                              f"must be a finite number >= 0, got {faults.delay_seconds}")
+        if (faults.delay > 0) != (faults.delay_seconds > 0):
+            raise ConfigError(("rollout.frame_faults.delay", "rollout.frame_faults.delay_seconds"),
+                              "a delay needs both a probability and a length (or neither)")
+
     def _validate_machine(self) -> None:
         """What this machine must offer: the learner's device and the CPUs to pin to."""
         device = self.learner.device
@@ -224,6 +356,8 @@ class TrainConfig:
 OPERATIONAL = (
     "rollout.workers", "rollout.transport", "rollout.hosts", "rollout.threads",
     "rollout.respawn", "rollout.cpus", "rollout.faults",
+    *(f"rollout.ssh.{f.name}" for f in dataclasses.fields(SshConfig)),
+    *(f"rollout.frame_faults.{f.name}" for f in dataclasses.fields(FrameFaultConfig)),
     "learner.device", "learner.threads", "learner.keep_commits", "learner.cpus",
     "output.run_dir", "output.tensorboard", "output.retry_seconds", "output.progress",
 )

@@ -68,10 +68,17 @@ from invar.model.state import Sample, State, WorkerPhase, initial_state, state_d
 from invar.model.world import Decision, LearnerRules
 from invar.runtime import journal as journal_io
 from invar.runtime.config import TrainConfig, split_fault, to_dict, worker_names
+from invar.runtime.faults import with_frame_faults
 from invar.runtime.metrics import MetricsLog
 from invar.runtime.task import DigitReversal
 from invar.runtime.torch_learner import commit_path
-from invar.runtime.transport import ConnectionLost, FrameError, LocalProcessTransport, Transport
+from invar.runtime.transport import (
+    ConnectionLost,
+    FrameError,
+    LocalProcessTransport,
+    Transport,
+    TransportRefused,
+)
 from invar.runtime.weights import atomic_write
 from invar.runtime.worker import RolloutWorker, WorkerArgs
 
@@ -352,6 +359,8 @@ MAX_RESPAWNS = 5
 is not restarted again."""
 RESPAWN_BACKOFF = 0.5
 """Seconds before the second respawn in a row of such a worker, doubled for each next one."""
+RECONNECT_BACKOFF_MAX = 10.0
+"""The longest wait between two attempts to reach a worker's host (SSH)."""
 
 
 class Driver:
@@ -373,7 +382,12 @@ class Driver:
         self.metrics = MetricsLog(self.run_dir, config, tensorboard=config.output.tensorboard)
         heldout = self.task.prompts("heldout", range(config.task.heldout_prompts))
         self.executor = LearnerExecutor(learner, self.task, heldout, self.run_dir, self.metrics)
-        self.spawn_worker = spawn_worker or self._spawn_local_worker
+        self._ssh: Any = None
+        if config.rollout.transport == "ssh":
+            from invar.runtime.ssh import SshWorkers  # asyncssh: only when asked for
+            self._ssh = SshWorkers(config.rollout.ssh, config.rollout.hosts,
+                                   worker_names(config.rollout.workers))
+        self.spawn_worker = spawn_worker or self._spawn_configured_worker
         self.learner_inputs = learner_inputs
         self.stats = Stats()
         self.events: asyncio.Queue[Event] = asyncio.Queue()
@@ -388,6 +402,10 @@ class Driver:
         self._tasks: set[asyncio.Task] = set()
         self._stopping = False
         self._failures: dict[str, int] = {}
+        self._connected: dict[str, int] = {}
+        """The incarnation of each worker whose hello was received (WorkerConnected sent)."""
+        self._unreachable: dict[str, tuple[float, int]] = {}
+        """Per worker whose host cannot be reached now: since when, and attempts so far."""
         self._given_up: dict[str, str] = {}
         self._terms: dict[int, list[dict[str, float]]] = {}
         self._update_started = time.perf_counter()
@@ -420,6 +438,10 @@ class Driver:
                 return self.state
         elif journal_path.exists() and journal_path.stat().st_size:
             raise FileExistsError(f"{journal_path} exists: use --resume, or another run_dir")
+        if self._ssh is not None and self.spawn_worker == self._spawn_configured_worker:
+            # Every host reachable, verified, accepting our key and able to run a worker, or
+            # the run does not start: an SshRefused naming the host (no fallback to local).
+            await self._ssh.check()
         if not self.resume:
             self._write_config()
         self.journal = journal_io.Journal(journal_path, self.config.protocol)
@@ -616,14 +638,47 @@ class Driver:
             name, worker_args(self.config, name, incarnation),
             logs / f"{name}.{incarnation}.log", cpus=self.config.rollout.cpus)
 
+    async def _spawn_configured_worker(self, name: str, incarnation: int) -> Transport:
+        """A new incarnation of `name` over rollout.transport."""
+        if self._ssh is None:
+            return await self._spawn_local_worker(name, incarnation)
+        logs = self.run_dir / "logs"
+        logs.mkdir(exist_ok=True)
+        return await self._ssh.spawn(name, worker_args(self.config, name, incarnation),
+                                     logs / f"{name}.{incarnation}.log")
+
     async def _start_worker(self, name: str, incarnation: int) -> None:
         while True:
-            served = await self._serve_worker(name, incarnation)
+            try:
+                served = await self._serve_worker(name, incarnation)
+            except TransportRefused as error:  # host key or client key: retrying cannot help
+                if not self._stopping:
+                    self._gave_up(name, incarnation, str(error))
+                return
             if self._stopping:
                 return
+            if served is None and self.config.rollout.respawn:
+                # Not started: its host is unreachable (for now). Not a death: tried again,
+                # backing off up to RECONNECT_BACKOFF_MAX, for rollout.ssh.reconnect_seconds
+                # in all, so a restarting sshd or a rebooting host is waited for.
+                since, tries = self._unreachable.get(name, (time.monotonic(), 0))
+                self._unreachable[name] = (since, tries + 1)
+                waited = time.monotonic() - since
+                limit = self.config.rollout.ssh.reconnect_seconds
+                if waited <= limit:
+                    await asyncio.sleep(min(RECONNECT_BACKOFF_MAX, RESPAWN_BACKOFF * 2 ** tries))
+                    incarnation += 1
+                    continue
+                self._gave_up(name, incarnation, f"its host stayed unreachable for {waited:.0f} s "
+                              f"(rollout.ssh.reconnect_seconds = {limit:g})")
+                return
+            self._unreachable.pop(name, None)
             self.stats.worker_deaths += 1
             self.metrics.count("worker_deaths")
-            self.events.put_nowait(WorkerLost(name, incarnation))
+            if self._connected.get(name) == incarnation:
+                # Only an incarnation the core saw connect can be lost (a connection that
+                # failed before its hello is just a failed attempt).
+                self.events.put_nowait(WorkerLost(name, incarnation))
             # Deaths in a row without a completed request: a worker that cannot serve.
             self._failures[name] = 0 if served else self._failures.get(name, 0) + 1
             failures = self._failures[name]
@@ -639,17 +694,25 @@ class Driver:
             self._gave_up(name, incarnation, why)
             return
 
-    async def _serve_worker(self, name: str, incarnation: int) -> bool:
+    async def _serve_worker(self, name: str, incarnation: int) -> bool | None:
         """Run one incarnation of a worker until its connection ends; True if it completed a
-        request."""
-        transport = await self.spawn_worker(name, incarnation)
+        request, None if it could not be started (its host unreachable for now)."""
+        completed = self.stats.completed_by.get(name, 0)
+        try:
+            transport = await self.spawn_worker(name, incarnation)
+        except ConnectionLost as error:  # e.g. a host unreachable for now: retried, backing off
+            log.warning("worker %s#%d not started: %s", name, incarnation, error)
+            return None
+        # Protocol-level faults (rollout.frame_faults), whatever the transport; off: unwrapped.
+        transport = with_frame_faults(transport, self.config.rollout.frame_faults, incarnation,
+                                      self.metrics.count)
         handle = WorkerHandle(name, incarnation, transport)
         self.workers[name] = handle
-        completed = self.stats.completed_by.get(name, 0)
         try:
             header, _ = await transport.receive()
             if header.get("kind") != "hello":
                 raise FrameError(f"first frame of {name} is {header.get('kind')!r}, not hello")
+            self._connected[name] = incarnation
             self.events.put_nowait(WorkerConnected(name, incarnation))
             while True:
                 try:

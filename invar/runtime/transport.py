@@ -38,6 +38,12 @@ class ConnectionLost(ConnectionError):
     """The other end is gone (EOF, broken pipe, process exit)."""
 
 
+class TransportRefused(RuntimeError):
+    """A worker's host refused the connection for a reason retrying cannot fix (its host key
+    does not verify, our key is refused); the message names the host. The driver does not
+    respawn such a worker, and at start-up the run does not begin."""
+
+
 def encode_frame(header: dict[str, Any], blob: bytes = b"") -> bytes:
     head = json.dumps(header, separators=(",", ":")).encode()
     return _LENGTH.pack(len(head)) + head + _LENGTH.pack(len(blob)) + blob
