@@ -375,8 +375,8 @@ def _hello_and_load(server: Server, tmp_path: Path, rt: Any, digest: str) -> tup
             load = LoadWeights("worker-0", 0, 1, 0, state_digest)
             await transport.send({"kind": "command", "message": encode(load),
                                   "params_digest": digest or params_digest}, blob)
-            header, _ = await asyncio.wait_for(transport.receive(), 60)
-            return json.dumps(header, separators=(",", ":"))
+            header, event = await asyncio.wait_for(transport.receive(), 60)
+            return json.dumps(header, separators=(",", ":")) + event.decode()
         except HostUnreachable as error:
             return str(error)
         finally:
