@@ -16,6 +16,8 @@ from __future__ import annotations
 import hashlib
 import math
 import struct
+import sys
+from array import array
 from collections import Counter
 from typing import Any, Callable
 
@@ -251,27 +253,29 @@ def _on_requests_completed(state: State, event: RequestsCompleted) -> Handled:
         return ProtocolError(state, event, Reason.UNKNOWN_WORKER,
                              f"worker {event.worker!r} never connected")
     g = state.config.group_size
-    changes: dict[int, dict[int, Slot]] = {}  # batch -> position -> new sample
+    batches = {index: state.batch(index) for index in {c.request.batch for c in event.completions}}
+    changes: dict[int, dict[int, Slot]] = {i: {} for i, b in batches.items() if b is not None}
     freed: Counter[tuple[str, int]] = Counter()  # (worker, incarnation) -> requests done
     noops: Counter[str] = Counter()
     for completion in event.completions:
-        request = completion.request
-        batch = state.batch(request.batch)
+        index, prompt, sample = completion.request
+        batch = batches[index]
         if batch is None:
             noops[_DUPLICATE.kind] += 1  # its batch was consumed: the ledger holds it
             continue
-        position = request.prompt * g + request.sample
+        position = prompt * g + sample
+        new = changes[index]
+        slot = new[position] if position in new else batch.slots[position]
         digest = _sample_digest(completion)
-        slot = changes.get(request.batch, {}).get(position, batch.slots[position])
-        if isinstance(slot, Sample):
+        if type(slot) is Sample:
             # Same identity, version and seed: a numerically invariant worker repeats itself.
             noops[(_DUPLICATE if slot.digest == digest else _DIVERGENT).kind] += 1
             continue
-        changes.setdefault(request.batch, {})[position] = Sample(
-            digest, completion.tokens, completion.behavior_logprobs, completion.reward,
-            completion.version)
-        if isinstance(slot, Assigned):
-            freed[slot.worker, slot.incarnation] += 1
+        new[position] = Sample(digest, completion.tokens, completion.behavior_logprobs,
+                               completion.reward, completion.version)
+        if slot is not None:
+            freed[slot.worker, slot.incarnation] += 1  # type: ignore[union-attr]
+    changes = {index: new for index, new in changes.items() if new}
     repeats = [_NoOp(kind, n) for kind, n in sorted(noops.items())]
     if not changes:
         return repeats[0] if len(repeats) == 1 else (_count(state, *repeats), [])
@@ -789,6 +793,8 @@ def _set(items: tuple, index: int, value: Any) -> tuple:
 def _sample_problem(event: Completion) -> str:
     if not event.tokens:
         return "tokens: empty response"
+    if min(event.tokens) < 0 or max(event.tokens) >= 1 << 63:
+        return "tokens: every token must be an id in [0, 2**63)"
     logprobs = event.behavior_logprobs
     if len(logprobs) != len(event.tokens):
         return f"behavior_logprobs: {len(logprobs)} values for {len(event.tokens)} tokens"
@@ -815,8 +821,17 @@ def _matrix_problem(name: str, matrix: Matrix | None, lengths: list[int]) -> str
 
 
 def _sample_digest(event: Completion) -> str:
+    # Little-endian int64 tokens, float64 log-probs and reward (`array` is the machine's
+    # byte order, so it is used only where that is little-endian, as on every target here).
     h = hashlib.blake2b(digest_size=12)
-    h.update(struct.pack(f"<{len(event.tokens)}q", *event.tokens))
-    h.update(struct.pack(f"<{len(event.behavior_logprobs)}d", *event.behavior_logprobs))
+    if _LITTLE_ENDIAN:
+        h.update(array("q", event.tokens).tobytes())
+        h.update(array("d", event.behavior_logprobs).tobytes())
+    else:  # pragma: no cover
+        h.update(struct.pack(f"<{len(event.tokens)}q", *event.tokens))
+        h.update(struct.pack(f"<{len(event.behavior_logprobs)}d", *event.behavior_logprobs))
     h.update(struct.pack("<d", event.reward))
     return h.hexdigest()
+
+
+_LITTLE_ENDIAN = sys.byteorder == "little"

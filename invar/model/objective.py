@@ -221,7 +221,9 @@ def unpad(values: np.ndarray, mask: np.ndarray) -> tuple[tuple[float, ...], ...]
         raise ValueError(f"mask: expected a bool array, got dtype {mask.dtype}")
     if mask.shape != values.shape:
         raise ValueError(f"mask: shape {mask.shape} differs from values shape {values.shape}")
-    return tuple(tuple(float(x) for x in row[keep]) for row, keep in zip(values, mask))
+    if mask.all():  # rows of one length: one conversion to Python floats
+        return tuple(map(tuple, values.tolist()))
+    return tuple(tuple(row[keep].tolist()) for row, keep in zip(values, mask))
 
 
 # ---------------------------------------------------------------------------------------------

@@ -125,6 +125,11 @@ def empty_response(d):
     return changed(good, tokens=(), behavior_logprobs=())
 
 
+def token_out_of_range(d):
+    good = first_completion(d)
+    return changed(good, tokens=(1 << 63,) + good.completions[0].tokens[1:])
+
+
 def infinite_reward(d):
     good = first_completion(d)
     return changed(good, reward=math.inf)
@@ -358,6 +363,7 @@ SCENARIOS = [
     (length_mismatch, Reason.MALFORMED_PAYLOAD),
     (empty_response, Reason.MALFORMED_PAYLOAD),
     (infinite_reward, Reason.MALFORMED_PAYLOAD),
+    (token_out_of_range, Reason.MALFORMED_PAYLOAD),
     (empty_frame, Reason.MALFORMED_PAYLOAD),
     (good_then_unknown, Reason.UNKNOWN_REQUEST),
     (scores_wrong_rows, Reason.MALFORMED_PAYLOAD),
