@@ -70,6 +70,9 @@ class Spec:
     profile: bool = False
     repeat_of: str | None = None
     """For a repeat: the name of the configuration it repeats."""
+    stop_after: float | None = None
+    """Stop the run at the first update row at or past this many driver wall seconds (a fixed
+    wall budget, as benchmarks/use_contract.py compares arms)."""
 
 
 @dataclass
@@ -232,6 +235,10 @@ def run(spec: Spec, root: Path, base: dict[str, Any], total: int, window_start: 
             kind = row.pop("kind", None)
             if kind == "update":
                 updates.append(row)
+                if spec.stop_after is not None and row["wall"] >= spec.stop_after \
+                        and not stopped and not done:
+                    stopped = time.perf_counter()
+                    process.send_signal(signal.SIGINT)
                 if row["update"] in (window_start, total - 1) and not done:
                     cpu_marks[row["update"]] = tree_cpu_seconds(process.pid)
             elif kind == "evaluation":
