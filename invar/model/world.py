@@ -70,7 +70,7 @@ from invar.model.messages import (
     matrix_digest,
 )
 from invar.model.shell import LEARNER, STORE, TIMER, Verdict, deliver, route
-from invar.model.state import LearnerPhase, State, WorkerPhase
+from invar.model.state import LearnerPhase, State, WorkerPhase, cached_repr
 from invar.model.state import evolve as replace
 
 CORE = "core"
@@ -158,6 +158,7 @@ class Decision:
     """A binding or state mismatch: no reply, nothing changes (logged and counted)."""
 
 
+@cached_repr
 @dataclass(frozen=True)
 class PendingForward:
     observation: ObservationId
@@ -165,6 +166,7 @@ class PendingForward:
     forward_digest: str
 
 
+@cached_repr
 @dataclass(frozen=True)
 class LearnerRules:
     """The protocol memory of a learner attempt (what a real backend keeps beside its tensors)."""
@@ -251,6 +253,7 @@ def message(to: str, body: Any) -> Message:
     return Message(f"{to}|{body!r}", to, body)
 
 
+@cached_repr
 @dataclass(frozen=True)
 class Learner:
     alive: bool
@@ -261,6 +264,7 @@ class Learner:
     """Durable: versions kept as checkpoints."""
 
 
+@cached_repr
 @dataclass(frozen=True)
 class Worker:
     name: str
