@@ -4,8 +4,8 @@ Expanding states is where all the time goes (for 2PC with 7 RMs: 2.7 M transitio
 fingerprint and look up).  A single loop full of ``if feature_enabled:`` tests pays for every
 feature on every transition, so the loop is generated from a template holding only the lines a
 given configuration needs (coverage by type or by action, transition properties, a
-fingerprint key, an integer-key fast path, graph recording, owner routing for the parallel
-engine), compiled once and cached.  The generated code is plain Python and can be printed
+fingerprint key, an integer-key fast path, Python's hash as the fingerprint, graph recording,
+owner routing for the parallel engine), compiled once and cached.  The generated code is plain Python and can be printed
 with ``expander_source(...)`` for inspection.
 """
 
@@ -56,6 +56,7 @@ def expander_source(
     key: bool,
     int_keys: bool,
     check_new: bool,
+    fast: bool = False,
     final: bool,
     deadlock: bool,
     graph: bool,
@@ -112,6 +113,9 @@ def expander_source(
         add("            k = key(t)")
     if int_keys:
         add(f"            g = {k} if {k}.__class__ is int and -1 < {k} < {_TWO64} else fp({k})")
+    elif fast:
+        # checker.fingerprint.fast_fingerprint, inlined: a builtin call, no Python frame
+        add(f"            g = hash({k}) & {_TWO64 - 1}")
     else:
         add(f"            g = fp({k})")
     if graph:

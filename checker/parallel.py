@@ -21,7 +21,12 @@ level-synchronous; one *step* per BFS level:
    all batches are empty, when a bound is hit, or when `finish_when` says so.
 
 Workers are forked (the model, its properties' lambdas included, is inherited, not
-pickled); platforms without ``fork`` run the sequential engine.  Counterexamples are rebuilt
+pickled); platforms without ``fork`` run the sequential engine.  Being forked, they share the
+coordinator's hash secret, so they use the same fingerprints as the sequential engine (fast
+ones, Python's hash, for states that hash by value; see `checker.fingerprint`) and route by
+them; a worker that meets a state that does not hash by value says so, and the search starts
+again with stable fingerprints.  (Which worker owns a state then depends on the hash secret:
+counterexamples are shortest in every run, and the same for a given N and ``PYTHONHASHSEED``.)  Counterexamples are rebuilt
 exactly as in the sequential engine, asking each fingerprint's owner for its parent.
 """
 
@@ -31,14 +36,14 @@ import multiprocessing as mp
 import pickle
 import time
 import traceback
+from dataclasses import dataclass
 from itertools import compress, count
 from operator import not_
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from checker._expand import FOREIGN, ExpandEnv, expander
 from checker.checkpoint import CheckpointError, load_checkpoint, save_checkpoint
-from checker.fingerprint import fingerprint, owner_of
+from checker.fingerprint import owner_of
 from checker.result import Progress
 
 if TYPE_CHECKING:
@@ -57,6 +62,8 @@ def fork_available() -> bool:
 class _WorkerOptions:
     check_deadlock: bool
     coverage: bool
+    fingerprints: str  # the coordinator's kind: forked workers share its hash secret
+    sampling: bool
 
 
 def _worker_main(conn: Any, me: int, nparts: int, model: Any, opts: _WorkerOptions) -> None:
@@ -72,9 +79,10 @@ def _worker_main(conn: Any, me: int, nparts: int, model: Any, opts: _WorkerOptio
 
 
 def _worker_loop(conn: Any, me: int, nparts: int, model: Any, opts: _WorkerOptions) -> None:
-    from checker.search import Coverage, ModelContext, PropertyTracker
+    from checker.search import Coverage, ModelContext, PropertyTracker, UnsafeHash
 
-    ctx = ModelContext(model, opts.check_deadlock)
+    ctx = ModelContext(model, opts.check_deadlock, opts.fingerprints)
+    ctx.sampling = opts.sampling
     props = PropertyTracker(ctx, "exhausted")
     cov = Coverage(ctx, opts.coverage)
     # fingerprint -> parent for owned states; -> FOREIGN for others already sent to their owner
@@ -108,11 +116,12 @@ def _worker_loop(conn: Any, me: int, nparts: int, model: Any, opts: _WorkerOptio
             outs: list[tuple[list[Any], list[int], list[int]]] = [([], [], []) for _ in range(nparts)]
             generated = 0
             before = len(nxt)
+            unsafe = None
             if expand_ok and cur:
                 env = ExpandEnv(
                     succ=ctx.successors,
                     key=ctx.key,
-                    fp=fingerprint,
+                    fp=ctx.fp_of_key if int_keys else ctx.fingerprint,
                     visited=visited,
                     nxt_append=nxt.append,
                     cov_buf=cov.buf,
@@ -127,6 +136,7 @@ def _worker_loop(conn: Any, me: int, nparts: int, model: Any, opts: _WorkerOptio
                     transition=bool(props.transition),
                     key=ctx.key is not None,
                     int_keys=int_keys,
+                    fast=ctx.fp_kind == "fast",
                     check_new=props.wants_new,
                     final=ctx.is_final is not None,
                     deadlock=props.deadlock,
@@ -138,7 +148,18 @@ def _worker_loop(conn: Any, me: int, nparts: int, model: Any, opts: _WorkerOptio
                     if lo:  # re-specialise: properties may have been decided meanwhile
                         expand = expander(**dict(flags, transition=bool(props.transition),
                                                  check_new=props.wants_new, deadlock=props.deadlock))
-                    generated += expand(cur[lo : lo + _CHUNK], depth, env)
+                    mark = len(nxt)
+                    try:
+                        generated += expand(cur[lo : lo + _CHUNK], depth, env)
+                        ctx.sample_keys(nxt, mark)
+                    except UnsafeHash as error:
+                        unsafe = error.reason
+                        break
+                    except TypeError as error:  # as in `Checker._run`: a state that is not hashable
+                        if not (ctx.sampling and str(error).startswith("unhashable type")):
+                            raise
+                        unsafe = str(error)
+                        break
                     cov.flush()
                 new_local = len(nxt) - before
                 cur, nxt = nxt, []
@@ -156,6 +177,8 @@ def _worker_loop(conn: Any, me: int, nparts: int, model: Any, opts: _WorkerOptio
                         "frontier": len(cur),
                         "unexpanded": unexpanded,
                         "events": list(props.found.values()),
+                        "inexact": ctx.inexact,
+                        "unsafe": unsafe,
                         "out": [pickle.dumps(o, protocol=5) if o[1] else None for o in outs],
                     },
                 )
@@ -236,14 +259,14 @@ def _partition(items: list[Any], n: int, fp_of: Any) -> list[list[Any]]:
 
 def run_parallel_bfs(checker: Checker[Any, Any], ctx: ModelContext) -> Outcome:
     """The parallel BFS (see the module docstring); returns the engine's `Outcome`."""
-    from checker.search import NO_PARENT, Found, Outcome, PropertyTracker
+    from checker.search import NO_PARENT, Found, Outcome, PropertyTracker, UnsafeHash
 
     n = checker.processes
     props = PropertyTracker(ctx, checker.finish_when)
     start = time.perf_counter()
     elapsed_before = 0.0
     base_cov: dict[str, int] = {}
-    pool = _Pool(n, checker.model, _WorkerOptions(checker.check_deadlock, checker.coverage))
+    pool = _Pool(n, checker.model, _WorkerOptions(checker.check_deadlock, checker.coverage, ctx.fp_kind, ctx.sampling))
     try:
         incoming: list[list[bytes]] = [[] for _ in range(n)]
         if checker.resume_from is not None:
@@ -309,6 +332,9 @@ def run_parallel_bfs(checker: Checker[Any, Any], ctx: ModelContext) -> Outcome:
             if new_local and depth + 1 > max_seen:
                 max_seen = depth + 1
             for r in replies:
+                if r["unsafe"] is not None:
+                    raise UnsafeHash(r["unsafe"])
+                ctx.inexact = ctx.inexact or r["inexact"]
                 for f in r["events"]:
                     props.record(f)
                 for dest, blob in enumerate(r["out"]):

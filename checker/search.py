@@ -39,18 +39,26 @@ What is checked, exactly:
 
 from __future__ import annotations
 
+import gc
 import os
 import random
 import threading
 import time
 from collections import Counter
-from collections.abc import Callable, Hashable
+from collections.abc import Callable, Hashable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any, Generic
 
 from checker._expand import ExpandEnv, expander
 from checker.checkpoint import CheckpointError, load_checkpoint, save_checkpoint
-from checker.fingerprint import fingerprint
+from checker.fingerprint import (
+    MASK64,
+    all_hash_by_value,
+    collision_probability,
+    fast_fingerprint,
+    fingerprint,
+)
 from checker.model import A, Property, PropertyKind, S, overrides, successors_of
 from checker.result import CheckResult, Progress, PropertyResult, Verdict
 from checker.trace import Trace
@@ -60,6 +68,33 @@ __all__ = ["Checker", "check"]
 NO_PARENT = -1  # parent pointer of an initial state
 _CHUNK = 256  # states expanded between two housekeeping checks (time, limits)
 FINISH_MODES = ("all_decided", "any_failure", "exhausted")
+FINGERPRINT_MODES = ("auto", "fast", "stable")
+# Young objects allocated between two cyclic collections while a search runs (Python's
+# default is 700).  A search allocates a state or two per transition and keeps one in ten
+# (the new ones, in the frontier): with the default, the collector ran ~15,000 times on
+# 2PC(7) and took a fifth of the engine's time, finding nothing (states are immutable trees;
+# they form no cycles).  Cycles a model creates are still collected, 100,000 allocations later.
+_GC_GEN0 = 100_000
+
+
+@contextmanager
+def _quiet_gc() -> Iterator[None]:
+    """Collect less often during a search (see `_GC_GEN0`); the old thresholds come back after."""
+    old = gc.get_threshold()
+    gc.set_threshold(max(old[0], _GC_GEN0), *old[1:])
+    try:
+        yield
+    finally:
+        gc.set_threshold(*old)
+
+
+class UnsafeHash(Exception):
+    """A state met during a search with fast fingerprints does not hash by value (the search
+    starts again with stable ones; see `checker.fingerprint.hashes_by_value`)."""
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(reason)
+        self.reason = reason
 
 
 @dataclass
@@ -80,10 +115,19 @@ class Found:
 
 
 class ModelContext:
-    """The model's functions, resolved once (defaults skipped) for the hot loops."""
+    """The model's functions, resolved once (defaults skipped) for the hot loops, and the
+    fingerprint in use: ``"fast"`` (Python's hash, this process and its forks) or
+    ``"stable"`` (see `checker.fingerprint`).  Integer keys below 2**64 are their own
+    fingerprint in both; `inexact` turns true once any other key has been fingerprinted."""
 
-    def __init__(self, model: Any, check_deadlock: bool) -> None:
+    def __init__(self, model: Any, check_deadlock: bool, fingerprints: str = "stable") -> None:
         self.model = model
+        self.fp_kind = fingerprints
+        self.fingerprint: Callable[[Hashable], int] = fast_fingerprint if fingerprints == "fast" else fingerprint
+        self.inexact = False
+        # With fast fingerprints chosen automatically, a sample of the new states is checked
+        # to hash by value (`sample_keys`); a search that meets one that does not restarts.
+        self.sampling = False
         self.successors = successors_of(model)
         self.key: Callable[[Any], Hashable] | None = (
             model.fingerprint_key if overrides(model, "fingerprint_key") else None
@@ -111,8 +155,32 @@ class ModelContext:
         self.eventually = by[PropertyKind.EVENTUALLY]
 
     def fp(self, state: Any) -> int:
+        """The fingerprint of `state` (outside the hot loops, which inline it)."""
         key = self.key
-        return fingerprint(key(state) if key is not None else state)
+        k = key(state) if key is not None else state
+        if k.__class__ is int and -1 < k <= MASK64:
+            return k  # type: ignore[no-any-return]
+        self.inexact = True
+        return self.fingerprint(k)
+
+    def fp_of_key(self, k: Any) -> int:
+        """The hot loops' fingerprint of a key that is not an int below 2**64."""
+        self.inexact = True
+        return self.fingerprint(k)
+
+    def sample_keys(self, items: list[Any], start: int, at: int = 0) -> None:
+        """Check that a few of the states ``items[i][at]`` added since ``i = start`` hash by
+        value (up to four, spread out); raise `UnsafeHash` if one does not."""
+        n = len(items) - start
+        if n <= 0 or not self.sampling:
+            return
+        key = self.key
+        picks = sorted({start, start + n // 3, start + (2 * n) // 3, start + n - 1})
+        problem = all_hash_by_value(
+            key(items[i][at]) if key is not None else items[i][at] for i in picks
+        )
+        if problem is not None:
+            raise UnsafeHash(problem)
 
     def initial(self) -> list[tuple[Any, int]]:
         """The initial states with their fingerprints, duplicates (by fingerprint) dropped."""
@@ -314,7 +382,16 @@ class Checker(Generic[S, A]):
       checkpoint_path  where `bfs` writes checkpoints: every `checkpoint_interval` seconds,
                        when `request_checkpoint()` was called, and when a bound stops it;
       resume_from      a checkpoint to resume `bfs` from;
-      coverage         count explored transitions per action kind (default True).
+      coverage         count explored transitions per action kind (default True);
+      fingerprints     "auto" (default): fast fingerprints (Python's hash, computed in C)
+                       when the states hash by value (`checker.fingerprint.hashes_by_value`:
+                       checked on the initial states and on a sample of the new states of
+                       every chunk; a search that meets one that does not starts again with
+                       stable ones, and says so in its notes), stable ones when checkpoints
+                       or a graph are written; "stable": always the stable SHA-1
+                       fingerprints; "fast": Python's hash unchecked (for states you know
+                       hash by value; not with checkpoints or graphs).  The result reports
+                       which was used and TLC's estimate of the collision probability.
     """
 
     def __init__(
@@ -334,9 +411,17 @@ class Checker(Generic[S, A]):
         checkpoint_interval: float | None = None,
         resume_from: str | os.PathLike[str] | None = None,
         coverage: bool = True,
+        fingerprints: str = "auto",
     ) -> None:
         if finish_when not in FINISH_MODES:
             raise ValueError(f"finish_when must be one of {FINISH_MODES}, not {finish_when!r}")
+        if fingerprints not in FINGERPRINT_MODES:
+            raise ValueError(f"fingerprints must be one of {FINGERPRINT_MODES}, not {fingerprints!r}")
+        if fingerprints == "fast" and (checkpoint_path or resume_from or record_graph or check_livelock):
+            raise ValueError(
+                "fast fingerprints are valid in one process only: checkpoints and recorded "
+                "graphs need fingerprints='stable' (or 'auto', which picks it)"
+            )
         self.model = model
         self.max_states = max_states
         self.max_depth = max_depth
@@ -351,6 +436,7 @@ class Checker(Generic[S, A]):
         self.checkpoint_interval = checkpoint_interval
         self.resume_from = os.fspath(resume_from) if resume_from is not None else None
         self.coverage = coverage
+        self.fingerprints = fingerprints
         self._checkpoint_requested = threading.Event()
         self._stop_requested = threading.Event()
         self.checkpoints_written = 0
@@ -365,31 +451,63 @@ class Checker(Generic[S, A]):
         """Ask a running search to stop at its next housekeeping point (result incomplete)."""
         self._stop_requested.set()
 
-    def _start(self) -> ModelContext:
+    def _start(self, fingerprints: str | None = None) -> ModelContext:
         self._stop_requested.clear()
-        return ModelContext(self.model, self.check_deadlock)
+        mode = fingerprints or self.fingerprints
+        if mode == "auto":
+            ctx = ModelContext(self.model, self.check_deadlock, "stable")
+            if not (self.checkpoint_path or self.resume_from or self.record_graph):
+                key = ctx.key
+                keys = [key(s) if key is not None else s for s in self.model.init_states()]
+                if all_hash_by_value(keys) is None:
+                    ctx = ModelContext(self.model, self.check_deadlock, "fast")
+                    ctx.sampling = True
+            return ctx
+        return ModelContext(self.model, self.check_deadlock, mode)
+
+    def _run(self, search: Callable[[ModelContext], Outcome]) -> CheckResult:
+        """Run `search` with fast fingerprints when they are valid, else with stable ones."""
+        ctx = self._start()
+        with _quiet_gc():
+            try:
+                outcome = search(ctx)
+            except UnsafeHash as unsafe:
+                reason = unsafe.reason
+            except TypeError as error:
+                # A state holding an unhashable value (a list, a dict) cannot have a fast
+                # fingerprint; the stable one encodes it.  Any other TypeError is the model's.
+                if not (ctx.sampling and str(error).startswith("unhashable type")):
+                    raise
+                reason = str(error)
+            else:
+                return self._result(ctx, outcome)
+            ctx = self._start("stable")
+            outcome = search(ctx)
+        outcome.notes.append(f"started again with stable fingerprints: {reason}")
+        return self._result(ctx, outcome)
 
     def bfs(self) -> CheckResult:
         """Breadth-first search: shortest counterexamples; parallel when ``processes > 1``."""
-        ctx = self._start()
+        notes: list[str] = []
         if self.processes > 1 and not self.record_graph:
-            from checker.parallel import run_parallel_bfs, fork_available
+            from checker.parallel import fork_available, run_parallel_bfs
 
             if fork_available():
-                return self._result(ctx, run_parallel_bfs(self, ctx))
+                return self._run(lambda ctx: run_parallel_bfs(self, ctx))
             notes = ["parallel search needs the 'fork' start method; ran in one process"]
         elif self.processes > 1:
             notes = ["record_graph/check_livelock run in one process"]
-        else:
-            notes = []
-        outcome = self._bfs_sequential(ctx)
-        outcome.notes.extend(notes)
-        return self._result(ctx, outcome)
+
+        def sequential(ctx: ModelContext) -> Outcome:
+            outcome = self._bfs_sequential(ctx)
+            outcome.notes[:0] = notes
+            return outcome
+
+        return self._run(sequential)
 
     def dfs(self) -> CheckResult:
         """Depth-first search (not shortest counterexamples; small frontier)."""
-        ctx = self._start()
-        return self._result(ctx, self._dfs(ctx))
+        return self._run(self._dfs)
 
     def simulate(self, runs: int = 100, max_depth: int = 1000, seed: int = 0) -> CheckResult:
         """`runs` random walks of at most `max_depth` steps (reproducible from `seed`).
@@ -400,8 +518,7 @@ class Checker(Generic[S, A]):
         checked on walks that end, and on walks that revisit a state (a lasso) before
         meeting the predicate.  Never `complete`: unreached ``sometimes`` stay NOT_REACHED.
         """
-        ctx = self._start()
-        return self._result(ctx, self._simulate(ctx, runs, max_depth, seed))
+        return self._run(lambda ctx: self._simulate(ctx, runs, max_depth, seed))
 
     # ------------------------------------------------------------------ sequential BFS
 
@@ -468,7 +585,7 @@ class Checker(Generic[S, A]):
         env = ExpandEnv(
             succ=ctx.successors,
             key=ctx.key,
-            fp=fingerprint,
+            fp=ctx.fp_of_key if ctx.int_keys() else ctx.fingerprint,
             visited=visited,
             nxt_append=nxt.append,
             cov_buf=cov.buf,
@@ -541,14 +658,18 @@ class Checker(Generic[S, A]):
                 transition=bool(props.transition),
                 key=ctx.key is not None,
                 int_keys=int_keys,
+                fast=ctx.fp_kind == "fast",
                 check_new=props.wants_new,
                 final=ctx.is_final is not None,
                 deadlock=props.deadlock,
                 graph=graph is not None,
                 route=False,
             )
+            before = len(nxt)
             generated += expand(chunk, depth, env)
             cov.flush()
+            if ctx.sampling:
+                ctx.sample_keys(nxt, before)
             if nxt and depth + 1 > max_seen:
                 max_seen = depth + 1
             # ---- housekeeping between chunks
@@ -640,7 +761,7 @@ class Checker(Generic[S, A]):
             stack.append((s, g, 0))
         stack.reverse()
         succ = ctx.successors
-        key = ctx.key
+        fp = ctx.fp
         need_final = ctx.is_final is not None
         is_final = ctx.is_final
         cov = Coverage(ctx, self.coverage)
@@ -667,7 +788,7 @@ class Checker(Generic[S, A]):
                     cov_append(a)
                 if props.transition:
                     props.check_transition(s, f, depth, a, t)
-                g = fingerprint(key(t)) if key is not None else fingerprint(t)
+                g = fp(t)
                 if graph is not None:
                     self._graph_edge(graph, ctx, f, g, a)
                 if g in visited:
@@ -689,6 +810,7 @@ class Checker(Generic[S, A]):
             count += 1
             if count & 255 == 0:
                 cov.flush()
+                ctx.sample_keys(stack, max(0, len(stack) - 16))
                 if props.stop or self._stop_requested.is_set():
                     break
                 if max_states is not None and len(visited) >= max_states:
@@ -788,6 +910,7 @@ class Checker(Generic[S, A]):
                     index.setdefault(g, depth + 1)
                 s, f = t, g
             runs_done += 1
+            ctx.sample_keys(path, 0, at=1)
             now = time.perf_counter()
             if now >= next_progress:
                 next_progress = now + self.progress_interval
@@ -895,6 +1018,7 @@ class Checker(Generic[S, A]):
                 )
             else:
                 results["livelock"] = check_livelock(ctx, outcome.graph)
+        kind = ctx.fp_kind if ctx.inexact else "exact"
         return CheckResult(
             strategy=outcome.strategy,
             properties=results,
@@ -908,6 +1032,8 @@ class Checker(Generic[S, A]):
             processes=outcome.processes,
             graph=outcome.graph,
             notes=list(outcome.notes),
+            fingerprints=kind,
+            collision_probability=0.0 if kind == "exact" else collision_probability(outcome.distinct, outcome.generated),
         )
 
 
