@@ -115,7 +115,7 @@ def expander_source(
         add(f"            g = {k} if {k}.__class__ is int and -1 < {k} < {_TWO64} else fp({k})")
     elif fast:
         # checker.fingerprint.fast_fingerprint, inlined: a builtin call, no Python frame
-        add(f"            g = hash({k}) & {_TWO64 - 1}")
+        add(f"            g = hash({k})")
     else:
         add(f"            g = fp({k})")
     if graph:

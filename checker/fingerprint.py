@@ -5,9 +5,9 @@ visited set, in parent pointers, in checkpoints and when states are exchanged be
 processes.  Two kinds, as TLC's: a collision (two distinct states, one fingerprint) makes the
 search skip a state, so every result reports the probability of one (`collision_probability`).
 
-**Fast** (`fast_fingerprint`): ``hash(key) & MASK64``, Python's own hash, computed in C (~80 ns
-for a named tuple of a tuple of strings, a string and two frozensets; strings and frozensets
-cache theirs).  It is the engine's default for ordinary states (`hashes_by_value` says which),
+**Fast** (`fast_fingerprint`): ``hash(key)``, Python's own hash, computed in C (~80 ns for a
+named tuple of a tuple of strings, a string and two frozensets; strings and frozensets cache
+theirs), a signed 64-bit int on 64-bit builds.  It is the engine's default for ordinary states (`hashes_by_value` says which),
 and is valid *within one process and its forks* only: ``str``/``bytes`` hashes are salted per
 interpreter (``PYTHONHASHSEED``), ``None``'s is its address before Python 3.12.  Forked BFS
 workers share the hash secret of the process that forked them, so they can route states by it.
@@ -182,9 +182,10 @@ def owner_of(fp: int, nparts: int) -> int:
 
 
 def fast_fingerprint(key: Hashable) -> int:
-    """Python's hash of `key` as an unsigned 64-bit int: valid in this process and its forks
-    only, and only for keys `hashes_by_value` accepts (see the module docstring)."""
-    return hash(key) & MASK64
+    """Python's hash of `key`: valid in this process and its forks only, and only for keys
+    `hashes_by_value` accepts (see the module docstring).  A signed 64-bit int, never -1
+    (CPython's error code), so it never reads as the engine's "no parent" mark."""
+    return hash(key)
 
 
 def collision_probability(distinct: int, generated: int) -> float:

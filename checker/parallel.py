@@ -89,7 +89,7 @@ def _worker_loop(conn: Any, me: int, nparts: int, model: Any, opts: _WorkerOptio
     visited: dict[int, int] = {}
     cur: list[tuple[Any, int]] = []
     nxt: list[tuple[Any, int]] = []
-    int_keys = ctx.int_keys()
+    int_keys = ctx.int_keys
     while True:
         msg = conn.recv()
         cmd = msg[0]
@@ -121,7 +121,7 @@ def _worker_loop(conn: Any, me: int, nparts: int, model: Any, opts: _WorkerOptio
                 env = ExpandEnv(
                     succ=ctx.successors,
                     key=ctx.key,
-                    fp=ctx.fp_of_key if int_keys else ctx.fingerprint,
+                    fp=ctx.fp_of_key,
                     visited=visited,
                     nxt_append=nxt.append,
                     cov_buf=cov.buf,

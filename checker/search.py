@@ -116,22 +116,27 @@ class Found:
 
 class ModelContext:
     """The model's functions, resolved once (defaults skipped) for the hot loops, and the
-    fingerprint in use: ``"fast"`` (Python's hash, this process and its forks) or
-    ``"stable"`` (see `checker.fingerprint`).  Integer keys below 2**64 are their own
-    fingerprint in both; `inexact` turns true once any other key has been fingerprinted."""
+    fingerprints in use (`fp` computes them as the hot loops do, which inline them).
+
+    When the initial states' keys are ints (`int_keys`), an int key below 2**64 is its own
+    fingerprint, and any other key gets the stable one (never Python's hash, under which a
+    large int would collide with its residue modulo 2**61 - 1); `inexact` turns true once
+    such a key is met.  Otherwise every key gets `fingerprint`: ``"fast"`` (Python's hash,
+    valid in this process and its forks) or ``"stable"`` (see `checker.fingerprint`)."""
 
     def __init__(self, model: Any, check_deadlock: bool, fingerprints: str = "stable") -> None:
         self.model = model
-        self.fp_kind = fingerprints
-        self.fingerprint: Callable[[Hashable], int] = fast_fingerprint if fingerprints == "fast" else fingerprint
-        self.inexact = False
-        # With fast fingerprints chosen automatically, a sample of the new states is checked
-        # to hash by value (`sample_keys`); a search that meets one that does not restarts.
-        self.sampling = False
         self.successors = successors_of(model)
         self.key: Callable[[Any], Hashable] | None = (
             model.fingerprint_key if overrides(model, "fingerprint_key") else None
         )
+        self.int_keys = self._first_key_is_int()
+        self.fp_kind = "stable" if self.int_keys else fingerprints
+        self.fingerprint: Callable[[Hashable], int] = fast_fingerprint if self.fp_kind == "fast" else fingerprint
+        self.inexact = not self.int_keys
+        # With fast fingerprints chosen automatically, a sample of the new states is checked
+        # to hash by value (`sample_keys`); a search that meets one that does not restarts.
+        self.sampling = False
         self.is_final: Callable[[Any], bool] | None = model.is_final if overrides(model, "is_final") else None
         self.kind_by_type = not overrides(model, "action_kind")
         self.action_kind: Callable[[Any], str] = (
@@ -158,27 +163,25 @@ class ModelContext:
         """The fingerprint of `state` (outside the hot loops, which inline it)."""
         key = self.key
         k = key(state) if key is not None else state
-        if k.__class__ is int and -1 < k <= MASK64:
+        if self.int_keys and k.__class__ is int and -1 < k <= MASK64:
             return k  # type: ignore[no-any-return]
         self.inexact = True
         return self.fingerprint(k)
 
     def fp_of_key(self, k: Any) -> int:
-        """The hot loops' fingerprint of a key that is not an int below 2**64."""
+        """The hot loops' fingerprint of a key they do not inline (see `fp`)."""
         self.inexact = True
         return self.fingerprint(k)
 
     def sample_keys(self, items: list[Any], start: int, at: int = 0) -> None:
-        """Check that a few of the states ``items[i][at]`` added since ``i = start`` hash by
-        value (up to four, spread out); raise `UnsafeHash` if one does not."""
-        n = len(items) - start
-        if n <= 0 or not self.sampling:
+        """Check that the first and the last of the states ``items[i][at]`` added since
+        ``i = start`` hash by value; raise `UnsafeHash` if one does not.  (Two per chunk of
+        256 expansions: a walk through a large state costs microseconds.)"""
+        if len(items) <= start or not self.sampling:
             return
         key = self.key
-        picks = sorted({start, start + n // 3, start + (2 * n) // 3, start + n - 1})
-        problem = all_hash_by_value(
-            key(items[i][at]) if key is not None else items[i][at] for i in picks
-        )
+        picks = (items[start][at], items[-1][at])
+        problem = all_hash_by_value(key(s) if key is not None else s for s in picks)
         if problem is not None:
             raise UnsafeHash(problem)
 
@@ -193,7 +196,7 @@ class ModelContext:
                 out.append((s, g))
         return out
 
-    def int_keys(self) -> bool:
+    def _first_key_is_int(self) -> bool:
         """True when the initial states' fingerprint keys are ints (enables a fast path)."""
         key = self.key
         for s in self.model.init_states():
@@ -246,7 +249,9 @@ class Coverage:
 
     def flush(self) -> None:
         if self._buf:
-            self._counts.update(map(type if self._by_type else self._kind, self._buf))
+            # Counted in a fresh Counter first: its counts stay small ints (cached up to 256),
+            # while adding one at a time to the running totals allocates an int per transition.
+            self._counts.update(Counter(map(type if self._by_type else self._kind, self._buf)))
             self._buf.clear()
 
     def kinds(self) -> dict[str, int]:
@@ -461,7 +466,7 @@ class Checker(Generic[S, A]):
                 keys = [key(s) if key is not None else s for s in self.model.init_states()]
                 if all_hash_by_value(keys) is None:
                     ctx = ModelContext(self.model, self.check_deadlock, "fast")
-                    ctx.sampling = True
+                    ctx.sampling = ctx.fp_kind == "fast"
             return ctx
         return ModelContext(self.model, self.check_deadlock, mode)
 
@@ -585,7 +590,7 @@ class Checker(Generic[S, A]):
         env = ExpandEnv(
             succ=ctx.successors,
             key=ctx.key,
-            fp=ctx.fp_of_key if ctx.int_keys() else ctx.fingerprint,
+            fp=ctx.fp_of_key,
             visited=visited,
             nxt_append=nxt.append,
             cov_buf=cov.buf,
@@ -596,7 +601,7 @@ class Checker(Generic[S, A]):
             env.graph_edge = lambda f, g, a: self._graph_edge(graph, ctx, f, g, a)
             env.graph_node = lambda t, g: self._graph_node(graph, ctx, t, g)
             env.graph_final = lambda f: graph.nodes[f].__setitem__("final", True)
-        int_keys = ctx.int_keys()
+        int_keys = ctx.int_keys
         max_states = self.max_states
         max_depth = self.max_depth
         progress = self.progress
