@@ -159,6 +159,37 @@ class ModelContext:
         self.final = by[PropertyKind.FINAL]
         self.eventually = by[PropertyKind.EVENTUALLY]
 
+    def expand_env(
+        self, visited: dict[int, Any], nxt_append: Callable[[Any], None], cov: Coverage, props: PropertyTracker
+    ) -> ExpandEnv:
+        """What the hot loop (`checker._expand`) reads: this model's functions and the search's state."""
+        return ExpandEnv(
+            succ=self.successors,
+            key=self.key,
+            fp=self.fp_of_key,
+            visited=visited,
+            nxt_append=nxt_append,
+            cov_buf=cov.buf,
+            props=props,
+            is_final=self.is_final,
+        )
+
+    def expander(
+        self, cov: Coverage, props: PropertyTracker, *, check_new: bool, graph: bool = False
+    ) -> Callable[[list[tuple[Any, int]], int, ExpandEnv], int]:
+        """The hot loop specialised for this model and the properties still open."""
+        return expander(
+            coverage=cov.enabled,
+            transition=bool(props.transition),
+            key=self.key is not None,
+            int_keys=self.int_keys,
+            fast=self.fp_kind == "fast",
+            check_new=check_new,
+            final=self.is_final is not None,
+            deadlock=props.deadlock,
+            graph=graph,
+        )
+
     def fp(self, state: Any) -> int:
         """The fingerprint of `state` (outside the hot loops, which inline it)."""
         key = self.key
@@ -527,6 +558,12 @@ class Checker(Generic[S, A]):
 
     # ------------------------------------------------------------------ sequential BFS
 
+    def _why_stopped(self, props: PropertyTracker) -> str:
+        """Why a search with work left stopped (when neither bound on depth nor exhaustion)."""
+        if props.stop:
+            return "all_decided" if self.finish_when == "all_decided" else "violation"
+        return "stop_requested" if self._stop_requested.is_set() else "max_states"
+
     def _signature(self) -> str:
         model = self.model
         cls = type(model)
@@ -587,21 +624,11 @@ class Checker(Generic[S, A]):
                 current.append((s, g))
 
         cov = Coverage(ctx, self.coverage)
-        env = ExpandEnv(
-            succ=ctx.successors,
-            key=ctx.key,
-            fp=ctx.fp_of_key,
-            visited=visited,
-            nxt_append=nxt.append,
-            cov_buf=cov.buf,
-            props=props,
-            is_final=ctx.is_final,
-        )
+        env = ctx.expand_env(visited, nxt.append, cov, props)
         if graph is not None:
             env.graph_edge = lambda f, g, a: self._graph_edge(graph, ctx, f, g, a)
             env.graph_node = lambda t, g: self._graph_node(graph, ctx, t, g)
             env.graph_final = lambda f: graph.nodes[f].__setitem__("final", True)
-        int_keys = ctx.int_keys
         max_states = self.max_states
         max_depth = self.max_depth
         progress = self.progress
@@ -658,18 +685,7 @@ class Checker(Generic[S, A]):
                 continue
             chunk = current[i : i + _CHUNK]
             i += len(chunk)
-            expand = expander(
-                coverage=cov.enabled,
-                transition=bool(props.transition),
-                key=ctx.key is not None,
-                int_keys=int_keys,
-                fast=ctx.fp_kind == "fast",
-                check_new=props.wants_new,
-                final=ctx.is_final is not None,
-                deadlock=props.deadlock,
-                graph=graph is not None,
-                route=False,
-            )
+            expand = ctx.expander(cov, props, check_new=props.wants_new, graph=graph is not None)
             before = len(nxt)
             generated += expand(chunk, depth, env)
             cov.flush()
@@ -825,13 +841,7 @@ class Checker(Generic[S, A]):
                     next_progress = now + self.progress_interval
                     progress(Progress("dfs", generated, len(visited), len(stack), max_seen, now - start))  # type: ignore[misc]
         if stack:
-            complete = False
-            if props.stop:
-                stop_reason = "all_decided" if self.finish_when == "all_decided" else "violation"
-            elif self._stop_requested.is_set():
-                stop_reason = "stop_requested"
-            else:
-                stop_reason = "max_states"
+            complete, stop_reason = False, self._why_stopped(props)
         elapsed = time.perf_counter() - start
         if progress:
             progress(Progress("dfs", generated, len(visited), len(stack), max_seen, elapsed, done=True))

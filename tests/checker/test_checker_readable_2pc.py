@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
-from checker import Checker
+from checker import Checker, Verdict
 from checker.examples import TwoPhaseCommit, TwoPhaseReadable
 from checker.examples.two_phase_readable import COMMIT, Message, TwoPhaseState
-from checker.fingerprint import collision_probability
+from checker.fingerprint import collision_probability, owner_of
 from checker.model import reachable_states
+from checker.parallel import _judge
 
 
 def _reachable(model: TwoPhaseReadable) -> set[TwoPhaseState]:
@@ -90,3 +93,31 @@ def test_messages_read_as_the_specs_records() -> None:
     assert Message("Prepared", 2) == ("Prepared", 2) and Message("Commit").rm is None
     with pytest.raises(ValueError):
         TwoPhaseReadable(0)
+
+
+@pytest.mark.parametrize(("first", "second"), [(1, 2), (2, 1)])
+def test_a_checkpoint_resumes_under_another_process_count(tmp_path: Path, first: int, second: int) -> None:
+    model = TwoPhaseReadable(4)
+    path = tmp_path / "run.ckpt"
+    part = Checker(model, max_states=700, checkpoint_path=path, processes=first).bfs()
+    assert part.stop_reason == "max_states" and part.fingerprints == "stable"
+    resumed = Checker(model, resume_from=path, processes=second).bfs()
+    whole = Checker(model).bfs()
+    assert resumed.complete and resumed.fingerprints == "stable"
+    assert (resumed.distinct_states, resumed.states_generated, resumed.coverage) == (
+        whole.distinct_states, whole.states_generated, whole.coverage)
+
+
+def test_parallel_workers_keep_their_states_and_the_coordinator_judges_fingerprints() -> None:
+    # two workers propose 5 and 7; 5 was visited; 7 (and 9) are new: 7 goes to its owner
+    visited = {5: 0}
+    owner7 = owner_of(7, 2)
+    verdicts, new = _judge([[5, 7, 9], [7]], visited, 2)
+    assert new == 2 and visited[7] == owner7 and visited[9] == 0
+    assert verdicts[0] == bytes([0, owner7 == 0, 1]) and verdicts[1] == bytes([owner7 == 1])
+    # stopped by max_states in parallel, every visited state has been checked (none is lost)
+    model = TwoPhaseReadable(4, buggy=True)
+    bounded = Checker(model, processes=2, max_states=300, finish_when="exhausted").bfs()
+    assert bounded.stop_reason == "max_states" and bounded.distinct_states >= 300
+    assert bounded.verdict("consistent") is Verdict.VIOLATED
+    assert len(bounded.counterexample("consistent")) == 3
