@@ -27,8 +27,11 @@ What is checked, exactly:
   per state at 300 k states, 78 at 1 M (35-42 B of dict entry and index, 36 B for the 64-bit
   int key; int-encoded states below 2**30 use 28-B keys).  The BFS queue adds a
   ``(state, fingerprint)`` tuple (56 B + the state) per queued state only.  In parallel runs
-  each worker's dict also holds the foreign fingerprints it has generated (marked, never sent
-  twice), up to about twice the total.
+  each worker's dict also holds the fingerprints it has met whose states another worker holds
+  (marked, never proposed twice), and the coordinator one ``fingerprint -> worker`` dict.
+* Fingerprints (`checker.fingerprint`): Python's hash for states that hash by value, stable
+  SHA-1 ones otherwise and wherever fingerprints leave the process (``fingerprints=``); every
+  result gives TLC's estimate of the probability that a collision hid a state.
 * `finish_when` decides when the search may stop before the state space is exhausted:
   ``"all_decided"`` (default, as stateright) stops once every property has a verdict that
   more search cannot change (every always/transition/final property violated, every sometimes
