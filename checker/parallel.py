@@ -10,7 +10,10 @@ search is level-synchronous, one *step* per BFS level:
 2. the coordinator, which holds the global visited set (fingerprint -> the worker whose state
    it is), judges the candidates: those already visited are refused; a new one proposed by
    several workers goes to its owner by fingerprint (`owner_of`) when the owner proposed it,
-   else to the first (so the levels stay balanced; deterministic for a given N and hash seed);
+   else to the first (deterministic for a given N and hash seed).  A worker wins every state
+   only it met, so the worker holding the initial state would win them all: when the next
+   level's shares differ by more than 64 states and 1/32 of the level, the excess is shipped
+   (pickled, with parent pointers) to the workers short of it;
 3. with the next step each worker gets its verdicts, keeps the states it won as its next
    frontier (checking invariants and sometimes-properties on them, as the sequential engine
    does when a state is first visited), marks the others as met (one lookup next time), and
@@ -24,7 +27,9 @@ the 296,448 states were pickled and unpickled once (9 µs each for the readable 
 tuples of frozensets: 2.5 s, half again the 4.8 s of the whole sequential search), and two
 processes took more CPU *and* more wall time than one.  Here a transition costs what it costs
 in one process, and a worker's extra work is one dict insert and one verdict per candidate:
-what two processes add is the candidates both workers met, and the coordinator's judging.
+what two processes add is the candidates both workers met, the states shipped to even the
+levels out, and the coordinator's judging.  The result's notes give each worker's states and
+CPU seconds, and the sum over levels of the slowest worker's: the time on idle cores.
 
 Workers are forked (the model, its properties' lambdas included, is inherited, not
 pickled); platforms without ``fork`` run the sequential engine.  Being forked, they share the
@@ -110,10 +115,21 @@ class _Worker:
                 _, depth, verdicts, decided, expand_ok = msg
                 conn.send(("ok", self.step(depth, verdicts, decided, expand_ok)))
             elif cmd == "accept":
-                _, depth, verdicts, decided = msg
+                _, depth, verdicts, decided, give = msg
                 self.settle(decided)
                 self.accept(depth, verdicts)
-                conn.send(("ok", {"events": list(self.props.found.values())}))
+                given = []
+                if give:  # to even the levels out: states with their parents, no longer this worker's
+                    for t, g in self.cur[-give:]:
+                        given.append((t, g, self.seen[g]))
+                        self.seen[g] = _ELSEWHERE
+                    del self.cur[-give:]
+                conn.send(("ok", {"events": list(self.props.found.values()), "given": given}))
+            elif cmd == "take":
+                for t, g, parent in msg[1]:
+                    self.seen[g] = parent
+                    self.cur.append((t, g))
+                conn.send(("ok", None))
             elif cmd == "load":
                 _, depth, part_seen, part_cur, part_ready, part_pending = msg
                 self.seen.update(part_seen)
@@ -168,6 +184,7 @@ class _Worker:
     def step(self, depth: int, verdicts: bytes | None, decided: list[str], expand_ok: bool) -> dict[str, Any]:
         from checker.search import UnsafeHash
 
+        began = time.process_time()
         self.settle(decided)
         self.accept(depth, verdicts)
         ctx, props, cov, cur = self.ctx, self.props, self.cov, self.cur
@@ -203,6 +220,7 @@ class _Worker:
             "inexact": ctx.inexact,
             "unsafe": unsafe,
             "candidates": [g for _t, g in self.pending],
+            "cpu_s": time.process_time() - began,
         }
 
 
@@ -352,15 +370,43 @@ def run_parallel_bfs(checker: Checker[Any, Any], ctx: ModelContext) -> Outcome:
         complete, stop_reason = True, "exhausted"
         frontier = 0
         verdicts: list[bytes | None] = [None] * n
+        # CPU seconds: each worker's steps, the slowest worker's per level (what a level takes
+        # when every worker has a core of its own), and the coordinator's judging
+        worker_cpu = [0.0] * n
+        critical = judging = 0.0
+        expanded = [0] * n
 
-        def settle() -> None:
-            """Hand out the verdicts now (the states won are then visited and checked)."""
+        def settle(give: list[int] | None = None) -> list[Any]:
+            """Hand out the verdicts now (the states won are then visited and checked); each
+            worker gives away the number of them in `give`, returned."""
             nonlocal verdicts
+            given: list[Any] = []
             if any(v is not None for v in verdicts):
                 decided = sorted(props.found)
-                for reply in pool.call_all([("accept", depth, verdicts[w], decided) for w in range(n)]):
+                for w, reply in enumerate(pool.call_all([("accept", depth, verdicts[w], decided, give[w] if give else 0)
+                                                         for w in range(n)])):
                     merge(reply["events"])
+                    given.extend(reply["given"])
                 verdicts = [None] * n
+            return given
+
+        def rebalance(loads: list[int]) -> None:
+            """Even out the next level: a worker wins the states it alone met, and when one
+            meets most of them (from the start, the one holding the initial state does), the
+            others would idle.  The excess is shipped (states with their parents), only then."""
+            total = sum(loads)
+            want = [total // n + (w < total % n) for w in range(n)]
+            given = settle([max(0, have - wanted) for have, wanted in zip(loads, want)])
+            at = 0
+            takes = []
+            for w in range(n):
+                need = max(0, want[w] - loads[w])
+                part = given[at : at + need]
+                at += need
+                for _t, g, _parent in part:
+                    visited[g] = w
+                takes.append(("take", part))
+            pool.call_all(takes)
 
         while True:
             expand_ok = max_depth is None or depth < max_depth
@@ -369,6 +415,10 @@ def run_parallel_bfs(checker: Checker[Any, Any], ctx: ModelContext) -> Outcome:
             verdicts = [None] * n
             generated += sum(r["generated"] for r in replies)
             frontier = sum(r["frontier"] for r in replies)
+            for w, r in enumerate(replies):
+                worker_cpu[w] += r["cpu_s"]
+                expanded[w] += r["frontier"] if expand_ok else 0
+            critical += max(r["cpu_s"] for r in replies)
             for r in replies:
                 if r["unsafe"] is not None:
                     raise UnsafeHash(r["unsafe"])
@@ -378,7 +428,9 @@ def run_parallel_bfs(checker: Checker[Any, Any], ctx: ModelContext) -> Outcome:
                 if sum(r["unexpanded"] for r in replies):
                     complete, stop_reason = False, "max_depth"
                 break
+            judged = time.process_time()
             verdicts, new = _judge([r["candidates"] for r in replies], visited, n)
+            judging += time.process_time() - judged
             depth += 1
             frontier = new + sum(r["ready"] for r in replies)
             if frontier == 0:
@@ -389,6 +441,9 @@ def run_parallel_bfs(checker: Checker[Any, Any], ctx: ModelContext) -> Outcome:
                 settle()  # every visited state checked, as the sequential engine leaves them
                 complete, stop_reason = False, checker._why_stopped(props)
                 break
+            loads = [sum(verdicts[w] or b"") + r["ready"] for w, r in enumerate(replies)]
+            if max(loads) - min(loads) > max(64, frontier // 32):
+                rebalance(loads)
             now = time.perf_counter()
             if now >= next_progress:
                 next_progress = now + checker.progress_interval
@@ -417,8 +472,15 @@ def run_parallel_bfs(checker: Checker[Any, Any], ctx: ModelContext) -> Outcome:
         found: dict[str, Found] = dict(props.found)
     finally:
         pool.close()
-    return Outcome("bfs", generated, len(visited), max_seen, elapsed, coverage, complete, stop_reason, found,
-                   chains.__getitem__, None, processes=n)
+    outcome = Outcome("bfs", generated, len(visited), max_seen, elapsed, coverage, complete, stop_reason, found,
+                      chains.__getitem__, None, processes=n)
+    outcome.notes.append(
+        f"states expanded per worker: {', '.join(f'{e:,}' for e in expanded)}; "
+        f"CPU seconds in the workers' steps: {', '.join(f'{c:.2f}' for c in worker_cpu)}; the slowest "
+        f"worker's, level by level: {critical:.2f}; the coordinator's judging: {judging:.2f} (on {n} idle "
+        f"cores the search would take about {critical + judging:.2f} s)"
+    )
+    return outcome
 
 
 def _coverage(pool: _Pool, base: dict[str, int]) -> dict[str, int]:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
@@ -121,3 +122,13 @@ def test_parallel_workers_keep_their_states_and_the_coordinator_judges_fingerpri
     assert bounded.stop_reason == "max_states" and bounded.distinct_states >= 300
     assert bounded.verdict("consistent") is Verdict.VIOLATED
     assert len(bounded.counterexample("consistent")) == 3
+
+
+def test_parallel_workers_share_the_levels() -> None:
+    # The initial state is one worker's, and a worker wins the states it alone met: without
+    # rebalancing, that worker would expand every state and the other none.
+    result = Checker(TwoPhaseReadable(5), processes=2).bfs()
+    note = next(n for n in result.notes if n.startswith("states expanded per worker"))
+    shares = [int(x.replace(",", "")) for x in re.findall(r"[\d,]+", note.split(";")[0])]
+    assert sum(shares) == result.distinct_states == 8_832
+    assert min(shares) > 0.35 * result.distinct_states
