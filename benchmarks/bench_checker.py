@@ -152,6 +152,10 @@ def main(argv: list[str] | None = None) -> int:
               f"{result.states_generated / wall:>12,.0f} {TLC_CPU_S / cpu if args.rms == 7 else float('nan'):>9.1f} "
               f"{'' if share is None else f'{100 * share:.0f}%':>7} {result.fingerprints:>12} "
               f"{result.collision_probability:>12.1e}")
+    for name, processes, _fp, _wall, _cpu, result, _share in rows:
+        for note in result.notes:
+            if note.startswith("states expanded per worker"):
+                print(f"{name}, {processes} processes: {note}")
     distinct, generated, depth, _cov = reference  # type: ignore[misc]
     print(f"counts (every row): {distinct:,} distinct, {generated:,} generated, depth {depth} (TLC depth {depth + 1})")
     print(f"verdicts: { {n: p.verdict.value for n, p in rows[0][5].properties.items()} }")
