@@ -4,8 +4,8 @@ Expanding states is where all the time goes (for 2PC with 7 RMs: 2.7 M transitio
 fingerprint and look up).  A single loop full of ``if feature_enabled:`` tests pays for every
 feature on every transition, so the loop is generated from a template holding only the lines a
 given configuration needs (coverage by type or by action, transition properties, a
-fingerprint key, an integer-key fast path, graph recording, owner routing for the parallel
-engine), compiled once and cached.  The generated code is plain Python and can be printed
+fingerprint key, an integer-key fast path, Python's hash as the fingerprint, graph
+recording), compiled once and cached; the parallel engine's workers run it too.  The generated code is plain Python and can be printed
 with ``expander_source(...)`` for inspection.
 """
 
@@ -15,10 +15,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["FOREIGN", "ExpandEnv", "expander", "expander_source"]
+__all__ = ["ExpandEnv", "expander", "expander_source"]
 
-_KNUTH = 0x9E3779B97F4A7C15  # must match checker.fingerprint.owner_of
-FOREIGN = -2  # a parallel worker's mark for a fingerprint it has seen but does not own
 _TWO64 = 1 << 64
 
 
@@ -37,11 +35,6 @@ class ExpandEnv:
     graph_edge: Callable[[int, int, Any], None] | None = None
     graph_node: Callable[[Any, int], None] | None = None
     graph_final: Callable[[int], None] | None = None
-    # parallel routing
-    me: int = 0
-    nparts: int = 1
-    # per destination worker: the append methods of its (states, fingerprints, parents) lists
-    out_appends: list[tuple[Callable[[Any], None], Callable[[Any], None], Callable[[Any], None]]] | None = None
 
 
 NO_SUCCESSOR = object()  # sentinel: the loop over successors did not run
@@ -56,10 +49,10 @@ def expander_source(
     key: bool,
     int_keys: bool,
     check_new: bool,
+    fast: bool = False,
     final: bool,
     deadlock: bool,
     graph: bool,
-    route: bool,
 ) -> str:
     """The source of the specialised ``expand(chunk, depth, env) -> generated`` function."""
     body = [
@@ -80,9 +73,6 @@ def expander_source(
         "    graph_edge = env.graph_edge",
         "    graph_node = env.graph_node",
         "    graph_final = env.graph_final",
-        "    me = env.me",
-        "    nparts = env.nparts",
-        "    out_appends = env.out_appends",
         "    d1 = depth + 1",
     ]
     add = body.append
@@ -112,24 +102,15 @@ def expander_source(
         add("            k = key(t)")
     if int_keys:
         add(f"            g = {k} if {k}.__class__ is int and -1 < {k} < {_TWO64} else fp({k})")
+    elif fast:
+        # checker.fingerprint.fast_fingerprint, inlined: a builtin call, no Python frame
+        add(f"            g = hash({k})")
     else:
         add(f"            g = fp({k})")
     if graph:
         add("            graph_edge(f, g, a)")
     add("            if g in visited:")
     add("                continue")
-    if route:
-        # First sight of g in this worker: owned states are handled below; the others are
-        # marked FOREIGN in the local dict (so every later duplicate costs one lookup) and
-        # batched for their owner.
-        add(f"            o = (((g * {_KNUTH}) & {_TWO64 - 1}) >> 32) % nparts")
-        add("            if o != me:")
-        add(f"                visited[g] = {FOREIGN}")
-        add("                put_t, put_g, put_f = out_appends[o]")
-        add("                put_t(t)")
-        add("                put_g(g)")
-        add("                put_f(f)")
-        add("                continue")
     add("            visited[g] = f")
     if check_new:
         add("            for pn, pp in always:")

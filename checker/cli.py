@@ -1,11 +1,21 @@
-"""`invar-check`: model-check the Invar protocol, validate a real run's journal, or prove the
-schedule's arithmetic.
+"""`invar-check`: model-check the Invar protocol or any model, validate a real run's journal, or
+prove the schedule's arithmetic.
 
     invar-check [--jobs N]                  # the gate: every bound of spec/gate/, in parallel
     invar-check SPEC.toml|DIR [--bfs|--dfs|--simulate N] [--processes N] [--max-states N]
                 [--json FILE] [--dot FILE] [--regression FILE]
+    invar-check --model MODULE:FACTORY [--arg NAME=VALUE ...] [--bfs|--dfs|--simulate N] ...
     invar-check --trace RUN_DIR/journal.jsonl
     invar-check --prove
+
+--model checks any model (a `checker.Model`): FACTORY is a class or function of the importable
+MODULE (the current folder is on the path) that returns one, called with the keyword arguments
+given by --arg (repeated; VALUE is read as JSON when it parses -- 7, true, 1.5, "7", [1, 2] --
+and is a string otherwise), e.g.
+
+    invar-check --model checker.examples.two_phase_readable:TwoPhaseReadable --arg rms=7
+
+It takes the search options, --json, --dot and --graphml as for the Invar model.
 
 Exit status: 0 every property holds, 1 a violation (or a departure, or a failed lemma),
 2 bad input (the message names the field or file); with --trace, 3 a journal that matches the
@@ -15,6 +25,7 @@ model but whose run is incomplete (it says where it ends).
 from __future__ import annotations
 
 import argparse
+import importlib
 import json
 import os
 import subprocess
@@ -33,7 +44,7 @@ from checker.invar_model import CORE, Bounds, Explored, InvarModel, load_bounds
 from checker.report import ProgressPrinter, print_result
 from checker.result import Verdict
 from checker.search import Checker
-from checker.trace import Trace, trace_to_json
+from checker.trace import Trace, to_jsonable, trace_to_json
 from invar.model.errors import ConfigError
 from invar.model.messages import TimerFired, dumps
 
@@ -77,6 +88,14 @@ def main(argv: list[str] | None = None) -> int:
                              "failing bound): for mutation testing")
     parser.add_argument("--drop-validity", action="store_true",
                         help="with --prove: drop the config rule P <= S+1 to see what fails")
+    parser.add_argument("--model", metavar="MODULE:FACTORY",
+                        help="check the model FACTORY(**args) returns instead of the Invar model")
+    parser.add_argument("--arg", action="append", default=[], metavar="NAME=VALUE",
+                        help="a keyword argument of the --model factory (VALUE as JSON, else "
+                             "a string); repeat for several")
+    parser.add_argument("--fingerprints", choices=("auto", "fast", "stable"), default="auto",
+                        help="auto (default): Python's hash for states that hash by value, "
+                             "stable ones with checkpoints and graphs; stable: always SHA-1")
     args = parser.parse_args(argv)
     # Piped output is not wrapped at 80 columns (a line stays one line for grep and logs).
     piped = not sys.stdout.isatty()
@@ -85,6 +104,11 @@ def main(argv: list[str] | None = None) -> int:
         return _prove(console, assume_valid=not args.drop_validity)
     if args.trace:
         return _trace(Path(args.trace), console)
+    if args.model:
+        return _any_model(args, console)
+    if args.arg:
+        print("invar-check: --arg goes with --model", file=sys.stderr)
+        return 2
     spec = Path(args.spec) if args.spec else GATE
     if spec.is_dir():
         return _suite(spec, args.jobs or min(2, os.cpu_count() or 1), console, args.fail_fast)
@@ -104,29 +128,134 @@ def main(argv: list[str] | None = None) -> int:
         finish_when="any_failure" if args.fail_fast else "all_decided",
         progress=None if args.quiet else ProgressPrinter(console), progress_interval=2.0,
         checkpoint_path=args.checkpoint, checkpoint_interval=60.0 if args.checkpoint else None,
-        resume_from=args.resume)
+        resume_from=args.resume, fingerprints=args.fingerprints)
     console.print(f"[bold]invar-check[/bold] {spec}: {_describe(bounds)}; symmetry "
                   f"{'on' if model.symmetry else 'off'}, reduction "
                   f"{'on' if model.reduction else 'off'}")
-    if args.simulate:
-        result = checker.simulate(runs=args.simulate, max_depth=args.max_depth or 400,
-                                  seed=args.seed)
-    elif args.dfs:
-        result = checker.dfs()
-    else:
-        result = checker.bfs()
+    result = _search(checker, args)
     print_result(result, model, console)
     if args.json:
         Path(args.json).write_text(json.dumps(_result_json(result, model, bounds), indent=2))
-    if args.dot:
-        result.write_dot(args.dot)
-    if args.graphml:
-        result.write_graphml(args.graphml)
+    _write_graphs(result, args)
     violated = [p for p in result.violations if p.trace is not None]
     if violated and args.regression:
         Path(args.regression).write_text(regression_test(bounds, violated[0].name,
                                                          violated[0].trace, model))
         console.print(f"regression test written to {args.regression}")
+    return _exit_status(result, console)
+
+
+def _search(checker: Checker[Any, Any], args: argparse.Namespace) -> Any:
+    if args.simulate:
+        return checker.simulate(runs=args.simulate, max_depth=args.max_depth or 400, seed=args.seed)
+    if args.dfs:
+        return checker.dfs()
+    return checker.bfs()
+
+
+def _write_graphs(result: Any, args: argparse.Namespace) -> None:
+    if args.dot:
+        result.write_dot(args.dot)
+    if args.graphml:
+        result.write_graphml(args.graphml)
+
+
+class UsageError(Exception):
+    """A --model or --arg that cannot be used (exit status 2, with this message)."""
+
+
+def parse_model_args(pairs: list[str]) -> dict[str, Any]:
+    """``["rms=7", "name=x"]`` -> ``{"rms": 7, "name": "x"}``: each VALUE as JSON when it
+    parses, else as the string it is (raises UsageError naming a malformed pair)."""
+    out: dict[str, Any] = {}
+    for pair in pairs:
+        name, sep, text = pair.partition("=")
+        if not sep or not name.isidentifier():
+            raise UsageError(f"--arg {pair!r}: expected NAME=VALUE with NAME a Python identifier")
+        if name in out:
+            raise UsageError(f"--arg {name} given twice")
+        try:
+            out[name] = json.loads(text)
+        except json.JSONDecodeError:
+            out[name] = text
+    return out
+
+
+def load_model(spec: str, kwargs: dict[str, Any]) -> Any:
+    """The model that ``FACTORY(**kwargs)`` returns for ``spec = "MODULE:FACTORY"`` (FACTORY
+    may be dotted: ``module:Class.build``); raises UsageError saying what is wrong."""
+    module_name, sep, attr = spec.partition(":")
+    if not sep or not module_name or not attr:
+        raise UsageError(f"--model {spec!r}: expected MODULE:FACTORY, e.g. "
+                         "checker.examples.two_phase_readable:TwoPhaseReadable")
+    if "" not in sys.path and os.getcwd() not in sys.path:
+        sys.path.insert(0, os.getcwd())  # as `python -m`: a user's model in the current folder
+    try:
+        factory: Any = importlib.import_module(module_name)
+    except ImportError as error:
+        raise UsageError(f"--model {spec!r}: cannot import {module_name!r} ({error})") from error
+    for part in attr.split("."):
+        try:
+            factory = getattr(factory, part)
+        except AttributeError:
+            raise UsageError(f"--model {spec!r}: {module_name} has no {attr!r}") from None
+    if not callable(factory):
+        raise UsageError(f"--model {spec!r}: {attr!r} is not callable")
+    try:
+        model = factory(**kwargs)
+    except TypeError as error:
+        raise UsageError(f"--model {spec!r}: {attr}(**{kwargs!r}) failed: {error}") from error
+    missing = [m for m in ("init_states", "actions", "next_state") if not callable(getattr(model, m, None))]
+    if missing:
+        raise UsageError(f"--model {spec!r}: {attr}(...) returned {type(model).__name__}, not a model "
+                         f"(no {', '.join(missing)})")
+    return model
+
+
+def _any_model(args: argparse.Namespace, console: Console) -> int:
+    """`--model`: the same search options and outputs as for the Invar model, on any model."""
+    invar_only = [flag for flag, given in (("SPEC", args.spec), ("--regression", args.regression),
+                                           ("--no-symmetry", args.no_symmetry),
+                                           ("--no-reduction", args.no_reduction),
+                                           ("--jobs", args.jobs is not None)) if given]
+    if invar_only:
+        print(f"invar-check: {', '.join(invar_only)} apply to the Invar model, not to --model",
+              file=sys.stderr)
+        return 2
+    try:
+        model = load_model(args.model, parse_model_args(args.arg))
+    except UsageError as error:
+        print(f"invar-check: {error}", file=sys.stderr)
+        return 2
+    # A graph export records the graph; unlike the Invar model's (whose runs complete), a
+    # model need not have final states, so the livelock check stays the --livelock flag's.
+    graph = args.livelock or bool(args.dot or args.graphml)
+    try:
+        checker = Checker(
+            model, max_states=args.max_states, max_depth=args.max_depth,
+            processes=1 if graph else (args.processes or 1), check_livelock=args.livelock,
+            record_graph=graph,
+            finish_when="any_failure" if args.fail_fast else "all_decided",
+            progress=None if args.quiet else ProgressPrinter(console), progress_interval=2.0,
+            checkpoint_path=args.checkpoint, checkpoint_interval=60.0 if args.checkpoint else None,
+            resume_from=args.resume, fingerprints=args.fingerprints)
+    except ValueError as error:
+        print(f"invar-check: {error}", file=sys.stderr)
+        return 2
+    console.print(f"[bold]invar-check[/bold] {args.model} {' '.join(args.arg)}".rstrip())
+    result = _search(checker, args)
+    print_result(result, model, console)
+    if args.json:
+        doc = dict(result.summary())
+        doc["model"] = {"factory": args.model, "args": parse_model_args(args.arg)}
+        fmt = getattr(model, "format_action", repr)
+        view = getattr(model, "view_state", None)
+        doc["counterexamples"] = {
+            p.name: json.loads(trace_to_json(p.trace, encode_action=fmt, encode_state=(
+                None if view is None else lambda s: to_jsonable(view(s)))))
+            for p in result.violations if p.trace is not None}
+        Path(args.json).write_text(json.dumps(doc, indent=2))
+    _write_graphs(result, args)
     return _exit_status(result, console)
 
 

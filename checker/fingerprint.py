@@ -1,14 +1,32 @@
-"""Stable 64-bit state fingerprints.
+"""State fingerprints: fast ones for the visited set of one process, stable ones for what leaves it.
 
-A fingerprint identifies a state (more exactly, its `fingerprint_key`) in the visited set, in
-parent pointers, in checkpoints and when states are exchanged between worker processes, so it
-must be the same in every process and every run: Python's ``hash()`` is not (``str`` / ``bytes``
-hashes are salted per process, ``None`` hashes by address, and ``hash(-1) == hash(-2)``).
+A fingerprint is a 64-bit int standing for a state (more exactly, its `fingerprint_key`) in the
+visited set, in parent pointers, in checkpoints and when states are exchanged between worker
+processes.  Two kinds, as TLC's: a collision (two distinct states, one fingerprint) makes the
+search skip a state, so every result reports the probability of one (`collision_probability`).
 
-How a key is fingerprinted (measured on CPython 3.11, this machine, ns per call):
+**Fast** (`fast_fingerprint`): ``hash(key)``, Python's own hash, computed in C (~80 ns for a
+named tuple of a tuple of strings, a string and two frozensets; strings and frozensets cache
+theirs), a signed 64-bit int on 64-bit builds.  It is the engine's default for ordinary states (`hashes_by_value` says which),
+and is valid *within one process and its forks* only: ``str``/``bytes`` hashes are salted per
+interpreter (``PYTHONHASHSEED``), ``None``'s is its address before Python 3.12.  Forked BFS
+workers share the hash secret of the process that forked them, so they can route states by it.
+Python's hash is not a fingerprint function by design: unequal values of these types collide
+*structurally* in a few documented cases, which the random-fingerprint estimate does not cover:
+``hash(-1) == hash(-2)`` (-1 is C's error code); ints congruent modulo ``2**61 - 1`` (only ints
+of magnitude >= 2**61); an enum member and the string of its name; and a frozenset's hash is a
+XOR of its elements' (mixed) hashes, so sets drawn from a universe of more than 64 elements can
+collide (only when they differ in many elements).  A model whose states may hold such values
+passes ``fingerprints="stable"`` to `Checker`.
 
-* a non-negative ``int`` below 2**64 is **its own fingerprint** (~75 ns): exact and collision
-  free, which makes compactly encoded states (bit-packed ints) the fastest possible keys;
+**Stable** (`fingerprint`): the same in every process and every run, needed where states leave
+the process: checkpoints (a resumed search re-fingerprints the states it generates), graphs
+written to files, and partitioning across processes that do not share a hash seed.  How a key is
+fingerprinted (measured on CPython 3.11, this machine, ns per call):
+
+* a non-negative ``int`` below 2**64 is **its own fingerprint** (~75 ns, and in the engine's
+  loop no call at all): exact and collision free, in both kinds, which makes compactly encoded
+  states (bit-packed ints) the fastest possible keys;
 * otherwise the key is encoded canonically and the first 8 bytes of its SHA-1 are taken.
   SHA-1 was the fastest stable digest here (SHA-1 ~370 ns, MD5 ~480, BLAKE2b/8 ~550 for a
   100-byte input; only the first 64 bits are used, as a hash, not for security).
@@ -24,10 +42,9 @@ How a key is fingerprinted (measured on CPython 3.11, this machine, ns per call)
   their marshal type codes (a byte scan; a false alarm costs a structural check); dicts too.  The two
   paths' encodings are disjoint (the canonical one is prefixed with 0xFF).
 
-Whole-pipeline figures (``fingerprint(key)``, this machine): int ~80 ns; 6-tuple of
-ints/strs ~0.9-1.1 µs; a tuple holding a frozenset ~4 µs; a small frozen dataclass with sets
-inside ~7 µs (the canonical path is pure Python: for speed, return an int, a str or a tuple
-of them from `Model.fingerprint_key`).
+Whole-pipeline figures of the stable kind (``fingerprint(key)``, this machine): int ~80 ns;
+6-tuple of ints/strs ~0.9-1.1 µs; a tuple holding a frozenset ~4 µs; a small frozen dataclass
+with sets inside ~7 µs (the canonical path is pure Python).
 """
 
 from __future__ import annotations
@@ -38,10 +55,19 @@ import hashlib
 import io
 import marshal
 import pickle
-from collections.abc import Hashable
+from collections.abc import Hashable, Iterable
 from typing import Any
 
-__all__ = ["MASK64", "canonical", "encode_key", "fingerprint", "owner_of"]
+__all__ = [
+    "MASK64",
+    "canonical",
+    "collision_probability",
+    "encode_key",
+    "fast_fingerprint",
+    "fingerprint",
+    "hashes_by_value",
+    "owner_of",
+]
 
 MASK64 = (1 << 64) - 1
 
@@ -153,3 +179,100 @@ def owner_of(fp: int, nparts: int) -> int:
     if nparts <= 1:
         return 0
     return (((fp * 0x9E3779B97F4A7C15) & MASK64) >> 32) % nparts
+
+
+def fast_fingerprint(key: Hashable) -> int:
+    """Python's hash of `key`: valid in this process and its forks only, and only for keys
+    `hashes_by_value` accepts (see the module docstring).  A signed 64-bit int, never -1
+    (CPython's error code), so it never reads as the engine's "no parent" mark."""
+    return hash(key)
+
+
+def collision_probability(distinct: int, generated: int) -> float:
+    """TLC's "calculated (optimistic)" estimate that a fingerprint collision made the search
+    miss a state: ``n * (g - n) / 2**64`` for n distinct states and g generated.
+
+    Each of the g - n generated states found already visited could have been a new state
+    whose fingerprint equals one of the (at most) n stored, with probability n / 2**64 each
+    for random 64-bit fingerprints.  Optimistic because it assumes uniformly random
+    fingerprints (see the module docstring for where Python's hash is not).
+    """
+    return distinct * max(generated - distinct, 0) / 2.0**64
+
+
+# How each class's instances hash (memo for `hashes_by_value`): a kind, or the reason they do
+# not hash by value.  Kinds: "leaf" (hash from the value, nothing inside to check), "items"
+# (a tuple or frozenset whose hash combines its items'), or a tuple of the dataclass fields
+# its generated __hash__ combines.
+_hash_kind: dict[type, str | tuple[str, ...]] = {
+    int: "leaf",
+    str: "leaf",
+    bytes: "leaf",
+    float: "leaf",
+    complex: "leaf",
+    bool: "leaf",
+    type(None): "leaf",
+    tuple: "items",
+    frozenset: "items",
+}
+_LEAF_HASHES = {int.__hash__, str.__hash__, bytes.__hash__, float.__hash__, enum.Enum.__hash__}
+_REASON_PREFIX = "!"  # reasons are stored with this prefix, kinds never start with it
+
+
+def _classify(cls: type, obj: Any) -> str | tuple[str, ...]:
+    h = cls.__hash__  # type: ignore[attr-defined]
+    name = f"{cls.__module__}.{cls.__qualname__}"
+    if h is None:
+        return f"{_REASON_PREFIX}{name} is not hashable"
+    if issubclass(cls, (tuple, frozenset)) and h in (tuple.__hash__, frozenset.__hash__):
+        return "items"
+    if h in _LEAF_HASHES:  # enums (by member name), and subclasses of int, str, bytes, float
+        return "leaf"
+    params = getattr(cls, "__dataclass_params__", None)
+    if params is not None and params.eq and (params.frozen or params.unsafe_hash):
+        names = tuple(
+            f.name
+            for f in dataclasses.fields(cls)
+            if (f.compare if f.hash is None else f.hash)
+        )
+        # The generated __hash__ is hash() of the tuple of these fields; a hand-written one
+        # that agrees with it on an instance hashes the same value.
+        if hash(obj) == hash(tuple(getattr(obj, n) for n in names)):
+            return names
+    if h is object.__hash__:
+        return f"{_REASON_PREFIX}{name} hashes by identity"
+    return f"{_REASON_PREFIX}{name} has its own __hash__ (it may hash only part of the value)"
+
+
+def hashes_by_value(key: Any) -> str | None:
+    """None when Python's hash of `key` is computed from its whole value, recursively (ints,
+    strings, bytes, floats, None, enums, tuples, named tuples, frozensets, and frozen
+    dataclasses with the generated __hash__ made of such values); otherwise why not: the
+    first object found that hashes by identity, hashes with its own __hash__, or not at all.
+    Such keys need the stable `fingerprint`."""
+    stack: list[Any] = [key]
+    kinds = _hash_kind
+    while stack:
+        obj = stack.pop()
+        cls = obj.__class__
+        kind = kinds.get(cls)
+        if kind is None:
+            kind = kinds[cls] = _classify(cls, obj)
+        if kind == "leaf":
+            continue
+        if kind == "items":
+            stack.extend(obj)
+        elif isinstance(kind, tuple):
+            stack.extend(getattr(obj, n) for n in kind)
+        else:
+            return kind[len(_REASON_PREFIX) :]
+    return None
+
+
+def all_hash_by_value(keys: Iterable[Any]) -> str | None:
+    """The first reason `hashes_by_value` gives for one of `keys`, or None."""
+    for key in keys:
+        problem = hashes_by_value(key)
+        if problem is not None:
+            return problem
+    return None

@@ -38,6 +38,7 @@ __all__ = [
     "Property",
     "PropertyKind",
     "S",
+    "reachable_states",
     "successors_of",
 ]
 
@@ -214,3 +215,25 @@ def overrides(model: Any, name: str) -> bool:
         return False
     func = getattr(impl, "__func__", impl)
     return func is not getattr(BaseModel, name, None)
+
+
+def reachable_states(model: Any) -> list[Any]:
+    """Every reachable state of `model` once, in breadth-first order, told apart by value (its
+    `fingerprint_key`, in a Python set: no fingerprints).  The engine's order, without the
+    engine: for tests and benchmarks of models small enough to hold in memory."""
+    succ = successors_of(model)
+    key = model.fingerprint_key if overrides(model, "fingerprint_key") else None
+    order: list[Any] = []
+    seen: set[Any] = set()
+    for state in [*model.init_states()]:
+        k = key(state) if key is not None else state
+        if k not in seen:
+            seen.add(k)
+            order.append(state)
+    for state in order:  # grows while it is walked: a queue
+        for _action, nxt in succ(state):
+            k = key(nxt) if key is not None else nxt
+            if k not in seen:
+                seen.add(k)
+                order.append(nxt)
+    return order

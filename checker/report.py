@@ -25,6 +25,7 @@ from checker.trace import Trace
 __all__ = [
     "ProgressPrinter",
     "coverage_table",
+    "fingerprint_line",
     "format_progress",
     "print_result",
     "render_trace",
@@ -106,6 +107,17 @@ def render_trace(
     return out
 
 
+def fingerprint_line(result: CheckResult) -> str:
+    """Which fingerprints were used, and the chance that a collision hid a state (as TLC)."""
+    if result.fingerprints == "exact":
+        return "fingerprints: exact (every state is an int, its own fingerprint): no collision possible"
+    kind = "fast (Python's hash, in this process)" if result.fingerprints == "fast" else "stable (SHA-1, 64 bits)"
+    return (
+        f"fingerprints: {kind}; probability that a collision hid a state, calculated (optimistic) "
+        f"as TLC does: {result.collision_probability:.1e}"
+    )
+
+
 def print_result(
     result: CheckResult,
     model: Any = None,
@@ -122,6 +134,7 @@ def print_result(
         f"{s.duration_s:.2f} s ({s.states_per_s:,.0f} distinct states/s); "
         f"{'complete' if s.complete else 'incomplete: ' + s.stop_reason}"
     )
+    console.print(f"[dim]{fingerprint_line(s)}[/dim]")
     for note in s.notes:
         console.print(f"[dim]note: {note}[/dim]")
     console.print(summary_table(result))

@@ -86,6 +86,11 @@ class CheckResult:
     initial state to a visited state (TLC's "depth" is this plus one).
     `coverage` counts explored transitions per action kind (`Model.action_kind`).
     `complete` is true when the whole reachable state space (within no bound) was explored.
+    `fingerprints` says which fingerprints the visited set held: ``"exact"`` (every state's
+    key was an int below 2**64, its own fingerprint), ``"fast"`` (Python's hash) or
+    ``"stable"`` (SHA-1; see `checker.fingerprint`); `collision_probability` is TLC's
+    "calculated (optimistic)" estimate that two distinct states shared one and a state was
+    missed, ``n * (g - n) / 2**64`` (`checker.fingerprint.collision_probability`; 0 when exact).
     """
 
     strategy: str
@@ -100,6 +105,8 @@ class CheckResult:
     processes: int = 1
     graph: Any = None  # networkx.DiGraph of fingerprints when record_graph=True
     notes: list[str] = field(default_factory=list)
+    fingerprints: str = "stable"
+    collision_probability: float = 0.0
 
     @property
     def states_per_s(self) -> float:
@@ -153,6 +160,8 @@ class CheckResult:
             "states_per_s": round(self.states_per_s, 1),
             "complete": self.complete,
             "stop_reason": self.stop_reason,
+            "fingerprints": self.fingerprints,
+            "collision_probability": self.collision_probability,
             "properties": {n: p.verdict.value for n, p in self.properties.items()},
             "coverage": dict(self.coverage),
         }

@@ -27,8 +27,11 @@ What is checked, exactly:
   per state at 300 k states, 78 at 1 M (35-42 B of dict entry and index, 36 B for the 64-bit
   int key; int-encoded states below 2**30 use 28-B keys).  The BFS queue adds a
   ``(state, fingerprint)`` tuple (56 B + the state) per queued state only.  In parallel runs
-  each worker's dict also holds the foreign fingerprints it has generated (marked, never sent
-  twice), up to about twice the total.
+  each worker's dict also holds the fingerprints it has met whose states another worker holds
+  (marked, never proposed twice), and the coordinator one ``fingerprint -> worker`` dict.
+* Fingerprints (`checker.fingerprint`): Python's hash for states that hash by value, stable
+  SHA-1 ones otherwise and wherever fingerprints leave the process (``fingerprints=``); every
+  result gives TLC's estimate of the probability that a collision hid a state.
 * `finish_when` decides when the search may stop before the state space is exhausted:
   ``"all_decided"`` (default, as stateright) stops once every property has a verdict that
   more search cannot change (every always/transition/final property violated, every sometimes
@@ -39,18 +42,26 @@ What is checked, exactly:
 
 from __future__ import annotations
 
+import gc
 import os
 import random
 import threading
 import time
 from collections import Counter
-from collections.abc import Callable, Hashable
+from collections.abc import Callable, Hashable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any, Generic
 
 from checker._expand import ExpandEnv, expander
 from checker.checkpoint import CheckpointError, load_checkpoint, save_checkpoint
-from checker.fingerprint import fingerprint
+from checker.fingerprint import (
+    MASK64,
+    all_hash_by_value,
+    collision_probability,
+    fast_fingerprint,
+    fingerprint,
+)
 from checker.model import A, Property, PropertyKind, S, overrides, successors_of
 from checker.result import CheckResult, Progress, PropertyResult, Verdict
 from checker.trace import Trace
@@ -60,6 +71,33 @@ __all__ = ["Checker", "check"]
 NO_PARENT = -1  # parent pointer of an initial state
 _CHUNK = 256  # states expanded between two housekeeping checks (time, limits)
 FINISH_MODES = ("all_decided", "any_failure", "exhausted")
+FINGERPRINT_MODES = ("auto", "fast", "stable")
+# Young objects allocated between two cyclic collections while a search runs (Python's
+# default is 700).  A search allocates a state or two per transition and keeps one in ten
+# (the new ones, in the frontier): with the default, the collector ran ~15,000 times on
+# 2PC(7) and took a fifth of the engine's time, finding nothing (states are immutable trees;
+# they form no cycles).  Cycles a model creates are still collected, 100,000 allocations later.
+_GC_GEN0 = 100_000
+
+
+@contextmanager
+def _quiet_gc() -> Iterator[None]:
+    """Collect less often during a search (see `_GC_GEN0`); the old thresholds come back after."""
+    old = gc.get_threshold()
+    gc.set_threshold(max(old[0], _GC_GEN0), *old[1:])
+    try:
+        yield
+    finally:
+        gc.set_threshold(*old)
+
+
+class UnsafeHash(Exception):
+    """A state met during a search with fast fingerprints does not hash by value (the search
+    starts again with stable ones; see `checker.fingerprint.hashes_by_value`)."""
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(reason)
+        self.reason = reason
 
 
 @dataclass
@@ -80,14 +118,28 @@ class Found:
 
 
 class ModelContext:
-    """The model's functions, resolved once (defaults skipped) for the hot loops."""
+    """The model's functions, resolved once (defaults skipped) for the hot loops, and the
+    fingerprints in use (`fp` computes them as the hot loops do, which inline them).
 
-    def __init__(self, model: Any, check_deadlock: bool) -> None:
+    When the initial states' keys are ints (`int_keys`), an int key below 2**64 is its own
+    fingerprint, and any other key gets the stable one (never Python's hash, under which a
+    large int would collide with its residue modulo 2**61 - 1); `inexact` turns true once
+    such a key is met.  Otherwise every key gets `fingerprint`: ``"fast"`` (Python's hash,
+    valid in this process and its forks) or ``"stable"`` (see `checker.fingerprint`)."""
+
+    def __init__(self, model: Any, check_deadlock: bool, fingerprints: str = "stable") -> None:
         self.model = model
         self.successors = successors_of(model)
         self.key: Callable[[Any], Hashable] | None = (
             model.fingerprint_key if overrides(model, "fingerprint_key") else None
         )
+        self.int_keys = self._first_key_is_int()
+        self.fp_kind = "stable" if self.int_keys else fingerprints
+        self.fingerprint: Callable[[Hashable], int] = fast_fingerprint if self.fp_kind == "fast" else fingerprint
+        self.inexact = not self.int_keys
+        # With fast fingerprints chosen automatically, a sample of the new states is checked
+        # to hash by value (`sample_keys`); a search that meets one that does not restarts.
+        self.sampling = False
         self.is_final: Callable[[Any], bool] | None = model.is_final if overrides(model, "is_final") else None
         self.kind_by_type = not overrides(model, "action_kind")
         self.action_kind: Callable[[Any], str] = (
@@ -110,9 +162,62 @@ class ModelContext:
         self.final = by[PropertyKind.FINAL]
         self.eventually = by[PropertyKind.EVENTUALLY]
 
+    def expand_env(
+        self, visited: dict[int, Any], nxt_append: Callable[[Any], None], cov: Coverage, props: PropertyTracker
+    ) -> ExpandEnv:
+        """What the hot loop (`checker._expand`) reads: this model's functions and the search's state."""
+        return ExpandEnv(
+            succ=self.successors,
+            key=self.key,
+            fp=self.fp_of_key,
+            visited=visited,
+            nxt_append=nxt_append,
+            cov_buf=cov.buf,
+            props=props,
+            is_final=self.is_final,
+        )
+
+    def expander(
+        self, cov: Coverage, props: PropertyTracker, *, check_new: bool, graph: bool = False
+    ) -> Callable[[list[tuple[Any, int]], int, ExpandEnv], int]:
+        """The hot loop specialised for this model and the properties still open."""
+        return expander(
+            coverage=cov.enabled,
+            transition=bool(props.transition),
+            key=self.key is not None,
+            int_keys=self.int_keys,
+            fast=self.fp_kind == "fast",
+            check_new=check_new,
+            final=self.is_final is not None,
+            deadlock=props.deadlock,
+            graph=graph,
+        )
+
     def fp(self, state: Any) -> int:
+        """The fingerprint of `state` (outside the hot loops, which inline it)."""
         key = self.key
-        return fingerprint(key(state) if key is not None else state)
+        k = key(state) if key is not None else state
+        if self.int_keys and k.__class__ is int and -1 < k <= MASK64:
+            return k  # type: ignore[no-any-return]
+        self.inexact = True
+        return self.fingerprint(k)
+
+    def fp_of_key(self, k: Any) -> int:
+        """The hot loops' fingerprint of a key they do not inline (see `fp`)."""
+        self.inexact = True
+        return self.fingerprint(k)
+
+    def sample_keys(self, items: list[Any], start: int, at: int = 0) -> None:
+        """Check that the first and the last of the states ``items[i][at]`` added since
+        ``i = start`` hash by value; raise `UnsafeHash` if one does not.  (Two per chunk of
+        256 expansions: a walk through a large state costs microseconds.)"""
+        if len(items) <= start or not self.sampling:
+            return
+        key = self.key
+        picks = (items[start][at], items[-1][at])
+        problem = all_hash_by_value(key(s) if key is not None else s for s in picks)
+        if problem is not None:
+            raise UnsafeHash(problem)
 
     def initial(self) -> list[tuple[Any, int]]:
         """The initial states with their fingerprints, duplicates (by fingerprint) dropped."""
@@ -125,7 +230,7 @@ class ModelContext:
                 out.append((s, g))
         return out
 
-    def int_keys(self) -> bool:
+    def _first_key_is_int(self) -> bool:
         """True when the initial states' fingerprint keys are ints (enables a fast path)."""
         key = self.key
         for s in self.model.init_states():
@@ -178,7 +283,9 @@ class Coverage:
 
     def flush(self) -> None:
         if self._buf:
-            self._counts.update(map(type if self._by_type else self._kind, self._buf))
+            # Counted in a fresh Counter first: its counts stay small ints (cached up to 256),
+            # while adding one at a time to the running totals allocates an int per transition.
+            self._counts.update(Counter(map(type if self._by_type else self._kind, self._buf)))
             self._buf.clear()
 
     def kinds(self) -> dict[str, int]:
@@ -314,7 +421,16 @@ class Checker(Generic[S, A]):
       checkpoint_path  where `bfs` writes checkpoints: every `checkpoint_interval` seconds,
                        when `request_checkpoint()` was called, and when a bound stops it;
       resume_from      a checkpoint to resume `bfs` from;
-      coverage         count explored transitions per action kind (default True).
+      coverage         count explored transitions per action kind (default True);
+      fingerprints     "auto" (default): fast fingerprints (Python's hash, computed in C)
+                       when the states hash by value (`checker.fingerprint.hashes_by_value`:
+                       checked on the initial states and on a sample of the new states of
+                       every chunk; a search that meets one that does not starts again with
+                       stable ones, and says so in its notes), stable ones when checkpoints
+                       or a graph are written; "stable": always the stable SHA-1
+                       fingerprints; "fast": Python's hash unchecked (for states you know
+                       hash by value; not with checkpoints or graphs).  The result reports
+                       which was used and TLC's estimate of the collision probability.
     """
 
     def __init__(
@@ -334,9 +450,17 @@ class Checker(Generic[S, A]):
         checkpoint_interval: float | None = None,
         resume_from: str | os.PathLike[str] | None = None,
         coverage: bool = True,
+        fingerprints: str = "auto",
     ) -> None:
         if finish_when not in FINISH_MODES:
             raise ValueError(f"finish_when must be one of {FINISH_MODES}, not {finish_when!r}")
+        if fingerprints not in FINGERPRINT_MODES:
+            raise ValueError(f"fingerprints must be one of {FINGERPRINT_MODES}, not {fingerprints!r}")
+        if fingerprints == "fast" and (checkpoint_path or resume_from or record_graph or check_livelock):
+            raise ValueError(
+                "fast fingerprints are valid in one process only: checkpoints and recorded "
+                "graphs need fingerprints='stable' (or 'auto', which picks it)"
+            )
         self.model = model
         self.max_states = max_states
         self.max_depth = max_depth
@@ -351,6 +475,7 @@ class Checker(Generic[S, A]):
         self.checkpoint_interval = checkpoint_interval
         self.resume_from = os.fspath(resume_from) if resume_from is not None else None
         self.coverage = coverage
+        self.fingerprints = fingerprints
         self._checkpoint_requested = threading.Event()
         self._stop_requested = threading.Event()
         self.checkpoints_written = 0
@@ -365,31 +490,63 @@ class Checker(Generic[S, A]):
         """Ask a running search to stop at its next housekeeping point (result incomplete)."""
         self._stop_requested.set()
 
-    def _start(self) -> ModelContext:
+    def _start(self, fingerprints: str | None = None) -> ModelContext:
         self._stop_requested.clear()
-        return ModelContext(self.model, self.check_deadlock)
+        mode = fingerprints or self.fingerprints
+        if mode == "auto":
+            ctx = ModelContext(self.model, self.check_deadlock, "stable")
+            if not (self.checkpoint_path or self.resume_from or self.record_graph):
+                key = ctx.key
+                keys = [key(s) if key is not None else s for s in self.model.init_states()]
+                if all_hash_by_value(keys) is None:
+                    ctx = ModelContext(self.model, self.check_deadlock, "fast")
+                    ctx.sampling = ctx.fp_kind == "fast"
+            return ctx
+        return ModelContext(self.model, self.check_deadlock, mode)
+
+    def _run(self, search: Callable[[ModelContext], Outcome]) -> CheckResult:
+        """Run `search` with fast fingerprints when they are valid, else with stable ones."""
+        ctx = self._start()
+        with _quiet_gc():
+            try:
+                outcome = search(ctx)
+            except UnsafeHash as unsafe:
+                reason = unsafe.reason
+            except TypeError as error:
+                # A state holding an unhashable value (a list, a dict) cannot have a fast
+                # fingerprint; the stable one encodes it.  Any other TypeError is the model's.
+                if not (ctx.sampling and str(error).startswith("unhashable type")):
+                    raise
+                reason = str(error)
+            else:
+                return self._result(ctx, outcome)
+            ctx = self._start("stable")
+            outcome = search(ctx)
+        outcome.notes.append(f"started again with stable fingerprints: {reason}")
+        return self._result(ctx, outcome)
 
     def bfs(self) -> CheckResult:
         """Breadth-first search: shortest counterexamples; parallel when ``processes > 1``."""
-        ctx = self._start()
+        notes: list[str] = []
         if self.processes > 1 and not self.record_graph:
-            from checker.parallel import run_parallel_bfs, fork_available
+            from checker.parallel import fork_available, run_parallel_bfs
 
             if fork_available():
-                return self._result(ctx, run_parallel_bfs(self, ctx))
+                return self._run(lambda ctx: run_parallel_bfs(self, ctx))
             notes = ["parallel search needs the 'fork' start method; ran in one process"]
         elif self.processes > 1:
             notes = ["record_graph/check_livelock run in one process"]
-        else:
-            notes = []
-        outcome = self._bfs_sequential(ctx)
-        outcome.notes.extend(notes)
-        return self._result(ctx, outcome)
+
+        def sequential(ctx: ModelContext) -> Outcome:
+            outcome = self._bfs_sequential(ctx)
+            outcome.notes[:0] = notes
+            return outcome
+
+        return self._run(sequential)
 
     def dfs(self) -> CheckResult:
         """Depth-first search (not shortest counterexamples; small frontier)."""
-        ctx = self._start()
-        return self._result(ctx, self._dfs(ctx))
+        return self._run(self._dfs)
 
     def simulate(self, runs: int = 100, max_depth: int = 1000, seed: int = 0) -> CheckResult:
         """`runs` random walks of at most `max_depth` steps (reproducible from `seed`).
@@ -400,10 +557,15 @@ class Checker(Generic[S, A]):
         checked on walks that end, and on walks that revisit a state (a lasso) before
         meeting the predicate.  Never `complete`: unreached ``sometimes`` stay NOT_REACHED.
         """
-        ctx = self._start()
-        return self._result(ctx, self._simulate(ctx, runs, max_depth, seed))
+        return self._run(lambda ctx: self._simulate(ctx, runs, max_depth, seed))
 
     # ------------------------------------------------------------------ sequential BFS
+
+    def _why_stopped(self, props: PropertyTracker) -> str:
+        """Why a search with work left stopped (when neither bound on depth nor exhaustion)."""
+        if props.stop:
+            return "all_decided" if self.finish_when == "all_decided" else "violation"
+        return "stop_requested" if self._stop_requested.is_set() else "max_states"
 
     def _signature(self) -> str:
         model = self.model
@@ -465,21 +627,11 @@ class Checker(Generic[S, A]):
                 current.append((s, g))
 
         cov = Coverage(ctx, self.coverage)
-        env = ExpandEnv(
-            succ=ctx.successors,
-            key=ctx.key,
-            fp=fingerprint,
-            visited=visited,
-            nxt_append=nxt.append,
-            cov_buf=cov.buf,
-            props=props,
-            is_final=ctx.is_final,
-        )
+        env = ctx.expand_env(visited, nxt.append, cov, props)
         if graph is not None:
             env.graph_edge = lambda f, g, a: self._graph_edge(graph, ctx, f, g, a)
             env.graph_node = lambda t, g: self._graph_node(graph, ctx, t, g)
             env.graph_final = lambda f: graph.nodes[f].__setitem__("final", True)
-        int_keys = ctx.int_keys()
         max_states = self.max_states
         max_depth = self.max_depth
         progress = self.progress
@@ -536,19 +688,12 @@ class Checker(Generic[S, A]):
                 continue
             chunk = current[i : i + _CHUNK]
             i += len(chunk)
-            expand = expander(
-                coverage=cov.enabled,
-                transition=bool(props.transition),
-                key=ctx.key is not None,
-                int_keys=int_keys,
-                check_new=props.wants_new,
-                final=ctx.is_final is not None,
-                deadlock=props.deadlock,
-                graph=graph is not None,
-                route=False,
-            )
+            expand = ctx.expander(cov, props, check_new=props.wants_new, graph=graph is not None)
+            before = len(nxt)
             generated += expand(chunk, depth, env)
             cov.flush()
+            if ctx.sampling:
+                ctx.sample_keys(nxt, before)
             if nxt and depth + 1 > max_seen:
                 max_seen = depth + 1
             # ---- housekeeping between chunks
@@ -640,7 +785,7 @@ class Checker(Generic[S, A]):
             stack.append((s, g, 0))
         stack.reverse()
         succ = ctx.successors
-        key = ctx.key
+        fp = ctx.fp
         need_final = ctx.is_final is not None
         is_final = ctx.is_final
         cov = Coverage(ctx, self.coverage)
@@ -667,7 +812,7 @@ class Checker(Generic[S, A]):
                     cov_append(a)
                 if props.transition:
                     props.check_transition(s, f, depth, a, t)
-                g = fingerprint(key(t)) if key is not None else fingerprint(t)
+                g = fp(t)
                 if graph is not None:
                     self._graph_edge(graph, ctx, f, g, a)
                 if g in visited:
@@ -689,6 +834,7 @@ class Checker(Generic[S, A]):
             count += 1
             if count & 255 == 0:
                 cov.flush()
+                ctx.sample_keys(stack, max(0, len(stack) - 16))
                 if props.stop or self._stop_requested.is_set():
                     break
                 if max_states is not None and len(visited) >= max_states:
@@ -698,13 +844,7 @@ class Checker(Generic[S, A]):
                     next_progress = now + self.progress_interval
                     progress(Progress("dfs", generated, len(visited), len(stack), max_seen, now - start))  # type: ignore[misc]
         if stack:
-            complete = False
-            if props.stop:
-                stop_reason = "all_decided" if self.finish_when == "all_decided" else "violation"
-            elif self._stop_requested.is_set():
-                stop_reason = "stop_requested"
-            else:
-                stop_reason = "max_states"
+            complete, stop_reason = False, self._why_stopped(props)
         elapsed = time.perf_counter() - start
         if progress:
             progress(Progress("dfs", generated, len(visited), len(stack), max_seen, elapsed, done=True))
@@ -788,6 +928,7 @@ class Checker(Generic[S, A]):
                     index.setdefault(g, depth + 1)
                 s, f = t, g
             runs_done += 1
+            ctx.sample_keys(path, 0, at=1)
             now = time.perf_counter()
             if now >= next_progress:
                 next_progress = now + self.progress_interval
@@ -895,6 +1036,7 @@ class Checker(Generic[S, A]):
                 )
             else:
                 results["livelock"] = check_livelock(ctx, outcome.graph)
+        kind = ctx.fp_kind if ctx.inexact else "exact"
         return CheckResult(
             strategy=outcome.strategy,
             properties=results,
@@ -908,6 +1050,8 @@ class Checker(Generic[S, A]):
             processes=outcome.processes,
             graph=outcome.graph,
             notes=list(outcome.notes),
+            fingerprints=kind,
+            collision_probability=0.0 if kind == "exact" else collision_probability(outcome.distinct, outcome.generated),
         )
 
 

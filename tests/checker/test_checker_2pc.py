@@ -13,6 +13,7 @@ from checker.examples.two_phase_commit import (
     RMRcvCommitMsg,
     TMCommit,
 )
+from checker.model import reachable_states
 
 # --------------------------------------------------------------------------- brute force
 # An independent, spec-shaped TwoPhase: dicts and frozensets of strings, no bit tricks.
@@ -86,17 +87,7 @@ def _to_int(model: TwoPhaseCommit, spec_state: tuple) -> int:
 
 
 def _reachable_ints(model: TwoPhaseCommit) -> set[int]:
-    seen = {0}
-    frontier = [0]
-    while frontier:
-        nxt = []
-        for s in frontier:
-            for _a, t in model.successors(s):
-                if t not in seen:
-                    seen.add(t)
-                    nxt.append(t)
-        frontier = nxt
-    return seen
+    return set(reachable_states(model))
 
 
 # --------------------------------------------------------------------------- pinned counts
