@@ -42,6 +42,7 @@ COLOCATED_SYNC = {"rollout.cpus": [], "rollout.threads": 2, "learner.cpus": [],
 COMMON: dict[str, Any] = {
     "output.progress": False, "output.tensorboard": False, "protocol.checkpoint_every": 0,
     "protocol.eval_every": 5, "task.heldout_prompts": 128, "protocol.total_updates": 400,
+    "protocol.prompts_per_batch": 64, "protocol.group_size": 8,  # the defaults, stated
 }
 TASKS: dict[str, dict[str, Any]] = {
     "A": {"sets": {"task.length": 8}, "threshold": 0.8, "budget": 30.0},
@@ -91,6 +92,7 @@ SWEEP_CONFIGS: dict[str, dict[str, Any]] = {
 SWEEP_BASE: dict[str, Any] = {
     "output.progress": False, "output.tensorboard": False, "protocol.checkpoint_every": 0,
     "protocol.eval_every": 0, "protocol.total_updates": SWEEP_UPDATES,
+    "protocol.prompts_per_batch": 64, "protocol.group_size": 8,
 }
 
 
