@@ -13,6 +13,7 @@ from collections import Counter
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
+from invar.runtime.hint import HINT_AFTER
 from invar.runtime.weights import atomic_write
 
 UPDATE_FIELDS = ("update", "reward", "staleness", "loss", "clip_fraction", "mean_ratio",
@@ -133,9 +134,24 @@ class MetricsLog:
         self._write("update", row)
         self._csv.writerow(row)
         self._csv_file.flush()
+        if self._session_updates == HINT_AFTER:
+            self._print_hint()
         if self._tb is not None:
             for key in ("reward", "staleness", *terms):
                 self._tb.add_scalar(f"train/{key}", row[key], update)
+
+    def _print_hint(self) -> None:
+        """Once per session, after its first updates: the measured R, T and the most overlap
+        can buy on this configuration (invar.runtime.hint). To stderr, which the progress bar
+        redirects above itself, so the line neither breaks the bar nor stdout's messages."""
+        import sys
+
+        from invar.runtime.hint import hint_line, measure
+        protocol = self.config.protocol
+        times = measure(self.updates[-HINT_AFTER:], protocol.samples_per_batch,
+                        self.config.rollout.workers)
+        if times is not None:  # rows without timing (a caller that measures nothing)
+            print(hint_line(times, protocol.max_staleness), file=sys.stderr, flush=True)
 
     def evaluation(self, version: int, reward: float) -> None:
         """The held-out reward of `version`, recorded when its `VersionEvaluated` is accepted.

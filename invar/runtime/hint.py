@@ -1,0 +1,90 @@
+"""Will asynchronous training pay on this setup? R, T and the most overlap can buy.
+
+A synchronous update takes about R + T (rollout R: generating a batch; learning T: scoring and
+the optimizer steps); when the two overlap (protocol.max_staleness >= 1, on separate cores or
+devices) an update takes about max(R, T). So overlap can buy at most (R + T) / max(R, T): 2x
+when R = T, next to nothing when one phase dominates. What this runtime reaches of that bound,
+and what staleness costs in extra updates, is measured in reports/use-contract/RESULTS.md.
+
+`invar train` measures R and T on the run's own first updates (the per-update timing the
+driver writes into metrics.jsonl) and prints `hint_line` once.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+HINT_AFTER = 6
+"""Updates after which `invar train` prints the hint: the first update carries the workers'
+start-up and is skipped, the next five are measured."""
+SKIP = 1
+
+
+@dataclass(frozen=True)
+class PhaseTimes:
+    """Measured seconds of the two phases, per update."""
+
+    rollout: float
+    """R: worker generation seconds per rollout batch, divided by the number of workers (they
+    generate a batch's chunks in parallel)."""
+    learning: float
+    """T: learner busy seconds per update (scoring + optimizer steps + commit)."""
+    updates: int
+    """Updates the figures are averaged over."""
+
+    @property
+    def gain(self) -> float:
+        """(R + T) / max(R, T): the speed-up of a perfect overlap over the synchronous loop."""
+        return async_gain(self.rollout, self.learning)
+
+
+def async_gain(rollout: float, learning: float) -> float:
+    """(R + T) / max(R, T), between 1 and 2; ValueError for a negative, non-finite or all-zero
+    pair (no phase measured: nothing to predict)."""
+    for name, value in (("rollout", rollout), ("learning", learning)):
+        if not (math.isfinite(value) and value >= 0):
+            raise ValueError(f"{name} seconds must be finite and >= 0, got {value!r}")
+    if max(rollout, learning) == 0:
+        raise ValueError("rollout and learning seconds are both 0: nothing was measured")
+    return (rollout + learning) / max(rollout, learning)
+
+
+def measure(rows: Sequence[Mapping[str, Any]], samples_per_batch: int, workers: int = 1,
+            skip: int = SKIP) -> PhaseTimes | None:
+    """R and T from metrics rows (each with the `learner_seconds`, `rollout_seconds` and
+    `rollout_replies` the driver adds since the previous row), the first `skip` rows left out.
+    None when the rows after `skip` carry no timing.
+
+    R is per batch, not per row: with S >= 1 replies of a later batch can land in an earlier
+    update's row, so the generation seconds are divided by the batches whose replies arrived
+    (replies ÷ samples per batch), as benchmarks/bench_async.py's steady window does."""
+    if samples_per_batch < 1 or workers < 1:
+        raise ValueError("samples_per_batch and workers must be >= 1")
+    used = [row for row in rows[skip:] if "learner_seconds" in row and "rollout_seconds" in row]
+    if not used:
+        return None
+    replies = sum(float(row.get("rollout_replies", 0)) for row in used)
+    batches = replies / samples_per_batch if replies else len(used)
+    rollout = sum(float(row["rollout_seconds"]) for row in used) / batches / workers
+    learning = sum(float(row["learner_seconds"]) for row in used) / len(used)
+    if max(rollout, learning) <= 0:
+        return None
+    return PhaseTimes(rollout, learning, len(used))
+
+
+def hint_line(times: PhaseTimes, staleness: int) -> str:
+    """The one line `invar train` prints: measured R, T and the predicted async gain."""
+    measured = f"rollout R {times.rollout:.3f} s/batch, learning T {times.learning:.3f} s/update"
+    if staleness == 0:
+        advice = (f"overlapping them (protocol.max_staleness >= 1, rollout and learner on "
+                  f"separate cores) could speed updates up by at most (R+T)/max(R,T) = "
+                  f"{times.gain:.2f}x")
+    else:
+        # Overlapped phases slow each other on shared hardware: these are not the sync R and T.
+        advice = (f"measured while overlapping (S = {staleness}); the most overlap can buy is "
+                  f"(R+T)/max(R,T) = {times.gain:.2f}x over the synchronous loop")
+    return (f"hint: {measured} over {times.updates} updates; {advice} "
+            "(see reports/use-contract/RESULTS.md)")
