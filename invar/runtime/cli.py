@@ -1,5 +1,5 @@
 """`invar train [CONFIG.toml] [--set key=value ...] [--backend torch|mlx] [--resume RUN_DIR]
-[--serial]`."""
+[--serial]`; `invar report RUN_DIR... [--out DIR] [--threshold X]`."""
 
 from __future__ import annotations
 
@@ -62,7 +62,14 @@ def main(argv: list[str] | None = None) -> int:
                      help="continue the run in RUN_DIR from its journal and last commit")
     run.add_argument("--serial", action="store_true",
                      help="execute the schedule one command at a time, in one process")
+    shown = commands.add_parser("report", help="quality, throughput and resource cost of run "
+                                             "directories (table + plots)")
+    from invar.runtime.report import add_arguments
+    add_arguments(shown)
     args = parser.parse_args(argv)
+    if args.command == "report":
+        from invar.runtime.report import main as report_main
+        return report_main(args)
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     if args.backend:
         args.set.append(f"learner.backend={json.dumps(args.backend)}")
