@@ -460,6 +460,9 @@ def plots(out: Path, records: dict[str, dict[str, Any]], result: dict[str, Any]
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     import numpy as np
+    import warnings
+    # Before a seed's first evaluation its curve is NaN: nanmedian warns on those columns.
+    warnings.filterwarnings("ignore", "All-NaN slice", RuntimeWarning)
     made = []
     cells = result["cells"]
     colours = dict(zip([c.name for c in CELLS], plt.get_cmap("tab10").colors))
@@ -483,6 +486,8 @@ def plots(out: Path, records: dict[str, dict[str, Any]], result: dict[str, Any]
                 index = np.searchsorted(walls, grid, side="right") - 1
                 curves.append(np.where(index >= 0, np.asarray(values)[np.maximum(index, 0)],
                                        np.nan))
+            if not curves:
+                continue
             stack = np.asarray(curves)
             axis.plot(grid, np.nanmedian(stack, axis=0), color=colours[cell.name],
                       label=f"{cell.name} (n={len(curves)})")
@@ -492,8 +497,9 @@ def plots(out: Path, records: dict[str, dict[str, Any]], result: dict[str, Any]
         axis.set_title(f"task {task} (reverse {TASKS[task]['sets']['task.length']})")
         axis.set_xlabel("driver wall seconds")
         axis.grid(alpha=0.3)
-        axis.legend(fontsize=7, frameon=False, loc="lower right")
-    axes[0].set_ylabel("held-out greedy reward (median, band: min–max over seeds)")
+        axis.legend(fontsize=7, frameon=False, loc="upper left")
+    axes[0].set_ylabel("held-out greedy reward")
+    figure.suptitle("median over seeds; band: min–max over seeds", fontsize=9)
     figure.tight_layout()
     figure.savefig(out / "reward_vs_time.png", dpi=110)
     plt.close(figure)
