@@ -95,7 +95,7 @@ def main(argv: list[str] | None = None) -> int:
                              "a string); repeat for several")
     parser.add_argument("--fingerprints", choices=("auto", "fast", "stable"), default="auto",
                         help="auto (default): Python's hash for states that hash by value, "
-                             "stable ones with checkpoints and graphs; stable: always SHA-1")
+                             "stable ones with checkpoints; stable: always SHA-1")
     args = parser.parse_args(argv)
     # Piped output is not wrapped at 80 columns (a line stays one line for grep and logs).
     piped = not sys.stdout.isatty()

@@ -37,8 +37,9 @@ fingerprinted (measured on CPython 3.11, this machine, ns per call):
   built differently would get different bytes – and be counted twice.
   Keys holding sets, dataclasses, enums, named tuples or anything else go through `canonical`
   first, which rewrites them to a marshal-able tree of tagged nodes: sets and dicts sorted by
-  the encoding of their elements, dataclasses as (class name, field values), enums as (class
-  name, member name); unknown objects fall back to a memo-free pickle.  Sets are detected by
+  the encoding of their elements, dataclasses as (class name, the values of the fields that
+  take part in equality), enums as (class name, member name); unknown objects fall back to a
+  memo-free pickle.  Sets are detected by
   their marshal type codes (a byte scan; a false alarm costs a structural check); dicts too.  The two
   paths' encodings are disjoint (the canonical one is prefixed with 0xFF).
 
@@ -132,7 +133,8 @@ def canonical(obj: Any) -> Any:
         return ("enum", name, obj.name)
     names = _field_names.get(cls)
     if names is None and dataclasses.is_dataclass(cls):
-        names = tuple(f.name for f in dataclasses.fields(cls))
+        # The fields that take part in equality only: equal states, one fingerprint.
+        names = tuple(f.name for f in dataclasses.fields(cls) if f.compare)
         _field_names[cls] = names
     if names is not None:
         return ("dc", name, *[canonical(getattr(obj, n)) for n in names])

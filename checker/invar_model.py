@@ -289,9 +289,9 @@ class InvarModel(BaseModel[Explored, tuple]):
         return props
 
     def fingerprint_key(self, state: Explored) -> Any:
-        text = _key_text(state, self._config_text)
         if not self.symmetry:
-            return text
+            return _key(state)
+        text = _key_text(state, self._config_text)
         # Interchangeable workers: the representative is the least text over every renaming
         # of the world. The renaming is done on the objects, not on the text: collections
         # ordered by name (the core's workers, the world's workers) must be re-sorted, and a
@@ -495,6 +495,17 @@ def _rename_message(msg: Message, mapping: dict[str, str]) -> Message:
     if name is None:
         return msg
     return message(mapping.get(msg.to, msg.to), replace(body, worker=mapping[name]))
+
+
+def _key(state: Explored) -> tuple:
+    """A search state's identity, as values that hash by value (the engine's fast path): the
+    records are shared between states and keep their hashes, so this costs little. Equal to
+    `_key_text`'s equality: the same parts, the network as a multiset, the journal only while
+    a driver restart can still happen."""
+    world = state.world
+    return (world.core, world.journal if state.budget.driver_restarts else None,
+            tuple(sorted(m.key for m in world.network)), world.learner, world.workers,
+            world.store, world.timer, state.budget, world.refused, world.broken)
 
 
 def _key_text(state: Explored, config_text: str) -> str:

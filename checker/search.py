@@ -427,9 +427,9 @@ class Checker(Generic[S, A]):
                        checked on the initial states and on a sample of the new states of
                        every chunk; a search that meets one that does not starts again with
                        stable ones, and says so in its notes), stable ones when checkpoints
-                       or a graph are written; "stable": always the stable SHA-1
-                       fingerprints; "fast": Python's hash unchecked (for states you know
-                       hash by value; not with checkpoints or graphs).  The result reports
+                       are written; "stable": always the stable SHA-1 fingerprints; "fast":
+                       Python's hash unchecked (for states you know hash by value; not with
+                       checkpoints).  The result reports
                        which was used and TLC's estimate of the collision probability.
     """
 
@@ -456,10 +456,10 @@ class Checker(Generic[S, A]):
             raise ValueError(f"finish_when must be one of {FINISH_MODES}, not {finish_when!r}")
         if fingerprints not in FINGERPRINT_MODES:
             raise ValueError(f"fingerprints must be one of {FINGERPRINT_MODES}, not {fingerprints!r}")
-        if fingerprints == "fast" and (checkpoint_path or resume_from or record_graph or check_livelock):
+        if fingerprints == "fast" and (checkpoint_path or resume_from):
             raise ValueError(
-                "fast fingerprints are valid in one process only: checkpoints and recorded "
-                "graphs need fingerprints='stable' (or 'auto', which picks it)"
+                "fast fingerprints are valid in one process only: checkpoints need "
+                "fingerprints='stable' (or 'auto', which picks it)"
             )
         self.model = model
         self.max_states = max_states
@@ -495,7 +495,9 @@ class Checker(Generic[S, A]):
         mode = fingerprints or self.fingerprints
         if mode == "auto":
             ctx = ModelContext(self.model, self.check_deadlock, "stable")
-            if not (self.checkpoint_path or self.resume_from or self.record_graph):
+            # A recorded graph (livelock) is built in one process: fast fingerprints label
+            # its nodes as well as stable ones would.
+            if not (self.checkpoint_path or self.resume_from):
                 key = ctx.key
                 keys = [key(s) if key is not None else s for s in self.model.init_states()]
                 if all_hash_by_value(keys) is None:

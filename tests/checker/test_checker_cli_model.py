@@ -107,7 +107,8 @@ def test_a_users_own_model_in_the_current_folder(tmp_path: Path, monkeypatch: py
         (["--model", READABLE, "spec/gate"], "SPEC apply to the Invar model"),
         (["--model", READABLE, "--regression", "x.py"], "--regression apply to the Invar model"),
         (["--arg", "rms=3"], "--arg goes with --model"),
-        (["--model", READABLE, "--fingerprints", "fast", "--dot", "g.dot"], "need fingerprints='stable'"),
+        (["--model", READABLE, "--fingerprints", "fast", "--checkpoint", "c.ckpt"],
+         "need fingerprints='stable'"),
     ],
 )
 def test_bad_input_exits_2_saying_what_is_wrong(argv: list[str], message: str,

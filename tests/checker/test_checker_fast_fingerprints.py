@@ -170,10 +170,22 @@ def test_an_initial_state_that_does_not_hash_by_value_means_stable_from_the_star
 def test_fingerprints_leaving_the_process_are_stable(tmp_path: Path) -> None:
     model = TwoPhaseReadable(3)
     assert Checker(model, checkpoint_path=tmp_path / "c", max_states=50).bfs().fingerprints == "stable"
-    assert Checker(model, record_graph=True).bfs().fingerprints == "stable"
-    for options in ({"checkpoint_path": tmp_path / "c"}, {"record_graph": True}, {"check_livelock": True}):
+    for options in ({"checkpoint_path": tmp_path / "c"}, {"resume_from": tmp_path / "c"}):
         with pytest.raises(ValueError, match="stable"):
             Checker(model, fingerprints="fast", **options)  # type: ignore[arg-type]
+
+
+def test_a_recorded_graph_is_built_in_one_process_with_fast_fingerprints() -> None:
+    """The livelock check's graph never leaves the process: the fast kind labels it, and the
+    verdicts and counts are those of the stable kind."""
+    model = TwoPhaseReadable(3)
+    fast = Checker(model, check_livelock=True).bfs()
+    stable = Checker(model, check_livelock=True, fingerprints="stable").bfs()
+    assert fast.fingerprints == "fast" and stable.fingerprints == "stable"
+    assert fast.graph.number_of_nodes() == stable.graph.number_of_nodes() == fast.distinct_states
+    assert fast.graph.number_of_edges() == stable.graph.number_of_edges()
+    assert {n: p.verdict for n, p in fast.properties.items()} == \
+        {n: p.verdict for n, p in stable.properties.items()}
     with pytest.raises(ValueError, match="fingerprints must be"):
         Checker(model, fingerprints="sha1")
 

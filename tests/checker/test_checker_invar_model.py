@@ -223,8 +223,8 @@ def test_cli_tiny_spec_passes_and_writes_json_dot_graphml(tmp_path: Path) -> Non
     # DOT: every line is a node or an edge of the recorded graph.
     lines = out["dot"].read_text().strip().splitlines()
     assert lines[0] == "digraph states {" and lines[-1] == "}"
-    node = re.compile(r'^  "(\d+)" \[label="(?:[^"\\]|\\.)*"(?:, [a-z]+=[a-z]+)*\];$')
-    edge = re.compile(r'^  "(\d+)" -> "(\d+)"(?: \[label="(?:[^"\\]|\\.)*"\])?;$')
+    node = re.compile(r'^  "(-?\d+)" \[label="(?:[^"\\]|\\.)*"(?:, [a-z]+=[a-z]+)*\];$')
+    edge = re.compile(r'^  "(-?\d+)" -> "(-?\d+)"(?: \[label="(?:[^"\\]|\\.)*"\])?;$')
     nodes = {m.group(1) for line in lines if (m := node.match(line))}
     edges = [line for line in lines if edge.match(line)]
     assert all(node.match(x) or edge.match(x) or x.startswith("  node ") for x in lines[1:-1])
