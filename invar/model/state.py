@@ -30,34 +30,30 @@ def evolve(obj: Any, **changes: Any) -> Any:
     return new
 
 
+def _memoised(attribute: str, compute: Any) -> Any:
+    """A method returning `compute(self)`, kept on the (frozen) instance after the first call."""
+    def method(self: Any) -> Any:
+        value = self.__dict__.get(attribute)
+        if value is None:
+            value = compute(self)
+            object.__setattr__(self, attribute, value)
+        return value
+    return method
+
+
 def cached_repr(cls: type) -> type:
     """Cache a frozen dataclass's repr and hash on the instance: state digests are built from
     reprs, the checker's fingerprints from hashes, and records are shared between many states.
     (The hash is the generated one, so it still hashes by value; it is never pickled, since a
     string's hash differs between processes.)"""
-    generated = cls.__repr__
     generated_hash = cls.__hash__
-
-    def __repr__(self: Any) -> str:
-        text = self.__dict__.get("_repr")
-        if text is None:
-            text = generated(self)
-            object.__setattr__(self, "_repr", text)
-        return text
-
-    def __hash__(self: Any) -> int:
-        value = self.__dict__.get("_hash")
-        if value is None:
-            value = generated_hash(self)
-            object.__setattr__(self, "_hash", value)
-        return value
 
     def __getstate__(self: Any) -> dict[str, Any]:
         return {k: v for k, v in self.__dict__.items() if k != "_hash"}
 
-    cls.__repr__ = __repr__  # type: ignore[method-assign]
+    cls.__repr__ = _memoised("_repr", cls.__repr__)  # type: ignore[method-assign]
     if generated_hash is not None:
-        cls.__hash__ = __hash__  # type: ignore[method-assign]
+        cls.__hash__ = _memoised("_hash", generated_hash)  # type: ignore[method-assign]
         cls.__getstate__ = __getstate__  # type: ignore[attr-defined]
     return cls
 
