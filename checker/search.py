@@ -468,6 +468,9 @@ class Checker(Generic[S, A]):
         self.check_deadlock = check_deadlock
         self.check_livelock = check_livelock
         self.record_graph = record_graph or check_livelock
+        self._labelled = record_graph
+        """Label the graph's nodes and edges (for DOT/GraphML): only when the graph was asked
+        for; the livelock check needs its shape alone, and a state's repr costs."""
         self.finish_when = "exhausted" if check_livelock else finish_when
         self.progress = progress
         self.progress_interval = progress_interval
@@ -745,15 +748,20 @@ class Checker(Generic[S, A]):
             graph,
         )
 
-    @staticmethod
-    def _graph_node(graph: Any, ctx: ModelContext, state: Any, g: int, init: bool = False) -> None:
+    def _graph_node(self, graph: Any, ctx: ModelContext, state: Any, g: int,
+                    init: bool = False) -> None:
+        if not self._labelled:
+            graph.add_node(g, init=init, final=False)
+            return
         label = repr(state)
         if len(label) > 200:
             label = label[:197] + "..."
         graph.add_node(g, label=label, init=init, final=False)
 
-    @staticmethod
-    def _graph_edge(graph: Any, ctx: ModelContext, f: int, g: int, action: Any) -> None:
+    def _graph_edge(self, graph: Any, ctx: ModelContext, f: int, g: int, action: Any) -> None:
+        if not self._labelled:
+            graph.add_edge(f, g)
+            return
         text = ctx.format_action(action)
         if graph.has_edge(f, g):
             data = graph.edges[f, g]
