@@ -7,6 +7,7 @@ real journals. Each returns "" when it holds, or a sentence saying what is wrong
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Callable, Sequence
 
 from invar.model import schedule
@@ -19,7 +20,7 @@ from invar.model.messages import (
     Publish,
     SetTimer,
 )
-from invar.model.state import Assigned, LearnerPhase, Sample, State, WorkerPhase
+from invar.model.state import Assigned, LearnerPhase, NoOps, Sample, State, WorkerPhase
 
 
 def no_sample_consumed_twice(state: State) -> str:
@@ -234,7 +235,10 @@ def cotangent_bound_to_its_step(before: State, commands: Sequence[Command], afte
 
 
 def history_only_grows(before: State, commands: Sequence[Command], after: State) -> str:
-    """The ledger, commits and publications are append-only: nothing done is undone."""
+    """The ledger, commits and publications are append-only: nothing done is undone; the
+    no-op counts (duplicates, late and divergent replies seen) only go up."""
+    if any(getattr(after.noops, kind) < getattr(before.noops, kind) for kind in _NOOP_KINDS):
+        return f"a no-op count went down: {before.noops} -> {after.noops}"
     if after.ledger[:len(before.ledger)] != before.ledger:
         return "the ledger of consumed batches was rewritten"
     if after.commit_digests[:len(before.commit_digests)] != before.commit_digests:
@@ -242,6 +246,9 @@ def history_only_grows(before: State, commands: Sequence[Command], after: State)
     if after.published[:len(before.published)] != before.published:
         return "the publication sequence was rewritten"
     return ""
+
+
+_NOOP_KINDS = tuple(f.name for f in dataclasses.fields(NoOps))
 
 
 def commands_respect_schedule(before: State, commands: Sequence[Command], after: State) -> str:
