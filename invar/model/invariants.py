@@ -248,6 +248,14 @@ def history_only_grows(before: State, commands: Sequence[Command], after: State)
     return ""
 
 
+def every_event_counts(before: State, commands: Sequence[Command], after: State) -> str:
+    """An event either changes the state, sends commands, or is counted as a no-op: none
+    passes unrecorded (the driver journals what changes and counts what does not)."""
+    if not commands and after == before and after.noops == before.noops:
+        return "an event changed nothing, sent nothing and was not counted as a no-op"
+    return ""
+
+
 _NOOP_KINDS = tuple(f.name for f in dataclasses.fields(NoOps))
 
 
@@ -288,6 +296,7 @@ TRANSITION_INVARIANTS: dict[str, TransitionInvariant] = {
     "cotangent_bound_to_its_step": cotangent_bound_to_its_step,
     "history_only_grows": history_only_grows,
     "commands_respect_schedule": commands_respect_schedule,
+    "every_event_counts": every_event_counts,
 }
 
 
