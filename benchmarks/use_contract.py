@@ -38,6 +38,9 @@ SEEDS = (1, 2, 3, 4, 5)
 SWEEP_REPEATS = 3
 SWEEP_UPDATES = 25
 SWEEP_WINDOW = 5
+SWEEP_BUDGET = 30.0
+"""Driver wall seconds after which a sweep run is stopped (PREREGISTRATION.md, amendment 1:
+under load ~7 the colocated 2+2-thread runs took up to 7 s per update)."""
 
 COLOCATED_SYNC = {"rollout.cpus": [], "rollout.threads": 2, "learner.cpus": [],
                   "learner.threads": 2}
@@ -120,6 +123,7 @@ def plan() -> list[dict[str, Any]]:
             for config, config_sets in SWEEP_CONFIGS.items():
                 runs.append({"id": f"sweep-{point}-{config}.r{repeat}", "kind": "sweep",
                              "point": point, "config": config, "repeat": repeat,
+                             "budget": SWEEP_BUDGET,
                              "sets": {**SWEEP_BASE, **point_sets, **config_sets,
                                       "protocol.seed": repeat}})
     return runs
@@ -164,6 +168,11 @@ def execute(entry: dict[str, Any]) -> dict[str, Any]:
     window_start = SWEEP_WINDOW if entry["kind"] == "sweep" else total  # main: no CPU window
     started = time.time()
     result = ba.run(spec, RUNS, {}, total, window_start)
+    last = max((row["update"] for row in result.updates), default=0)
+    if entry["kind"] == "sweep" and result.window is None and last > SWEEP_WINDOW:
+        # Stopped by its wall budget before the last update: the steady window runs from
+        # update SWEEP_WINDOW to the last row (no CPU marks there: CPU s/update stays None).
+        result.window = (SWEEP_WINDOW, last)
     record = {key: value for key, value in entry.items() if key != "sets"}
     record.update({
         "settings": entry["sets"], "started_utc": dt.datetime.fromtimestamp(
