@@ -599,6 +599,13 @@ DEVIATIONS = (
     "(one stderr line after update 6) in every run started after 13:43 UTC, and this session "
     "ran its unit tests for `invar report` and the hint during the study: they are part of the "
     "'other work' recorded beside every run.",
+    "Amendment 1 (committed before any sweep run): every sweep run stopped at 30 s of driver "
+    "wall time, its steady window from update 5 to its last update; sweep runs stopped before "
+    "update 24 have no CPU s/update.",
+    "Restarting the runner to pick up amendment 1, this session stopped it one run too early, "
+    "during A-pin-S1-beh.seed5 (the last cell of round 5); that run was discarded unrecorded "
+    "and rerun from scratch a minute later (14:18 UTC), still after every other cell of its "
+    "round.",
     "No disturbed run was rerun (declared): the machine was shared the whole time (see the "
     "disturbance table); the sensitivity analysis drops pairs above 0.5 cores of other work.",
 )
