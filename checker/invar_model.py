@@ -251,6 +251,10 @@ class InvarModel(BaseModel[Explored, tuple]):
         if b.drops:
             props.append(Property.sometimes("a_message_is_dropped",
                                             lambda s: s.budget.drops < b.drops))
+        if b.reproducible_forwards:
+            # Every component of this world is deterministic: a repeat is never "divergent".
+            props.append(Property.always("deterministic_components_never_diverge",
+                                         lambda s: s.world.core.noops.divergent == 0))
         if b.frames:
             props.append(Property.sometimes("a_frame_repeats_some_completions_and_brings_others",
                                             _mixed_frame_in_flight))

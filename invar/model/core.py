@@ -168,25 +168,23 @@ def _boundary_commands(state: State) -> list[Command]:
 
 
 class _NoOp:
-    """A harmless event: counted by kind (`n` of them: a frame may repeat several samples)."""
+    """A harmless event: how many repeats of each kind it brought (a frame may repeat several
+    samples, even of both kinds)."""
 
-    def __init__(self, kind: str, n: int = 1) -> None:
-        self.kind = kind
-        self.n = n
+    def __init__(self, **counts: int) -> None:
+        self.counts = counts
 
 
-_DUPLICATE = _NoOp("duplicates")
-_LATE = _NoOp("late")
-_DIVERGENT = _NoOp("divergent")
+_DUPLICATE = _NoOp(duplicates=1)
+_LATE = _NoOp(late=1)
+_DIVERGENT = _NoOp(divergent=1)
 Handled = tuple[State, list[Command]] | _NoOp | ProtocolError
 
 
-def _count(state: State, *noops: _NoOp) -> State:
+def _count(state: State, noop: _NoOp) -> State:
     counts = state.noops
-    changes: dict[str, int] = {}
-    for noop in noops:
-        changes[noop.kind] = changes.get(noop.kind, getattr(counts, noop.kind)) + noop.n
-    return replace(state, noops=replace(counts, **changes))
+    return replace(state, noops=replace(counts, **{
+        kind: getattr(counts, kind) + n for kind, n in noop.counts.items()}))
 
 
 def _on_worker_connected(state: State, event: WorkerConnected) -> Handled:
@@ -255,13 +253,13 @@ def _on_requests_completed(state: State, event: RequestsCompleted) -> Handled:
     g = state.config.group_size
     batches = {index: state.batch(index) for index in {c.request.batch for c in event.completions}}
     changes: dict[int, dict[int, Slot]] = {i: {} for i, b in batches.items() if b is not None}
-    freed: Counter[tuple[str, int]] = Counter()  # (worker, incarnation) -> requests done
+    freed: Counter[str] = Counter()  # worker -> its requests done
     noops: Counter[str] = Counter()
     for completion in event.completions:
         index, prompt, sample = completion.request
         batch = batches[index]
         if batch is None:
-            noops[_DUPLICATE.kind] += 1  # its batch was consumed: the ledger holds it
+            noops["duplicates"] += 1  # its batch was consumed: the ledger holds it
             continue
         position = prompt * g + sample
         new = changes[index]
@@ -269,23 +267,24 @@ def _on_requests_completed(state: State, event: RequestsCompleted) -> Handled:
         digest = _sample_digest(completion)
         if type(slot) is Sample:
             # Same identity, version and seed: a numerically invariant worker repeats itself.
-            noops[(_DUPLICATE if slot.digest == digest else _DIVERGENT).kind] += 1
+            noops["duplicates" if slot.digest == digest else "divergent"] += 1
             continue
         new[position] = Sample(digest, completion.tokens, completion.behavior_logprobs,
                                completion.reward, completion.version)
         if slot is not None:
-            freed[slot.worker, slot.incarnation] += 1  # type: ignore[union-attr]
+            freed[slot.worker] += 1  # type: ignore[union-attr]
     changes = {index: new for index, new in changes.items() if new}
-    repeats = [_NoOp(kind, n) for kind, n in sorted(noops.items())]
     if not changes:
-        return repeats[0] if len(repeats) == 1 else (_count(state, *repeats), [])
-    state = _count(state, *repeats)
+        return _NoOp(**noops)
+    state = _count(state, _NoOp(**noops))
     for index, slots in changes.items():
         state = _put_batch(state, state.batch(index).with_slots(slots))  # type: ignore[union-attr]
-    for (name, incarnation), done in freed.items():
+    for name, done in freed.items():
+        # An Assigned slot names its worker's current incarnation: a new incarnation or a loss
+        # re-queues the old one's slots (and `batch_counters_consistent` checks the counts).
         holder = state.worker(name)
-        if holder is not None and holder.incarnation == incarnation:
-            state = _put_worker(state, replace(holder, assigned=holder.assigned - done))
+        assert holder is not None, name
+        state = _put_worker(state, replace(holder, assigned=holder.assigned - done))
     return state, []
 
 

@@ -583,9 +583,10 @@ def forgeries(state: State) -> tuple[Event, ...]:
         forged = Completion(request, version, (1,), (-0.5,), 0.0)
         out.append(RequestsCompleted(INTRUDER, 0, (forged,)))
         if sender is not None and batch is not None:
-            # A sample and a prompt just outside the batch: requests never launched.
+            # A sample and a prompt just outside the batch, either side: never launched.
             for outside in (request._replace(sample=config.group_size),
-                            request._replace(prompt=config.prompts_per_batch)):
+                            request._replace(prompt=config.prompts_per_batch),
+                            request._replace(sample=-1), request._replace(prompt=-1)):
                 out.append(RequestsCompleted(sender.name, sender.incarnation,
                                              (replace(forged, request=outside),)))
             # A frame is judged whole: a good completion does not carry a bad one in.
@@ -597,6 +598,9 @@ def forgeries(state: State) -> tuple[Event, ...]:
                                          (replace(forged, version=wrong),)))
     if sender is not None:
         out.append(RequestsCompleted(sender.name, sender.incarnation, ()))
+        # A batch before the first: no request was ever launched there.
+        before_first = Completion(schedule.RequestId(-1, 0, 0), 0, (1,), (-0.5,), 0.0)
+        out.append(RequestsCompleted(sender.name, sender.incarnation, (before_first,)))
     learner = state.learner
     newest = state.committed
     if state.commit_digests:

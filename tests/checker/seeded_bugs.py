@@ -69,7 +69,7 @@ def _duplicate_completion_applied_twice(mp: Any) -> None:
         outcome = original(state, event)
         request = event.completions[0].request if event.completions else None
         batch = state.batch(request.batch) if request is not None else None
-        if isinstance(outcome, core._NoOp) and outcome.kind == "duplicates" and batch:
+        if isinstance(outcome, core._NoOp) and "duplicates" in outcome.counts and batch:
             # The bug: a re-delivered completion is applied again: written over its slot and
             # counted a second time.
             position = request.prompt * state.config.group_size + request.sample
@@ -251,9 +251,12 @@ SEEDED_BUGS: tuple[SeededBug, ...] = (
               Bounds(worker_crashes=1, total_updates=1), TRANSITION,
               "commands_respect_schedule: request (0, 0, 0) launched with another seed",
               _reissued_request_new_seed),
+    # The first alarm is deterministic_components_never_diverge (a repeat lands on another
+    # slot's sample); searched on, the final projection is caught too.
     SeededBug("batch_filled_in_completion_order",
               "completions fill a batch's slots in arrival order, not request-id order",
-              Bounds(), FINAL, "projection", _batch_filled_in_completion_order),
+              Bounds(), FINAL, "projection", _batch_filled_in_completion_order,
+              finish_when="all_decided"),
     SeededBug("version_released_too_early",
               "a version is released once its batches are admitted, though still incomplete",
               Bounds(), "version_retained_while_in_use",
