@@ -397,6 +397,10 @@ def _from_json(tp: Any, value: Any, where: str) -> Any:
         if not isinstance(value, list):
             raise DecodeError(f"{where}: expected a list, got {type(value).__name__}")
         if len(args) == 2 and args[1] is Ellipsis:
+            if args[0] is Completion:  # a frame's completions: all on the fast path, or none
+                completions = [_fast_completion(v) for v in value]
+                if None not in completions:
+                    return tuple(completions)
             fast = _fast_row(args[0], value)
             if fast is not None:
                 return fast
