@@ -402,11 +402,11 @@ def independent_completion(state: State, event: RequestsCompleted) -> bool:
         filled[request.batch].add(position)
         if batch.completed + len(filled[request.batch]) == len(batch.slots):
             return False
-        holder = freed[slot.worker, slot.incarnation] = freed.get(
+        taken = freed[slot.worker, slot.incarnation] = freed.get(
             (slot.worker, slot.incarnation), 0) + 1
         worker = state.worker(slot.worker)
         # The worker keeps other requests, so it does not become free (and get a new load).
-        if worker is None or worker.incarnation != slot.incarnation or worker.assigned <= holder:
+        if worker is None or worker.incarnation != slot.incarnation or worker.assigned <= taken:
             return False
     return True
 

@@ -820,17 +820,12 @@ def _matrix_problem(name: str, matrix: Matrix | None, lengths: list[int]) -> str
 
 
 def _sample_digest(event: Completion) -> str:
-    # Little-endian int64 tokens, float64 log-probs and reward (`array` is the machine's
-    # byte order, so it is used only where that is little-endian, as on every target here).
-    h = hashlib.blake2b(digest_size=12)
-    if _LITTLE_ENDIAN:
-        h.update(array("q", event.tokens).tobytes())
-        h.update(array("d", event.behavior_logprobs).tobytes())
-    else:  # pragma: no cover
-        h.update(struct.pack(f"<{len(event.tokens)}q", *event.tokens))
-        h.update(struct.pack(f"<{len(event.behavior_logprobs)}d", *event.behavior_logprobs))
+    """Over little-endian int64 tokens, float64 log-probs and the reward."""
+    tokens, logprobs = array("q", event.tokens), array("d", event.behavior_logprobs)
+    if sys.byteorder == "big":  # `array` packs in the machine's order
+        tokens.byteswap()
+        logprobs.byteswap()
+    h = hashlib.blake2b(tokens.tobytes(), digest_size=12)
+    h.update(logprobs.tobytes())
     h.update(struct.pack("<d", event.reward))
     return h.hexdigest()
-
-
-_LITTLE_ENDIAN = sys.byteorder == "little"

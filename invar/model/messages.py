@@ -409,10 +409,6 @@ def _from_json(tp: Any, value: Any, where: str) -> Any:
             raise DecodeError(f"{where}: expected {len(args)} items, got {len(value)}")
         return tuple(_from_json(a, v, f"{where}[{i}]") for i, (a, v) in enumerate(zip(args, value)))
     if dataclasses.is_dataclass(tp):
-        if tp is Completion:
-            fast = _fast_completion(value)
-            if fast is not None:
-                return fast
         if not isinstance(value, dict):
             raise DecodeError(f"{where}: expected an object")
         return _decode_dataclass(tp, value, where)

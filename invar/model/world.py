@@ -359,8 +359,12 @@ def merge_replies(world: World, first: str, second: str) -> World:
     world, b = _take(world, second)
     if not mergeable(a, b):
         raise ValueError(f"not replies of one worker incarnation: {first!r}, {second!r}")
-    frame = replace(a.body, completions=a.body.completions + b.body.completions)
-    return _send(world, message(CORE, frame))
+    return _send(world, message(CORE, merged(a.body, b.body)))
+
+
+def merged(a: RequestsCompleted, b: RequestsCompleted) -> RequestsCompleted:
+    """One frame with `a`'s completions, then `b`'s (both of one worker incarnation)."""
+    return replace(a, completions=a.completions + b.completions)
 
 
 def split_reply(world: World, key: str) -> World:

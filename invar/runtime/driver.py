@@ -772,11 +772,10 @@ class Driver:
             raise FrameError(f"unexpected frame kind {kind!r}")
         try:
             raw = blob.decode("utf-8")
-            event = decode(json.loads(raw))
-        except (UnicodeDecodeError, ValueError) as error:
-            if isinstance(error, DecodeError):
-                raise
+            data = json.loads(raw)
+        except ValueError as error:  # UnicodeDecodeError and JSONDecodeError both are
             raise FrameError(f"event is not JSON text: {error}") from None
+        event = decode(data)
         if not isinstance(event, (RequestsCompleted, WeightsLoaded)):
             raise FrameError(f"a worker cannot report {type(event).__name__}")
         if isinstance(event, RequestsCompleted):

@@ -17,7 +17,7 @@ against them, without torch or processes.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 
 from invar.model.config import RunConfig
 from invar.model.messages import (
@@ -61,6 +61,7 @@ from invar.model.world import (
     fire_timer,
     forward_reply,
     merge_replies,
+    merged,
     new_world,
     restart_driver,
     restart_learner,
@@ -164,7 +165,7 @@ def framed(events: list[Event]) -> list[Event]:
         last = out[-1] if out else None
         if (isinstance(event, RequestsCompleted) and isinstance(last, RequestsCompleted)
                 and (last.worker, last.incarnation) == (event.worker, event.incarnation)):
-            out[-1] = replace(last, completions=last.completions + event.completions)
+            out[-1] = merged(last, event)
         else:
             out.append(event)
     return out

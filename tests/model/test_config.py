@@ -141,10 +141,14 @@ def test_sync_period_s_plus_one_is_periodic(config):
         assert staleness(config, b) == b % p
 
 
+CLAMPED_BY_EVALUATION = RunConfig(
+    max_staleness=11, sync_period=12, eval_every=10, total_updates=30, prompts_per_batch=2,
+    group_size=2, optimizer_steps=1, max_inflight_batches=12).validate()
+"""Evaluation every 10 clamps a declared staleness of 11 and sync period of 12."""
+
+
 def test_eval_boundaries_clamp_staleness_and_say_so():
-    config = RunConfig(max_staleness=11, sync_period=12, eval_every=10, total_updates=30,
-                       prompts_per_batch=2, group_size=2, optimizer_steps=1,
-                       max_inflight_batches=12).validate()
+    config = CLAMPED_BY_EVALUATION
     rep = report(config)
     assert rep.declared_staleness == 11
     assert rep.effective_staleness == 9
@@ -166,9 +170,7 @@ def test_report_without_clamp_has_no_staleness_note():
 
 
 def test_report_notes_a_sync_period_clamped_by_boundaries():
-    config = RunConfig(max_staleness=11, sync_period=12, eval_every=10, total_updates=30,
-                       prompts_per_batch=2, group_size=2, optimizer_steps=1,
-                       max_inflight_batches=12).validate()
+    config = CLAMPED_BY_EVALUATION
     rep = report(config)
     assert rep.effective_sync_period == 10
     assert any("sync_period=12 is clamped" in note for note in rep.notes), rep.notes
