@@ -10,6 +10,8 @@ recognised as late, and a command meant for a dead one is ignored by its success
 
 from __future__ import annotations
 
+import base64
+import binascii
 import dataclasses
 import functools
 import hashlib
@@ -20,12 +22,17 @@ import typing
 from dataclasses import dataclass
 from typing import Any, NamedTuple, Union
 
+import numpy as np
+
 from invar.model.objective import ObjectiveTerms
 from invar.model.schedule import RequestId
 
-ENCODING_VERSION = 2
+ENCODING_VERSION = 3
 """Bumped whenever a field of any message changes meaning; decode refuses other versions.
-2: a worker's replies arrive as frames (`RequestsCompleted`), no longer one event per sample."""
+2: a worker's replies arrive as frames (`RequestsCompleted`), no longer one event per sample.
+3: number arrays travel packed (`pack_matrix`, `pack_completions`): log-prob matrices and a
+frame's completions are most of a run's journal, and as JSON numbers each value costs ~20
+characters and a parse."""
 
 Logprobs = tuple[float, ...]
 Matrix = tuple[tuple[float, ...], ...]
@@ -303,8 +310,7 @@ class DecodeError(ValueError):
 
 
 def encode(message: Any) -> dict[str, Any]:
-    body = {name: _to_json(getattr(message, name)) for name in _schema(type(message))[1]}
-    return {"type": type(message).__name__, "v": ENCODING_VERSION, **body}
+    return {"type": type(message).__name__, "v": ENCODING_VERSION, **_encode_fields(message)}
 
 
 def decode(data: Any) -> Any:
@@ -346,6 +352,22 @@ def loads(text: str | bytes) -> Any:
 _SCALARS = (int, float, str, bool, type(None))
 
 
+def _encode_fields(message: Any) -> dict[str, Any]:
+    """A dataclass's fields by its schema: packed arrays where the type says so."""
+    body = {}
+    for name, packer in _encoding_plan(type(message)):
+        value = getattr(message, name)
+        body[name] = _to_json(value) if packer is None or value is None else packer(value)
+    return body
+
+
+@functools.lru_cache(maxsize=None)
+def _encoding_plan(cls: type) -> tuple[tuple[str, Any], ...]:
+    """Each field's name and its packer (None: plain JSON), looked up once per type."""
+    hints, names = _schema(cls)
+    return tuple((name, _PACKERS.get(hints[name])) for name in names)
+
+
 def _to_json(value: Any) -> Any:
     kind = type(value)
     if kind in _SCALARS:
@@ -358,8 +380,110 @@ def _to_json(value: Any) -> Any:
     if isinstance(value, tuple):  # named tuples (RequestId, ObservationId)
         return list(value)
     if hasattr(kind, "__dataclass_fields__"):
-        return {name: _to_json(getattr(value, name)) for name in _schema(kind)[1]}
+        return _encode_fields(value)
     return value
+
+
+# ---------------------------------------------------------------------------------------------
+# Packed arrays: little-endian float64 / int64 bytes in base64, ragged rows by their lengths.
+# Exact (a float64 round-trips bit for bit) and decoded in C; every value still reaches the
+# core as a Python float or int, so the core's checks (finite, in range) judge it as before.
+
+
+def _pack(values: list[float] | list[int], dtype: str) -> str:
+    return base64.b64encode(np.asarray(values, dtype=dtype).tobytes()).decode("ascii")
+
+
+def _unpack(text: Any, dtype: str, count: int, where: str) -> list:
+    if not isinstance(text, str):
+        raise DecodeError(f"{where}: expected base64 text, got {type(text).__name__}")
+    try:
+        data = binascii.a2b_base64(text, strict_mode=True)
+    except (binascii.Error, ValueError) as exc:
+        raise DecodeError(f"{where}: not base64: {exc}") from None
+    if len(data) != 8 * count:
+        raise DecodeError(f"{where}: {len(data)} bytes, expected {8 * count} "
+                          f"({count} values of 8 bytes)")
+    return np.frombuffer(data, dtype=dtype).tolist()
+
+
+def _lengths(value: Any, where: str) -> list[int]:
+    if type(value) is not list or not all(type(n) is int and n >= 0 for n in value):
+        raise DecodeError(f"{where}: expected a list of non-negative row lengths")
+    return value
+
+
+def _split(flat: list, lengths: list[int]) -> tuple[tuple, ...]:
+    rows, start = [], 0
+    for length in lengths:
+        rows.append(tuple(flat[start:start + length]))
+        start += length
+    return tuple(rows)
+
+
+def _object(value: Any, keys: tuple[str, ...], where: str) -> dict[str, Any]:
+    if not isinstance(value, dict):
+        raise DecodeError(f"{where}: expected an object")
+    if set(value) != set(keys):
+        raise DecodeError(f"{where}: expected exactly the fields {list(keys)}, "
+                          f"got {sorted(value)}")
+    return value
+
+
+def pack_matrix(matrix: Matrix) -> dict[str, Any]:
+    """`{"rows": [length per row], "f64": base64}`."""
+    return {"rows": [len(row) for row in matrix],
+            "f64": _pack([x for row in matrix for x in row], "<f8")}
+
+
+def unpack_matrix(value: Any, where: str) -> Matrix:
+    data = _object(value, ("rows", "f64"), where)
+    lengths = _lengths(data["rows"], f"{where}.rows")
+    return _split(_unpack(data["f64"], "<f8", sum(lengths), f"{where}.f64"), lengths)
+
+
+_COMPLETION_COLUMNS = ("n", "request", "version", "tokens", "behavior_logprobs", "reward")
+
+
+def pack_completions(completions: tuple[Completion, ...]) -> dict[str, Any]:
+    """A frame's completions as columns: `n`, then one packed array per field (requests as n
+    rows of 3; tokens and log-probs ragged, by their row lengths)."""
+    return {
+        "n": len(completions),
+        "request": _pack([x for c in completions for x in c.request], "<i8"),
+        "version": _pack([c.version for c in completions], "<i8"),
+        "tokens": {"rows": [len(c.tokens) for c in completions],
+                   "i64": _pack([t for c in completions for t in c.tokens], "<i8")},
+        "behavior_logprobs": pack_matrix(tuple(c.behavior_logprobs for c in completions)),
+        "reward": _pack([c.reward for c in completions], "<f8"),
+    }
+
+
+def unpack_completions(value: Any, where: str) -> tuple[Completion, ...]:
+    data = _object(value, _COMPLETION_COLUMNS, where)
+    count = data["n"]
+    if type(count) is not int or count < 0:
+        raise DecodeError(f"{where}.n: expected a non-negative integer, got {count!r}")
+    flat_requests = _unpack(data["request"], "<i8", 3 * count, f"{where}.request")
+    versions = _unpack(data["version"], "<i8", count, f"{where}.version")
+    rewards = _unpack(data["reward"], "<f8", count, f"{where}.reward")
+    tokens_data = _object(data["tokens"], ("rows", "i64"), f"{where}.tokens")
+    token_lengths = _lengths(tokens_data["rows"], f"{where}.tokens.rows")
+    logprobs = unpack_matrix(data["behavior_logprobs"], f"{where}.behavior_logprobs")
+    if len(token_lengths) != count or len(logprobs) != count:
+        raise DecodeError(f"{where}: {count} completions, but {len(token_lengths)} token rows "
+                          f"and {len(logprobs)} log-prob rows")
+    tokens = _split(_unpack(tokens_data["i64"], "<i8", sum(token_lengths),
+                            f"{where}.tokens.i64"), token_lengths)
+    return tuple(
+        Completion(RequestId(*flat_requests[3 * k:3 * k + 3]), versions[k], tokens[k],
+                   logprobs[k], rewards[k])
+        for k in range(count))
+
+
+_PACKERS: dict[Any, Any] = {
+    Matrix: pack_matrix, Matrix | None: pack_matrix, tuple[Completion, ...]: pack_completions}
+_UNPACKERS: dict[Any, Any] = {Matrix: unpack_matrix, tuple[Completion, ...]: unpack_completions}
 
 
 @functools.lru_cache(maxsize=None)
@@ -388,6 +512,9 @@ def _from_json(tp: Any, value: Any, where: str) -> Any:
             return None
         (inner,) = [o for o in options if o is not type(None)]
         return _from_json(inner, value, where)
+    unpacker = _UNPACKERS.get(tp)
+    if unpacker is not None:
+        return unpacker(value, where)
     if isinstance(tp, type) and issubclass(tp, tuple) and hasattr(tp, "_fields"):
         if not isinstance(value, list) or len(value) != len(tp._fields):
             raise DecodeError(f"{where}: expected a list of {len(tp._fields)} integers")
@@ -397,10 +524,6 @@ def _from_json(tp: Any, value: Any, where: str) -> Any:
         if not isinstance(value, list):
             raise DecodeError(f"{where}: expected a list, got {type(value).__name__}")
         if len(args) == 2 and args[1] is Ellipsis:
-            if args[0] is Completion:  # a frame's completions: all on the fast path, or none
-                completions = [_fast_completion(v) for v in value]
-                if None not in completions:
-                    return tuple(completions)
             fast = _fast_row(args[0], value)
             if fast is not None:
                 return fast
@@ -425,21 +548,6 @@ def _from_json(tp: Any, value: Any, where: str) -> Any:
             raise DecodeError(f"{where}: expected {tp.__name__}, got {value!r}")
         return value
     raise DecodeError(f"{where}: cannot decode type {tp!r}")  # pragma: no cover
-
-
-def _fast_completion(value: Any) -> Completion | None:
-    """A completion of plain, well-typed JSON decoded in a few passes (every sample of a run
-    comes through here); None: take the checked path, which names the field at fault."""
-    if type(value) is not dict or len(value) != 5:
-        return None
-    request, version, reward = value.get("request"), value.get("version"), value.get("reward")
-    tokens, logprobs = value.get("tokens"), value.get("behavior_logprobs")
-    if (type(request) is list and len(request) == 3 and type(version) is int
-            and type(tokens) is list and type(logprobs) is list and type(reward) is float
-            and all(type(x) is int for x in request) and all(type(t) is int for t in tokens)
-            and all(type(x) is float for x in logprobs)):
-        return Completion(RequestId(*request), version, tuple(tokens), tuple(logprobs), reward)
-    return None
 
 
 def _fast_row(element: Any, value: list) -> tuple | None:

@@ -17,7 +17,9 @@ against them, without torch or processes.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
+from typing import Any
 
 from invar.model.config import RunConfig
 from invar.model.messages import (
@@ -41,6 +43,8 @@ from invar.model.messages import (
     VersionPublished,
     WeightsLoaded,
     WorkerConnected,
+    decode,
+    encode,
 )
 from invar.model.state import State
 from invar.model.world import (
@@ -77,7 +81,7 @@ from invar.model.world import (
 __all__ = [
     "CORE", "RESPONSE_TOKENS", "Decision", "Learner", "LearnerRules", "Message", "Run", "World",
     "Worker", "canonical_run", "crash_learner", "crash_worker", "deliver_message", "drop",
-    "duplicate", "fire_timer", "framed", "learner_reply", "merge_replies", "new_world", "reply",
+    "duplicate", "edit_completion", "fire_timer", "framed", "learner_reply", "merge_replies", "new_world", "reply",
     "restart_driver", "restart_learner", "restart_worker", "run_fifo", "split_reply",
     "start_events", "step_digest", "version_digest", "worker_reply",
 ]
@@ -169,3 +173,12 @@ def framed(events: list[Event]) -> list[Event]:
         else:
             out.append(event)
     return out
+
+
+def edit_completion(encoded: dict[str, Any], index: int, **changes: Any) -> dict[str, Any]:
+    """A journal line's `RequestsCompleted` encoding with completion `index` changed (fields
+    as `Completion`'s): how tests tamper with a journal whose completions travel packed."""
+    frame = decode(encoded)
+    completions = list(frame.completions)
+    completions[index] = dataclasses.replace(completions[index], **changes)
+    return encode(dataclasses.replace(frame, completions=tuple(completions)))

@@ -29,7 +29,7 @@ from checker.cli import main, regression_test  # noqa: E402
 from checker.invar_model import Bounds, InvarModel, _rename_core, load_bounds  # noqa: E402
 from invar.model import logical_projection  # noqa: E402
 from invar.runtime.journal import write_events  # noqa: E402
-from invar.testing import canonical_run  # noqa: E402
+from invar.testing import canonical_run, edit_completion  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
 GATE = ROOT / "spec" / "gate"
@@ -356,7 +356,8 @@ def test_cli_trace_accepts_a_real_journal_and_reports_a_tampered_one(
     number = next(i for i, line in enumerate(lines)
                   if '"RequestsCompleted"' in line)  # 0-based index; file line number + 1
     record = json.loads(lines[number])
-    record["event"]["completions"][0]["reward"] = 1.0
+    original = record["event"]
+    record["event"] = edit_completion(original, 0, reward=1.0)
     lines[number] = json.dumps(record, separators=(",", ":"))
     tampered = tmp_path / "tampered.jsonl"
     tampered.write_text("\n".join(lines) + "\n")
@@ -365,8 +366,7 @@ def test_cli_trace_accepts_a_real_journal_and_reports_a_tampered_one(
     assert "departure" in out and f"{tampered}:{number + 1}" in out
     assert "state digest after" in out
     # An event the model refuses (a completion claiming another version).
-    record["event"]["completions"][0]["reward"] = 0.5
-    record["event"]["completions"][0]["version"] = 1
+    record["event"] = edit_completion(original, 0, version=1)
     lines[number] = json.dumps(record, separators=(",", ":"))
     tampered.write_text("\n".join(lines) + "\n")
     assert main(["--trace", str(tampered)]) == 1

@@ -221,21 +221,33 @@ def _acceptable(original, wrong) -> bool:
 
 
 @pytest.mark.parametrize("mutate, where", [
-    (lambda d: d[1]["request"].__setitem__(1, "p"), "completions[1].request[1]"),
-    (lambda d: d[1].__setitem__("request", [1, 2]), "completions[1].request"),
-    (lambda d: d[1]["tokens"].__setitem__(0, 1.5), "completions[1].tokens[0]"),
-    (lambda d: d[1]["behavior_logprobs"].__setitem__(1, "x"),
-     "completions[1].behavior_logprobs[1]"),
-    (lambda d: d[0].__setitem__("reward", None), "completions[0].reward"),
-    (lambda d: d[0].pop("version"), "completions[0]: missing field(s) ['version']"),
-    (lambda d: d.append(5), "completions[2]: expected an object"),
+    (lambda d: d.__setitem__("request", d["request"][:-4]), "completions.request: 45 bytes, expected 48"),
+    (lambda d: d.__setitem__("version", "not base64!"), "completions.version: not base64"),
+    (lambda d: d.__setitem__("reward", [1.0, 1.0]), "completions.reward: expected base64"),
+    (lambda d: d["tokens"].__setitem__("rows", [2, -1]), "completions.tokens.rows"),
+    (lambda d: d["tokens"].__setitem__("rows", [2, 1]), "completions.tokens.i64: 32 bytes"),
+    (lambda d: d["behavior_logprobs"].__setitem__("rows", [4]),
+     "completions: 2 completions, but 2 token rows and 1 log-prob rows"),
+    (lambda d: d["behavior_logprobs"].pop("f64"), "completions.behavior_logprobs: expected"),
+    (lambda d: d.__setitem__("n", 3), "completions.request: 48 bytes, expected 72"),
+    (lambda d: d.__setitem__("n", -1), "completions.n: expected a non-negative integer"),
+    (lambda d: d.pop("version"), "completions: expected exactly the fields"),
 ])
-def test_nested_errors_name_the_path(mutate, where):
+def test_packed_completion_errors_name_the_path(mutate, where):
     sample = m.Completion(RequestId(0, 1, 0), 0, (1, 2), (-0.5, -0.25), 1.0)
     message = m.RequestsCompleted("w0", 0, (sample, sample))
     data = encode(message)
     mutate(data["completions"])
     assert f"RequestsCompleted.{where}" in decode_error(data)
+
+
+def test_packed_arrays_are_exact_and_keep_ragged_rows():
+    """Float64 bits survive packing (no decimal round trip), and rows keep their own lengths."""
+    tiny, third = 5e-324, -1.0 / 3.0
+    event = m.ProbabilitiesReported(2, 1, ((tiny, third), (), (-0.0,)), ((third,),))
+    back = loads(dumps(event))
+    assert back == event and back.proximal[2][0] == 0.0 and str(back.proximal[2][0]) == "-0.0"
+    assert [len(r) for r in back.proximal] == [2, 0, 1]
 
 
 def test_nested_dataclass_error_names_the_path():

@@ -22,6 +22,7 @@ from invar.model.messages import LaunchRequest, decode
 from invar.model.schedule import RequestId
 from invar.model.state import state_digest
 from invar.runtime import journal
+from invar.testing import edit_completion
 
 
 @pytest.fixture(scope="module")
@@ -73,7 +74,8 @@ def _completion_lines(lines: list[str]) -> list[int]:
 
 def _change_reward(lines: list[str], number: int) -> None:
     record = json.loads(lines[number - 1])
-    record["event"]["completions"][0]["reward"] += 0.25
+    reward = decode(record["event"]).completions[0].reward
+    record["event"] = edit_completion(record["event"], 0, reward=reward + 0.25)
     lines[number - 1] = json.dumps(record, separators=(",", ":")) + "\n"
 
 
