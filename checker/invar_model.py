@@ -62,6 +62,9 @@ class Bounds:
     drops: int = 0
     duplicates: int = 0
     worker_crashes: int = 0
+    worker_restarts: bool = True
+    """False: a crashed worker never comes back, so its requests must move to the others (a
+    lost worker the core failed to notice would hold them for ever)."""
     learner_crashes: int = 0
     driver_restarts: int = 0
     early_timers: int = 0
@@ -101,7 +104,7 @@ def load_bounds(path: str | Path) -> tuple[Bounds, dict[str, Any]]:
     for key, value in model.items():
         if key not in names:
             raise ConfigError((f"model.{key}",), f"unknown key in {path}")
-        if key in ("reproducible_forwards", "forgeries", "frames"):
+        if key in ("reproducible_forwards", "forgeries", "frames", "worker_restarts"):
             if not isinstance(value, bool):
                 raise ConfigError((f"model.{key}",), "expected true or false")
             continue
@@ -114,6 +117,9 @@ def load_bounds(path: str | Path) -> tuple[Bounds, dict[str, Any]]:
     bounds = Bounds(**model)
     if bounds.workers < 1:
         raise ConfigError(("model.workers",), "at least one worker")
+    if not bounds.worker_restarts and bounds.workers <= bounds.worker_crashes:
+        raise ConfigError(("model.worker_restarts", "model.workers"),
+                          "without restarts, a worker must outlive the crashes")
     try:
         bounds.protocol()
     except ConfigError as error:
@@ -196,7 +202,7 @@ class InvarModel(BaseModel[Explored, tuple]):
         for worker in world.workers:
             if worker.alive and budget.worker_crashes:
                 yield ("crash_worker", worker.name)
-            if not worker.alive:
+            if not worker.alive and self.bounds.worker_restarts:
                 yield ("restart_worker", worker.name)
         if world.learner.alive and budget.learner_crashes:
             yield ("crash_learner", None)
@@ -265,9 +271,13 @@ class InvarModel(BaseModel[Explored, tuple]):
                 "learner_restart_redoes_an_update",
                 lambda s: s.world.core.learner.attempt > 0
                 and s.world.core.learner.observations > k * (s.world.core.committed + 1)))
-        if b.worker_crashes:
+        if b.worker_crashes and b.worker_restarts:
             props.append(Property.sometimes(
                 "worker_reconnects", lambda s: any(x.incarnation > 0 for x in s.world.workers)))
+        elif b.worker_crashes:
+            props.append(Property.sometimes(
+                "a_lost_worker_stays_lost_and_the_run_completes",
+                lambda s: self.is_final(s) and not all(x.alive for x in s.world.workers)))
         if b.driver_restarts:
             props.append(Property.sometimes(
                 "driver_restarts", lambda s: s.budget.driver_restarts < b.driver_restarts))

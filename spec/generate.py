@@ -129,6 +129,8 @@ def gate_table() -> str:
             sizes.append("non-reproducible forwards")
         faults = [_count(getattr(b, field), one, many) for field, one, many in FAULTS
                   if getattr(b, field)]
+        if b.worker_crashes and not b.worker_restarts:
+            faults.append("no worker restart")
         flags = [name for name, on in (
             ("livelock", options.get("livelock", False)),
             ("symmetry", options.get("symmetry", True) and b.workers > 1),

@@ -637,6 +637,15 @@ def forgeries(state: State) -> tuple[Event, ...]:
             rows = tuple((-0.5,) * len(s.tokens) for s in batch.slots)  # type: ignore[union-attr]
             reference = rows if config.objective.needs_reference else None
             out.append(ProbabilitiesReported(newest, learner.attempt + 1, rows, reference))
+            # The current attempt's scores, malformed in one matrix only: a positive "log-prob"
+            # in either; a reference missing where the KL term needs one, or sent where not.
+            positive = ((0.5,) * len(rows[0]),) + rows[1:]
+            out.append(ProbabilitiesReported(newest, learner.attempt, positive, reference))
+            if reference is not None:
+                out += [ProbabilitiesReported(newest, learner.attempt, rows, positive),
+                        ProbabilitiesReported(newest, learner.attempt, rows, None)]
+            else:
+                out.append(ProbabilitiesReported(newest, learner.attempt, rows, rows))
         pending = learner.observation
         if learner.phase is LearnerPhase.FORWARD and pending is not None and batch is not None:
             rows = tuple((-0.5,) * len(batch.slots[i].tokens)  # type: ignore[union-attr]

@@ -276,12 +276,15 @@ def learner_inputs(state: State, task: DigitReversal, command: Command) -> np.nd
     else:
         return None
     config = state.config
+    group = config.group_size
     rows = []
+    batch = None
     for request in requests:
-        batch = state.batch(request.batch)
-        if batch is None:
-            return None
-        sample = batch.slots[request.prompt * config.group_size + request.sample]
+        if batch is None or batch.batch != request.batch:  # a command's requests share a batch
+            batch = state.batch(request.batch)
+            if batch is None:
+                return None
+        sample = batch.slots[request.prompt * group + request.sample]
         assert isinstance(sample, Sample)
         prompt = _prompt(task, schedule.prompt_index(config, request.batch, request.prompt))
         rows.append(prompt + sample.tokens)

@@ -27,7 +27,8 @@ ASPECTS = {
         and b.total_updates > b.max_staleness + 1,
     "evaluation boundaries": lambda b: b.eval_every > 0,
     "checkpoint boundaries": lambda b: 0 < b.checkpoint_every < b.total_updates,
-    "worker crash and reconnection": lambda b: b.worker_crashes > 0,
+    "worker crash and reconnection": lambda b: b.worker_crashes > 0 and b.worker_restarts,
+    "a worker lost for good": lambda b: b.worker_crashes > 0 and not b.worker_restarts,
     "learner crash with several steps": lambda b: b.learner_crashes > 0
         and b.optimizer_steps >= 2,
     "driver restart from the journal after a release":
@@ -37,6 +38,7 @@ ASPECTS = {
     "early timers": lambda b: b.early_timers > 0,
     "non-reproducible forwards": lambda b: not b.reproducible_forwards,
     "forged (out-of-protocol) events": lambda b: b.forgeries,
+    "forged scores with a KL term (a reference matrix)": lambda b: b.forgeries and b.kl_coef > 0,
 }
 
 
@@ -65,7 +67,9 @@ def test_gate_bounds_have_witnesses_for_what_they_exercise(name: str) -> None:
     expected = {
         "a_message_is_dropped": bounds.drops > 0,
         "learner_restart_redoes_an_update": bounds.learner_crashes > 0,
-        "worker_reconnects": bounds.worker_crashes > 0,
+        "worker_reconnects": bounds.worker_crashes > 0 and bounds.worker_restarts,
+        "a_lost_worker_stays_lost_and_the_run_completes":
+            bounds.worker_crashes > 0 and not bounds.worker_restarts,
         "driver_restarts": bounds.driver_restarts > 0,
         "an_update_takes_several_steps": bounds.optimizer_steps > 1,
     }
