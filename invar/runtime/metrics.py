@@ -14,10 +14,12 @@ from pathlib import Path
 from typing import Any, Callable, Iterator
 
 from invar.runtime.hint import HINT_AFTER
+from invar.runtime.tasks import describe
 from invar.runtime.weights import atomic_write
 
 UPDATE_FIELDS = ("update", "reward", "staleness", "loss", "clip_fraction", "mean_ratio",
-                 "mean_behavior_weight", "kl", "seconds", "wall", "refused", "noops")
+                 "mean_behavior_weight", "kl", "seconds", "wall", "refused", "noops",
+                 "verifier_failures", "verifier_timeouts")
 
 
 class MetricsLog:
@@ -120,13 +122,16 @@ class MetricsLog:
 
     def update(self, update: int, reward: float, staleness: int, terms: dict[str, float],
                seconds: float, refused: int, noops: int,
+               verifier: dict[str, int] | None = None,
                timing: dict[str, float] | None = None) -> None:
-        """`timing`: seconds of learner work, worker generation and core + driver, and the
-        count of rollout replies, since the previous row (JSONL only; for benchmarks)."""
+        """`verifier`: the counts of the update's samples whose verifier failed or timed out
+        (`verifier_failures`, `verifier_timeouts`); `timing`: seconds of learner work, worker
+        generation and core + driver, and the count of rollout replies, since the previous
+        row (JSONL only; for benchmarks)."""
         self._open()
         row = {"update": update, "reward": reward, "staleness": staleness, **terms,
-               "seconds": seconds, "wall": self.wall(),
-               "refused": refused, "noops": noops, **(timing or {})}
+               "seconds": seconds, "wall": self.wall(), "refused": refused, "noops": noops,
+               **(verifier or {}), **(timing or {})}
         while self.updates and self.updates[-1]["update"] >= update:
             self.updates.pop()  # a row written just before a crash, for an update redone
         self.updates.append(row)
@@ -137,7 +142,7 @@ class MetricsLog:
         if self._session_updates == HINT_AFTER:
             self._print_hint()
         if self._tb is not None:
-            for key in ("reward", "staleness", *terms):
+            for key in ("reward", "staleness", *terms, *(verifier or {})):
                 self._tb.add_scalar(f"train/{key}", row[key], update)
 
     def _print_hint(self) -> None:
@@ -287,7 +292,7 @@ def write_report(run_dir: Path, config: Any, updates: list[dict[str, Any]],
     lines = [
         f"# Run report: {run_dir.name}",
         "",
-        f"Task: reverse {config.task.length} digits · policy {config.policy.layers} layers × "
+        f"Task: {describe(config.task)} · policy {config.policy.layers} layers × "
         f"width {config.policy.width} · batch {p.prompts_per_batch} prompts × {p.group_size} "
         f"samples · S = {p.max_staleness}, P = {p.sync_period}, K = {p.optimizer_steps} · "
         f"loss {p.objective.loss}",
