@@ -113,11 +113,11 @@ class InlineVerifier:
 
 
 class VerifierPool:
-    """`processes` lanes, each a child process and the thread that feeds it (module doc)."""
+    """`task.verifier_processes` lanes, each a child process and the thread that feeds it,
+    as the `task` section (`task_config`, a dict) says (module doc)."""
 
-    def __init__(self, task_config: dict[str, Any], processes: int, timeout_s: float,
-                 failure_reward: float) -> None:
-        self.lanes = [_Lane(task_config, timeout_s, failure_reward) for _ in range(processes)]
+    def __init__(self, task_config: dict[str, Any]) -> None:
+        self.lanes = [_Lane(task_config) for _ in range(int(task_config["verifier_processes"]))]
 
     def submit(self, jobs: Sequence[Job]) -> Pending:
         """Start scoring `jobs` (spread over the lanes); returns at once."""
@@ -136,21 +136,18 @@ class VerifierPool:
 
 def make_verifier(task: Any, task_config: dict[str, Any]) -> InlineVerifier | VerifierPool:
     """The verifier runner `task_config` (the `task` section as a dict) asks for."""
-    processes = int(task_config["verifier_processes"])
-    if processes == 0:
+    if int(task_config["verifier_processes"]) == 0:
         return InlineVerifier(task, float(task_config["failure_reward"]))
-    return VerifierPool(task_config, processes, float(task_config["verifier_timeout_s"]),
-                        float(task_config["failure_reward"]))
+    return VerifierPool(task_config)
 
 
 class _Lane:
     """One child process and the thread that streams it jobs."""
 
-    def __init__(self, task_config: dict[str, Any], timeout_s: float,
-                 failure_reward: float) -> None:
+    def __init__(self, task_config: dict[str, Any]) -> None:
         self.task_config = task_config
-        self.timeout_s = timeout_s
-        self.failure_reward = failure_reward
+        self.timeout_s = float(task_config["verifier_timeout_s"])
+        self.failure_reward = float(task_config["failure_reward"])
         self.thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="verifier")
         self.child: subprocess.Popen | None = None
         self.buffer = b""
