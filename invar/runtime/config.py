@@ -441,15 +441,16 @@ def reverse_task(length: int, **settings: Any) -> dict[str, Any]:
 
 def changed_keys(before: TrainConfig, after: TrainConfig) -> list[tuple[str, Any, Any]]:
     """(dotted key, value before, value after) of every leaf that differs, in config order."""
-    old, new = _leaves(to_dict(before)), _leaves(to_dict(after))
+    old, new = leaves(to_dict(before)), leaves(to_dict(after))
     return [(key, old[key], new.get(key)) for key in old if old[key] != new.get(key)]
 
 
-def _leaves(data: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+def leaves(data: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    """Every leaf of nested tables, by dotted key."""
     out: dict[str, Any] = {}
     for key, value in data.items():
         if isinstance(value, dict):
-            out.update(_leaves(value, f"{prefix}{key}."))
+            out.update(leaves(value, f"{prefix}{key}."))
         else:
             out[f"{prefix}{key}"] = value
     return out
@@ -490,7 +491,7 @@ def tracker_problem(tracker: str) -> str:
     import importlib.util
     if tracker not in TRACKER_PACKAGES:
         return f"unknown tracker {tracker!r}; known: {', '.join(TRACKER_PACKAGES)} (metrics." \
-               "jsonl and TensorBoard are output.tensorboard's, always on / on by default)"
+               "jsonl is always written; TensorBoard is output.tensorboard)"
     if importlib.util.find_spec(TRACKER_PACKAGES[tracker]) is None:
         return f"{tracker!r} is not installed: pip install 'invar[trackers]'"
     return ""

@@ -423,7 +423,8 @@ class Driver:
         self.run_dir.mkdir(parents=True, exist_ok=True)
         self.learner = learner
         self.task = build_task(config.task)
-        self.metrics = MetricsLog(self.run_dir, config, tensorboard=config.output.tensorboard)
+        self.metrics = MetricsLog(self.run_dir, config, tensorboard=config.output.tensorboard,
+                                  trackers=config.output.trackers)
         heldout = prompt_rows(self.task, "heldout",
                               range(heldout_count(self.task, config.task.heldout_prompts)))
         self.verifier = make_verifier(self.task, to_dict(config.task))
@@ -482,7 +483,7 @@ class Driver:
                 log.info("%s: the run is complete, nothing to resume", self.run_dir)
                 if not (self.run_dir / "summary.json").exists():
                     self.metrics.finish(self.stats, 0.0, events=self.seq)
-                self.metrics.close()
+                self.metrics.close(complete=True)
                 return self.state
         elif journal_path.exists() and journal_path.stat().st_size:
             raise FileExistsError(f"{journal_path} exists: use --resume, or another run_dir")
@@ -546,7 +547,7 @@ class Driver:
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
         self.journal.close()
-        self.metrics.close()
+        self.metrics.close(complete=run_complete(self.state))
         self.verifier.close()
 
     def _spawn_task(self, coroutine: Awaitable[Any]) -> None:
@@ -1000,7 +1001,7 @@ def run_serial(config: TrainConfig, learner: Any) -> State:
     verifier.close()
     journal.close()
     metrics.finish(stats, executor.busy_seconds, events=stats.events)
-    metrics.close()
+    metrics.close(complete=True)
     return state
 
 

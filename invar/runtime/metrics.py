@@ -31,10 +31,13 @@ class MetricsLog:
     lost is dropped; the resumed run writes it again), and rewrites metrics.jsonl and
     metrics.csv from them (atomically, with the CSV header) before appending. `wall` in a row
     is seconds since the run began, counting earlier lives up to their last kept row.
-    Nothing is written until the first row (or `finish`).
+    Nothing is written until the first row (or `finish`). Each row also goes to the
+    experiment trackers named in `trackers` (`invar.runtime.trackers`), once per step across
+    the lives.
     """
 
-    def __init__(self, run_dir: Path, config: Any, tensorboard: bool = True) -> None:
+    def __init__(self, run_dir: Path, config: Any, tensorboard: bool = True,
+                 trackers: tuple[str, ...] = ()) -> None:
         self.run_dir = Path(run_dir)
         self.config = config
         self.counters: Counter[str] = Counter()
@@ -44,6 +47,9 @@ class MetricsLog:
         self.earlier_seconds = 0.0
         """Seconds of earlier lives of this run (to their last kept row)."""
         self.lives = 1
+        self.written: dict[str, set[int]] = {"update": set(), "evaluation": set()}
+        """Update numbers and evaluated versions with a row in metrics.jsonl before this life
+        (kept or not: each was logged to the trackers before it was written)."""
         jsonl_path = self.run_dir / "metrics.jsonl"
         if jsonl_path.exists():  # a resumed run: the report covers the whole run
             self._load(jsonl_path)
@@ -52,6 +58,8 @@ class MetricsLog:
         self._csv_file: Any = None
         self._tensorboard = tensorboard
         self._tb = None
+        self._tracker_names = trackers
+        self._trackers: Any = None
 
     def _load(self, path: Path) -> None:
         """Rows earlier lives of this run wrote (a torn line is skipped; an update redone
@@ -73,6 +81,7 @@ class MetricsLog:
                 continue
         self.updates = [updates[u] for u in sorted(updates)]
         self.evaluations = [evaluations[v] for v in sorted(evaluations)]
+        self.written = {"update": set(updates), "evaluation": set(evaluations)}
         self.lives = lives + 1
         self._earlier()
 
@@ -112,6 +121,15 @@ class MetricsLog:
                 self._tb = SummaryWriter(str(self.run_dir / "tensorboard"))
             except ImportError:  # tensorboard is optional
                 self._tb = None
+        if self._tracker_names:
+            from invar.runtime.trackers import TrackerSet
+            self._trackers = TrackerSet(self.run_dir, self.config, self._tracker_names,
+                                        self.written)
+            # The kept rows, in step order: skipped by the trackers that have them already.
+            kept = [("update", r["update"], _tracked_update(r)) for r in self.updates] + \
+                [("evaluation", e["version"], _tracked_evaluation(e)) for e in self.evaluations]
+            for kind, step, metrics in sorted(kept, key=lambda item: item[1]):
+                self._trackers.log(kind, step, metrics)
 
     def wall(self) -> float:
         """Seconds since the run began (earlier lives included)."""
@@ -136,6 +154,7 @@ class MetricsLog:
             self.updates.pop()  # a row written just before a crash, for an update redone
         self.updates.append(row)
         self._session_updates += 1
+        self._track("update", update, _tracked_update(row))
         self._write("update", row)
         self._csv.writerow(row)
         self._csv_file.flush()
@@ -166,9 +185,16 @@ class MetricsLog:
         row = {"version": version, "heldout_reward": reward, "wall": self.wall()}
         self.evaluations = sorted([e for e in self.evaluations if e["version"] != version]
                                   + [row], key=lambda e: e["version"])
+        self._track("evaluation", version, _tracked_evaluation(row))
         self._write("evaluation", row)
         if self._tb is not None:
             self._tb.add_scalar("eval/heldout_reward", reward, version)
+
+    def _track(self, kind: str, step: int, metrics: dict[str, float]) -> None:
+        """To the trackers, before the row is written to metrics.jsonl: a crash in between
+        leaves a step the tracker has and the resumed run does not log again."""
+        if self._trackers is not None:
+            self._trackers.log(kind, step, metrics)
 
     def _write(self, kind: str, row: dict[str, Any]) -> None:
         self._jsonl.write(json.dumps({"kind": kind, **row}) + "\n")
@@ -250,12 +276,27 @@ class MetricsLog:
         write_report(self.run_dir, self.config, self.updates, self.evaluations, summary)
         return summary
 
-    def close(self) -> None:
+    def close(self, complete: bool = False) -> None:
+        """Close the files; the trackers' runs end as finished when the run is `complete`
+        (else as killed: a resumed run continues them)."""
         if self._jsonl is not None:
             self._jsonl.close()
             self._csv_file.close()
         if self._tb is not None:
             self._tb.close()
+        if self._trackers is not None:
+            self._trackers.close(complete)
+            self._trackers = None
+
+
+def _tracked_update(row: dict[str, Any]) -> dict[str, float]:
+    """What the trackers get of an update's row (its step is the update number)."""
+    return {f"train/{key}": value for key, value in row.items() if key != "update"}
+
+
+def _tracked_evaluation(row: dict[str, Any]) -> dict[str, float]:
+    """What the trackers get of an evaluation's row (its step is the version)."""
+    return {"eval/heldout_reward": row["heldout_reward"]}
 
 
 def reward_figure(updates: list[dict[str, Any]], evaluations: list[dict[str, Any]]) -> Any:
