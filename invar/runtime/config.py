@@ -421,7 +421,8 @@ OPERATIONAL = (
     *(f"rollout.frame_faults.{f.name}" for f in dataclasses.fields(FrameFaultConfig)),
     "task.verifier_processes",
     "learner.device", "learner.threads", "learner.keep_commits", "learner.cpus",
-    "output.run_dir", "output.tensorboard", "output.trackers", "output.retry_seconds", "output.progress",
+    "output.run_dir", "output.tensorboard", "output.trackers", "output.retry_seconds",
+    "output.progress",
 )
 """The keys a resumed run may change: where and how fast the run executes, never what it
 computes (the logical schedule, the policy, the optimizer, the task or the sampling). Listed

@@ -150,8 +150,8 @@ class _Lane:
         self.failure_reward = float(task_config["failure_reward"])
         self.thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="verifier")
         self.child: subprocess.Popen | None = None
+        """Started with the first jobs (a run that never scores starts none)."""
         self.buffer = b""
-        self.thread.submit(self._start)  # the child imports while the worker loads its model
 
     def submit(self, jobs: list[Job]) -> Future:
         return self.thread.submit(self._run, jobs)
