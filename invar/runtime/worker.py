@@ -196,10 +196,14 @@ class RolloutWorker:
     def _complete(self, group: list[LaunchRequest], rows: list[int], tokens: Any,
                   logprobs: Any, pending: Pending) -> list[Completion]:
         out = []
-        for command, row, outcome in zip(group, rows, pending.outcomes()):
-            if outcome.status != OK:
-                print(f"verifier {outcome.status} on request {tuple(command.request)}: "
-                      f"{outcome.detail}", file=sys.stderr, flush=True)
+        outcomes = pending.outcomes()
+        failed = [(tuple(c.request), o) for c, o in zip(group, outcomes) if o.status != OK]
+        if failed:  # one line a chunk, to the worker's log
+            request, outcome = failed[0]
+            print(f"verifier: {len(failed)} of {len(group)} calls failed or timed out; the first, "
+                  f"request {request}: {outcome.status}: {outcome.detail}", file=sys.stderr,
+                  flush=True)
+        for command, row, outcome in zip(group, rows, outcomes):
             version = command.version
             if "wrong_version_once" in self.faults:
                 self.faults.discard("wrong_version_once")
