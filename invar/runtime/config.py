@@ -68,6 +68,12 @@ class TaskConfig:
     """The reward of a sample whose verifier raised, returned no finite number or timed out."""
 
 
+KIND_KEYS = {"jsonl": ("path", "verifier", "tokenizer", "prompt_length", "response_length"),
+             "module": ("module", "options")}
+"""Task settings only one kind reads: set with another kind they are refused, not ignored
+(a `task.path` without `task.name = "jsonl"` would train on the default task)."""
+
+
 @dataclass(frozen=True)
 class SamplingConfig:
     """How rollout workers sample; behaviour log-probs are those of exactly this distribution."""
@@ -302,6 +308,13 @@ class TrainConfig:
                               f"must be a finite number > 0, got {task.verifier_timeout_s}")
         if not math.isfinite(task.failure_reward):
             raise ConfigError(("task.failure_reward",), "must be a finite number")
+        defaults = TaskConfig()
+        for kind, keys in KIND_KEYS.items():
+            stray = [f"task.{key}" for key in keys
+                     if task.name != kind and getattr(task, key) != getattr(defaults, key)]
+            if stray:
+                raise ConfigError(tuple(stray), f"apply to task.name = \"{kind}\", but "
+                                                f"task.name is {task.name!r}")
         return build_task(task)
 
     def _validate_optim(self) -> None:

@@ -281,7 +281,8 @@ def load_factory(spec: str) -> Any:
 def build_task(config: Any) -> Task:
     """The task the configuration's `task` section describes (a `TaskConfig` or its dict),
     checked against the interface; any problem is a ConfigError naming the key."""
-    get = config.get if isinstance(config, dict) else lambda key: getattr(config, key)
+    def get(key: str) -> Any:
+        return setting(config, key)
     kind = get("name")
     if kind == "reverse":
         return DigitReversal(get("length"))
@@ -347,10 +348,16 @@ def heldout_count(task: Task, wanted: int) -> int:
     return wanted if size is None else min(wanted, size)
 
 
+def setting(config: Any, key: str) -> Any:
+    """`key` of the `task` section, given as a `TaskConfig` or as its dict."""
+    return config[key] if isinstance(config, dict) else getattr(config, key)
+
+
 def describe(config: Any) -> str:
-    """One phrase naming the configured task, for reports."""
-    if config.name == "reverse":
-        return f"reverse {config.length} digits"
-    if config.name == "jsonl":
-        return f"{Path(config.path).name} ({config.verifier} match)"
-    return f"plug-in {config.module}"
+    """One phrase naming the configured task (a `TaskConfig` or its dict), for reports."""
+    kind = setting(config, "name")
+    if kind == "reverse":
+        return f"reverse {setting(config, 'length')} digits"
+    if kind == "jsonl":
+        return f"{Path(setting(config, 'path')).name} ({setting(config, 'verifier')} match)"
+    return f"plug-in {setting(config, 'module')}"

@@ -150,6 +150,14 @@ def test_a_plugin_that_cannot_run_is_refused_before_anything_runs(module, option
     assert "task.module" in error.fields and words in str(error)
 
 
+def test_a_setting_of_another_kind_of_task_is_refused_not_ignored():
+    error = refused(f"task.path={json.dumps(str(ADDITION))}", "task.prompt_length=8")
+    assert error.fields == ("task.path", "task.prompt_length")
+    assert "apply to task.name = \"jsonl\", but task.name is 'reverse'" in str(error)
+    error = refused(*JSONL, "task.options.bits=3")
+    assert error.fields == ("task.options",) and "task.name is 'jsonl'" in str(error)
+
+
 def test_an_unknown_task_kind_is_refused():
     error = refused("task.name=sudoku")
     assert error.fields == ("task.name",) and "known: reverse, jsonl, module" in str(error)
