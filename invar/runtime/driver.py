@@ -70,7 +70,7 @@ from invar.runtime import journal as journal_io
 from invar.runtime.config import TrainConfig, split_fault, to_dict, worker_names
 from invar.runtime.faults import with_frame_faults
 from invar.runtime.metrics import MetricsLog
-from invar.runtime.task import DigitReversal
+from invar.runtime.tasks import Task, build_task, heldout_count, prompt_rows
 from invar.runtime.torch_learner import commit_path
 from invar.runtime.transport import (
     ConnectionLost,
@@ -79,13 +79,14 @@ from invar.runtime.transport import (
     Transport,
     TransportRefused,
 )
+from invar.runtime.verifier import FAILED, TIMEOUT, InlineVerifier, Job, make_verifier
 from invar.runtime.weights import atomic_write
 from invar.runtime.worker import RolloutWorker, WorkerArgs
 
 log = logging.getLogger("invar.driver")
 
 SpawnWorker = Callable[[str, int], Awaitable[Transport]]
-LearnerInputs = Callable[[State, DigitReversal, Command], "np.ndarray | None"]
+LearnerInputs = Callable[[State, Task, Command], "np.ndarray | None"]
 """What the learner backend gets beside a command: `learner_inputs` (token rows) for the real
 backends; a fake backend may take something else (its numerics need no tokens)."""
 
@@ -121,11 +122,12 @@ class LearnerExecutor:
     four the last command got.
     """
 
-    def __init__(self, learner: Any, task: DigitReversal, heldout: np.ndarray,
-                 run_dir: Path, metrics: MetricsLog) -> None:
+    def __init__(self, learner: Any, task: Task, heldout: np.ndarray,
+                 run_dir: Path, metrics: MetricsLog, verifier: Any = None) -> None:
         self.learner = learner
         self.task = task
         self.heldout = heldout
+        self.scoring = HeldoutScoring(task, verifier or InlineVerifier(task, 0.0), metrics)
         self.run_dir = Path(run_dir)
         self.metrics = metrics
         self.rules: LearnerRules | None = None
@@ -224,7 +226,7 @@ class LearnerExecutor:
             return UpdateCommitted(command.update, digest)
         if isinstance(command, Evaluate):
             return VersionEvaluated(command.version,
-                                    self.learner.evaluate_greedy(self.task, self.heldout))
+                                    self.learner.evaluate_greedy(self.scoring, self.heldout))
         if isinstance(command, Checkpoint):
             return self._write_checkpoint(command.version, rules.weights)
         raise TypeError(f"not a learner command: {command!r}")  # pragma: no cover
@@ -249,6 +251,48 @@ class LearnerExecutor:
         return CheckpointWritten(version, digest)
 
 
+class HeldoutScoring:
+    """What a learner's `evaluate_greedy(task, prompts)` asks of the task, for the held-out
+    prompts (row i is held-out prompt i): the response length, and the rewards of the greedy
+    answers, given by the task's verifier with its time limit. A failed or timed-out call is
+    counted (`heldout_verifier_failed`, `heldout_verifier_timeout`)."""
+
+    def __init__(self, task: Task, verifier: Any, metrics: MetricsLog) -> None:
+        self.response_length = task.response_length
+        self.verifier = verifier
+        self.metrics = metrics
+
+    def rewards(self, prompts: np.ndarray, responses: np.ndarray) -> np.ndarray:
+        jobs = [Job("heldout", index, tuple(int(t) for t in response))
+                for index, response in enumerate(np.asarray(responses).tolist())]
+        outcomes = self.verifier.submit(jobs).outcomes()
+        for outcome in outcomes:
+            if outcome.status in (FAILED, TIMEOUT):
+                self.metrics.count(f"heldout_verifier_{outcome.status}")
+        return np.array([outcome.reward for outcome in outcomes], dtype=np.float64)
+
+
+class VerifierFailures:
+    """The requests whose verifier failed or timed out, by batch, from the reply frames'
+    headers (`RolloutWorker.verifier_failures`): a set per batch, so a frame delivered twice
+    or a request answered by two workers counts once. `take(u)` gives batch u's counts for
+    update u's metrics row."""
+
+    def __init__(self) -> None:
+        self.by_batch: dict[int, dict[str, set[tuple[int, ...]]]] = {}
+
+    def add(self, header: dict[str, Any]) -> None:
+        for status in (FAILED, TIMEOUT):
+            for request in header.get(f"verifier_{status}", ()):
+                request = tuple(int(part) for part in request)
+                self.by_batch.setdefault(request[0], {}).setdefault(status, set()).add(request)
+
+    def take(self, batch: int) -> dict[str, int]:
+        found = self.by_batch.pop(batch, {})
+        return {"verifier_failures": len(found.get(FAILED, ())),
+                "verifier_timeouts": len(found.get(TIMEOUT, ()))}
+
+
 def _identity(command: Command) -> str:
     """What names a learner command in a log line (not its payload)."""
     for name in ("observation", "update", "version"):
@@ -267,7 +311,7 @@ def _padded(rows: tuple[tuple[float, ...], ...]) -> list[list[float]]:
     return [list(r) + [0.0] * (width - len(r)) for r in rows]
 
 
-def learner_inputs(state: State, task: DigitReversal, command: Command) -> np.ndarray | None:
+def learner_inputs(state: State, task: Task, command: Command) -> np.ndarray | None:
     """The token sequences (prompt + response) a learner command works on, from the state."""
     if isinstance(command, ScoreProbabilities):
         requests = command.requests
@@ -292,7 +336,7 @@ def learner_inputs(state: State, task: DigitReversal, command: Command) -> np.nd
 
 
 @functools.lru_cache(maxsize=8192)
-def _prompt(task: DigitReversal, index: int) -> tuple[int, ...]:
+def _prompt(task: Task, index: int) -> tuple[int, ...]:
     return tuple(task.prompt(index))
 
 
@@ -381,10 +425,15 @@ class Driver:
         self.run_dir = Path(config.output.run_dir)
         self.run_dir.mkdir(parents=True, exist_ok=True)
         self.learner = learner
-        self.task = DigitReversal(config.task.length)
-        self.metrics = MetricsLog(self.run_dir, config, tensorboard=config.output.tensorboard)
-        heldout = self.task.prompts("heldout", range(config.task.heldout_prompts))
-        self.executor = LearnerExecutor(learner, self.task, heldout, self.run_dir, self.metrics)
+        self.task = build_task(config.task)
+        self.metrics = MetricsLog(self.run_dir, config, tensorboard=config.output.tensorboard,
+                                  trackers=config.output.trackers)
+        heldout = prompt_rows(self.task, "heldout",
+                              range(heldout_count(self.task, config.task.heldout_prompts)))
+        self.verifier = make_verifier(self.task, to_dict(config.task))
+        self.executor = LearnerExecutor(learner, self.task, heldout, self.run_dir, self.metrics,
+                                        self.verifier)
+        self.verifier_failures = VerifierFailures()
         self._ssh: Any = None
         if config.rollout.transport == "ssh":
             from invar.runtime.ssh import SshWorkers  # asyncssh: only when asked for
@@ -437,7 +486,7 @@ class Driver:
                 log.info("%s: the run is complete, nothing to resume", self.run_dir)
                 if not (self.run_dir / "summary.json").exists():
                     self.metrics.finish(self.stats, 0.0, events=self.seq)
-                self.metrics.close()
+                self.metrics.close(complete=True)
                 return self.state
         elif journal_path.exists() and journal_path.stat().st_size:
             raise FileExistsError(f"{journal_path} exists: use --resume, or another run_dir")
@@ -501,7 +550,8 @@ class Driver:
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
         self.journal.close()
-        self.metrics.close()
+        self.metrics.close(complete=run_complete(self.state))
+        self.verifier.close()
 
     def _spawn_task(self, coroutine: Awaitable[Any]) -> None:
         task = asyncio.ensure_future(coroutine)
@@ -782,6 +832,7 @@ class Driver:
         if not isinstance(event, (RequestsCompleted, WeightsLoaded)):
             raise FrameError(f"a worker cannot report {type(event).__name__}")
         if isinstance(event, RequestsCompleted):
+            self.verifier_failures.add(header)
             done = len(event.completions)
             self.stats.completed_by[name] = self.stats.completed_by.get(name, 0) + done
             if "compute_seconds" in header:
@@ -829,6 +880,7 @@ class Driver:
             seconds=now - self._update_started,
             refused=self.stats.refused,
             noops=self.stats.noops,
+            verifier=self.verifier_failures.take(update),
             timing=timing,
         )
         self._update_started = now
@@ -869,10 +921,12 @@ def run_serial(config: TrainConfig, learner: Any) -> State:
     journal_path = run_dir / "journal.jsonl"
     if journal_path.exists() and journal_path.stat().st_size:
         raise FileExistsError(f"{journal_path} exists: a serial run needs a new run_dir")
-    task = DigitReversal(config.task.length)
+    task = build_task(config.task)
     metrics = MetricsLog(run_dir, config, tensorboard=False)
-    heldout = task.prompts("heldout", range(config.task.heldout_prompts))
-    executor = LearnerExecutor(learner, task, heldout, run_dir, metrics)
+    heldout = prompt_rows(task, "heldout", range(heldout_count(task, config.task.heldout_prompts)))
+    verifier = make_verifier(task, to_dict(config.task))
+    executor = LearnerExecutor(learner, task, heldout, run_dir, metrics, verifier)
+    failures = VerifierFailures()
     store = WeightsStore(run_dir / "store")
     (run_dir / "config.json").write_text(json.dumps(to_dict(config), indent=2))
     journal = journal_io.Journal(journal_path, config.protocol)
@@ -910,7 +964,7 @@ def run_serial(config: TrainConfig, learner: Any) -> State:
                 elif isinstance(event, (UpdateCommitted, LearnerStarted)) and \
                         state.committed > before_state.committed:
                     update_started = _serial_row(config, metrics, before_state, terms,
-                                                 update_started, progress)
+                                                 failures, update_started, progress)
             else:
                 stats.noops += 1
             stats.core_seconds += time.perf_counter() - began
@@ -942,17 +996,21 @@ def run_serial(config: TrainConfig, learner: Any) -> State:
                 with _torch_threads(config.rollout.threads):
                     completions = workers[name].launch(group)
                 if completions:  # one frame per call, as a worker process replies
+                    failures.add(workers[name].verifier_failures(completions))
                     queue.append(RequestsCompleted(name, group[0].incarnation,
                                                    tuple(completions)))
+    for worker in workers.values():
+        worker.close()
+    verifier.close()
     journal.close()
     metrics.finish(stats, executor.busy_seconds, events=stats.events)
-    metrics.close()
+    metrics.close(complete=True)
     return state
 
 
 def _serial_row(config: TrainConfig, metrics: MetricsLog, before: State,
-                terms: dict[int, list[dict[str, float]]], started: float,
-                progress: Callable[[int, float, int], None]) -> float:
+                terms: dict[int, list[dict[str, float]]], failures: VerifierFailures,
+                started: float, progress: Callable[[int, float, int], None]) -> float:
     """The metrics row of the update `before` commits (as the driver writes it)."""
     update = before.committed
     rewards = [s.reward for s in before.batches[0].slots if isinstance(s, Sample)]
@@ -962,7 +1020,8 @@ def _serial_row(config: TrainConfig, metrics: MetricsLog, before: State,
     metrics.update(update=update, reward=float(np.mean(rewards)), staleness=staleness,
                    terms={k: float(np.mean([t[k] for t in applied]))
                           for k in (applied[0] if applied else {})},
-                   seconds=now - started, refused=0, noops=0)
+                   seconds=now - started, refused=0, noops=0,
+                   verifier=failures.take(update))
     progress(update + 1, float(np.mean(rewards)), staleness)
     return now
 
@@ -989,7 +1048,7 @@ def worker_args(config: TrainConfig, name: str, incarnation: int = 0) -> dict[st
         target, kind = split_fault(fault)
         if target in (None, name):
             faults.append(kind)
-    return dict(name=name, task_length=c.task.length, policy=_policy_dict(c),
+    return dict(name=name, task=to_dict(c.task), policy=_policy_dict(c),
                 prompts_per_batch=c.protocol.prompts_per_batch, group_size=c.protocol.group_size,
                 chunk_prompts=c.rollout.chunk_prompts, temperature=c.sampling.temperature,
                 top_k=c.sampling.top_k, top_p=c.sampling.top_p, threads=c.rollout.threads,

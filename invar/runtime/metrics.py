@@ -14,10 +14,12 @@ from pathlib import Path
 from typing import Any, Callable, Iterator
 
 from invar.runtime.hint import HINT_AFTER
+from invar.runtime.tasks import describe
 from invar.runtime.weights import atomic_write
 
 UPDATE_FIELDS = ("update", "reward", "staleness", "loss", "clip_fraction", "mean_ratio",
-                 "mean_behavior_weight", "kl", "seconds", "wall", "refused", "noops")
+                 "mean_behavior_weight", "kl", "seconds", "wall", "refused", "noops",
+                 "verifier_failures", "verifier_timeouts")
 
 
 class MetricsLog:
@@ -29,10 +31,13 @@ class MetricsLog:
     lost is dropped; the resumed run writes it again), and rewrites metrics.jsonl and
     metrics.csv from them (atomically, with the CSV header) before appending. `wall` in a row
     is seconds since the run began, counting earlier lives up to their last kept row.
-    Nothing is written until the first row (or `finish`).
+    Nothing is written until the first row (or `finish`). Each row also goes to the
+    experiment trackers named in `trackers` (`invar.runtime.trackers`), once per step across
+    the lives.
     """
 
-    def __init__(self, run_dir: Path, config: Any, tensorboard: bool = True) -> None:
+    def __init__(self, run_dir: Path, config: Any, tensorboard: bool = True,
+                 trackers: tuple[str, ...] = ()) -> None:
         self.run_dir = Path(run_dir)
         self.config = config
         self.counters: Counter[str] = Counter()
@@ -42,6 +47,9 @@ class MetricsLog:
         self.earlier_seconds = 0.0
         """Seconds of earlier lives of this run (to their last kept row)."""
         self.lives = 1
+        self.written: dict[str, set[int]] = {"update": set(), "evaluation": set()}
+        """Update numbers and evaluated versions with a row in metrics.jsonl before this life
+        (kept or not: each was logged to the trackers before it was written)."""
         jsonl_path = self.run_dir / "metrics.jsonl"
         if jsonl_path.exists():  # a resumed run: the report covers the whole run
             self._load(jsonl_path)
@@ -50,6 +58,8 @@ class MetricsLog:
         self._csv_file: Any = None
         self._tensorboard = tensorboard
         self._tb = None
+        self._tracker_names = trackers
+        self._trackers: Any = None
 
     def _load(self, path: Path) -> None:
         """Rows earlier lives of this run wrote (a torn line is skipped; an update redone
@@ -71,6 +81,7 @@ class MetricsLog:
                 continue
         self.updates = [updates[u] for u in sorted(updates)]
         self.evaluations = [evaluations[v] for v in sorted(evaluations)]
+        self.written = {"update": set(updates), "evaluation": set(evaluations)}
         self.lives = lives + 1
         self._earlier()
 
@@ -110,6 +121,15 @@ class MetricsLog:
                 self._tb = SummaryWriter(str(self.run_dir / "tensorboard"))
             except ImportError:  # tensorboard is optional
                 self._tb = None
+        if self._tracker_names:
+            from invar.runtime.trackers import TrackerSet
+            self._trackers = TrackerSet(self.run_dir, self.config, self._tracker_names,
+                                        self.written)
+            # The kept rows, in step order: skipped by the trackers that have them already.
+            kept = [("update", r["update"], _tracked_update(r)) for r in self.updates] + \
+                [("evaluation", e["version"], _tracked_evaluation(e)) for e in self.evaluations]
+            for kind, step, metrics in sorted(kept, key=lambda item: item[1]):
+                self._trackers.log(kind, step, metrics)
 
     def wall(self) -> float:
         """Seconds since the run began (earlier lives included)."""
@@ -120,24 +140,28 @@ class MetricsLog:
 
     def update(self, update: int, reward: float, staleness: int, terms: dict[str, float],
                seconds: float, refused: int, noops: int,
+               verifier: dict[str, int] | None = None,
                timing: dict[str, float] | None = None) -> None:
-        """`timing`: seconds of learner work, worker generation and core + driver, and the
-        count of rollout replies, since the previous row (JSONL only; for benchmarks)."""
+        """`verifier`: the counts of the update's samples whose verifier failed or timed out
+        (`verifier_failures`, `verifier_timeouts`); `timing`: seconds of learner work, worker
+        generation and core + driver, and the count of rollout replies, since the previous
+        row (JSONL only; for benchmarks)."""
         self._open()
         row = {"update": update, "reward": reward, "staleness": staleness, **terms,
-               "seconds": seconds, "wall": self.wall(),
-               "refused": refused, "noops": noops, **(timing or {})}
+               "seconds": seconds, "wall": self.wall(), "refused": refused, "noops": noops,
+               **(verifier or {}), **(timing or {})}
         while self.updates and self.updates[-1]["update"] >= update:
             self.updates.pop()  # a row written just before a crash, for an update redone
         self.updates.append(row)
         self._session_updates += 1
+        self._track("update", update, _tracked_update(row))
         self._write("update", row)
         self._csv.writerow(row)
         self._csv_file.flush()
         if self._session_updates == HINT_AFTER:
             self._print_hint()
         if self._tb is not None:
-            for key in ("reward", "staleness", *terms):
+            for key in ("reward", "staleness", *terms, *(verifier or {})):
                 self._tb.add_scalar(f"train/{key}", row[key], update)
 
     def _print_hint(self) -> None:
@@ -161,9 +185,16 @@ class MetricsLog:
         row = {"version": version, "heldout_reward": reward, "wall": self.wall()}
         self.evaluations = sorted([e for e in self.evaluations if e["version"] != version]
                                   + [row], key=lambda e: e["version"])
+        self._track("evaluation", version, _tracked_evaluation(row))
         self._write("evaluation", row)
         if self._tb is not None:
             self._tb.add_scalar("eval/heldout_reward", reward, version)
+
+    def _track(self, kind: str, step: int, metrics: dict[str, float]) -> None:
+        """To the trackers, before the row is written to metrics.jsonl: a crash in between
+        leaves a step the tracker has and the resumed run does not log again."""
+        if self._trackers is not None:
+            self._trackers.log(kind, step, metrics)
 
     def _write(self, kind: str, row: dict[str, Any]) -> None:
         self._jsonl.write(json.dumps({"kind": kind, **row}) + "\n")
@@ -245,12 +276,27 @@ class MetricsLog:
         write_report(self.run_dir, self.config, self.updates, self.evaluations, summary)
         return summary
 
-    def close(self) -> None:
+    def close(self, complete: bool = False) -> None:
+        """Close the files; the trackers' runs end as finished when the run is `complete`
+        (else as killed: a resumed run continues them)."""
         if self._jsonl is not None:
             self._jsonl.close()
             self._csv_file.close()
         if self._tb is not None:
             self._tb.close()
+        if self._trackers is not None:
+            self._trackers.close(complete)
+            self._trackers = None
+
+
+def _tracked_update(row: dict[str, Any]) -> dict[str, float]:
+    """What the trackers get of an update's row (its step is the update number)."""
+    return {f"train/{key}": value for key, value in row.items() if key != "update"}
+
+
+def _tracked_evaluation(row: dict[str, Any]) -> dict[str, float]:
+    """What the trackers get of an evaluation's row (its step is the version)."""
+    return {"eval/heldout_reward": row["heldout_reward"]}
 
 
 def reward_figure(updates: list[dict[str, Any]], evaluations: list[dict[str, Any]]) -> Any:
@@ -287,7 +333,7 @@ def write_report(run_dir: Path, config: Any, updates: list[dict[str, Any]],
     lines = [
         f"# Run report: {run_dir.name}",
         "",
-        f"Task: reverse {config.task.length} digits · policy {config.policy.layers} layers × "
+        f"Task: {describe(config.task)} · policy {config.policy.layers} layers × "
         f"width {config.policy.width} · batch {p.prompts_per_batch} prompts × {p.group_size} "
         f"samples · S = {p.max_staleness}, P = {p.sync_period}, K = {p.optimizer_steps} · "
         f"loss {p.objective.loss}",

@@ -56,7 +56,6 @@ from mlx.utils import tree_flatten, tree_map, tree_unflatten
 from invar.runtime.mlx_policy import MLXPolicy, numpy_to_parameters, sequence_logprobs
 from invar.runtime.mlx_sampler import generate
 from invar.runtime.policy import PolicyConfig
-from invar.runtime.task import DigitReversal
 from invar.runtime.torch_learner import (
     COMMIT_PREFIX,
     Binding,
@@ -433,8 +432,10 @@ class MLXLearner:
         model = content["model"]
         return state_dict_to_bytes(model), weights_digest(model), content["state_digest"]
 
-    def evaluate_greedy(self, task: DigitReversal, prompts: np.ndarray) -> float:
-        """Mean reward of greedy answers to `prompts` [n, P] under the current weights."""
+    def evaluate_greedy(self, task: Any, prompts: np.ndarray) -> float:
+        """Mean reward of greedy answers to `prompts` [n, P] under the current weights;
+        `task` gives `response_length` and `rewards(prompts, responses)` (a task, or the
+        driver's `HeldoutScoring`, which runs the verifier with its time limit)."""
         responses, _ = generate(self.model, prompts, task.response_length, greedy=True)
         return float(task.rewards(prompts, responses).mean())
 

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from invar.runtime.hint import measure
+from invar.runtime.tasks import describe
 
 DEFAULT_THRESHOLD = 0.8
 
@@ -36,7 +37,8 @@ class RunFigures:
     """The run directory as given."""
     label: str
     """Its name (the directory's last component)."""
-    task_length: int
+    task: str
+    """The task in a phrase (`invar.runtime.tasks.describe`)."""
     staleness: int
     loss: str
     placement: str
@@ -126,7 +128,7 @@ def figures(run: str, config: dict[str, Any], updates: list[dict[str, Any]],
         config.get("learner", {}).get("cpus"))
     return RunFigures(
         run=run, label=Path(run).name or run,
-        task_length=int(config.get("task", {}).get("length", 0)),
+        task=describe(config.get("task", {"name": "reverse", "length": "?"})),
         staleness=int(protocol["max_staleness"]),
         loss=str(protocol.get("objective", {}).get("loss", "?")),
         placement="pinned" if pinned else "unpinned", finished=summary is not None,
@@ -161,7 +163,7 @@ def markdown(runs: list[RunFigures], threshold: float) -> str:
         f"| run | task | S | loss | placement | updates | final held-out | best held-out | "
         f"s to ≥ {threshold:g} | updates to ≥ {threshold:g} |",
         "|---|---|---|---|---|---|---|---|---|---|",
-        *(f"| {r.label} | reverse {r.task_length} | {r.staleness} | {r.loss} | {r.placement} | "
+        *(f"| {r.label} | {r.task} | {r.staleness} | {r.loss} | {r.placement} | "
           f"{r.updates}{'' if r.finished else ' (stopped)'} | {_f(r.final_heldout)} | "
           f"{_f(r.best_heldout)} | {_f(r.threshold_seconds, '.1f')} | "
           f"{_f(r.threshold_updates, 'd')} |" for r in runs),

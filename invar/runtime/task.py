@@ -84,6 +84,14 @@ class DigitReversal:
             "too few digit strings of this length to form both splits"
         )
 
+    def split_size(self, split: str) -> None:
+        """No end to either split: indices draw ever new strings (`invar.runtime.tasks.Task`)."""
+        return None
+
+    def score(self, split: str, index: int, response: Sequence[int]) -> float:
+        """The verifier of the task interface: `reward` of the response to prompt `index`."""
+        return self.reward(self.prompt(index, split), response)
+
     def prompts(self, split: str, indices: Iterable[int]) -> np.ndarray:
         """Prompts of `split` at `indices`, as an int64 array [n, prompt_length]."""
         rows = [self.prompt(index, split) for index in indices]

@@ -39,7 +39,6 @@ from torch import Tensor
 from invar.model.schedule import derive_seed
 from invar.runtime.policy import Policy, PolicyConfig, sequence_logprobs
 from invar.runtime.sampler import generate
-from invar.runtime.task import DigitReversal
 from invar.runtime.weights import (
     atomic_write,
     atomic_write_leftovers,
@@ -424,8 +423,10 @@ class TorchLearner:
         model = content["model"]
         return state_dict_to_bytes(model), weights_digest(model), content["state_digest"]
 
-    def evaluate_greedy(self, task: DigitReversal, prompts: np.ndarray) -> float:
-        """Mean reward of greedy answers to `prompts` [n, P] under the current weights."""
+    def evaluate_greedy(self, task: Any, prompts: np.ndarray) -> float:
+        """Mean reward of greedy answers to `prompts` [n, P] under the current weights;
+        `task` gives `response_length` and `rewards(prompts, responses)` (a task, or the
+        driver's `HeldoutScoring`, which runs the verifier with its time limit)."""
         prompt_tokens = torch.as_tensor(prompts, dtype=torch.long, device=self.device)
         responses, _ = generate(self.model, prompt_tokens, task.response_length, greedy=True)
         return float(task.rewards(prompts, responses.cpu().numpy()).mean())

@@ -1,6 +1,9 @@
 """A rollout worker: loads the version it is told to, samples, scores with the task's verifier.
 
 It decides nothing: version, seed and prompt of every request come in the LaunchRequest.
+Rewards come from the task's verifier (`invar.runtime.verifier`), run in child processes with a
+time limit while the next chunk is generated; a sample whose verifier failed or timed out is
+named in the reply frame's header, beside the event, for the driver's metrics.
 Requests are generated in fixed-shape chunks with each request at a fixed row (its position
 in the batch), so a request's tokens and behaviour log-probs do not depend on which other
 requests happened to share the call: re-issuing it elsewhere reproduces it bit for bit on the
@@ -35,13 +38,14 @@ from invar.model.messages import (
 )
 from invar.runtime.policy import Policy, PolicyConfig
 from invar.runtime.sampler import generate
-from invar.runtime.task import DigitReversal
+from invar.runtime.tasks import build_task
 from invar.runtime.transport import (
     ConnectionLost,
     FrameError,
     read_frame_blocking,
     write_frame_blocking,
 )
+from invar.runtime.verifier import FAILED, OK, TIMEOUT, Job, Pending, make_verifier
 from invar.runtime.weights import state_dict_from_bytes, weights_digest
 
 REPLY_CACHE = 8192
@@ -53,7 +57,9 @@ class WorkerArgs:
     """What a worker process is started with (JSON on its command line)."""
 
     name: str
-    task_length: int
+    task: dict[str, Any]
+    """The configuration's `task` section (`config.to_dict`): the worker and its verifier
+    processes build the task from it."""
     policy: dict[str, Any]
     prompts_per_batch: int
     group_size: int
@@ -74,7 +80,8 @@ class RolloutWorker:
 
     def __init__(self, args: WorkerArgs) -> None:
         self.args = args
-        self.task = DigitReversal(args.task_length)
+        self.task = build_task(args.task)
+        self.verifier = make_verifier(self.task, args.task)
         if args.backend == "mlx":
             from invar.runtime.mlx_policy import MLXPolicy
             self.policy = MLXPolicy(PolicyConfig(**args.policy))
@@ -86,6 +93,8 @@ class RolloutWorker:
         self.load_serial = -1
         """The serial of the last load carried out (`LoadWeights.load`)."""
         self.replies: OrderedDict[tuple, Completion] = OrderedDict()
+        self.verifier_status: dict[tuple, str] = {}
+        """FAILED or TIMEOUT, for each request in `replies` whose verifier did not succeed."""
         self.faults = set(args.faults)
         self.sent = 0
         self._prompts: dict[int, list[int]] = {}
@@ -110,6 +119,7 @@ class RolloutWorker:
         self.version = command.version
         self.load_serial = command.load
         self.replies.clear()
+        self.verifier_status.clear()
         return WeightsLoaded(command.worker, command.incarnation, command.load, command.version)
 
     def launch(self, commands: list[LaunchRequest]) -> list[Completion]:
@@ -125,9 +135,24 @@ class RolloutWorker:
                 chunk = (command.request.batch, command.request.prompt // self.args.chunk_prompts)
                 fresh.setdefault(chunk, []).append(command)
             # A launch for another version predates our last load: its request is done.
-        for (batch, chunk), group in sorted(fresh.items()):
-            out.extend(self._generate_chunk(chunk, group))
+        sampled = [self._sample_chunk(chunk, group)
+                   for (batch, chunk), group in sorted(fresh.items())]
+        for group, rows, tokens, logprobs, pending in sampled:
+            out.extend(self._complete(group, rows, tokens, logprobs, pending))
         return out
+
+    def verifier_failures(self, completions: list[Completion]) -> dict[str, list[list[int]]]:
+        """The requests among `completions` whose verifier failed or timed out (the reply
+        frame's header carries them; cached replies re-sent carry them again)."""
+        found: dict[str, list[list[int]]] = {}
+        for completion in completions:
+            status = self.verifier_status.get(tuple(completion.request))
+            if status is not None:
+                found.setdefault(f"verifier_{status}", []).append(list(completion.request))
+        return found
+
+    def close(self) -> None:
+        self.verifier.close()
 
     def _prompt(self, index: int) -> list[int]:
         if index not in self._prompts:
@@ -136,7 +161,10 @@ class RolloutWorker:
             self._prompts[index] = self.task.prompt(index)
         return self._prompts[index]
 
-    def _generate_chunk(self, chunk: int, group: list[LaunchRequest]) -> list[Completion]:
+    def _sample_chunk(self, chunk: int, group: list[LaunchRequest]
+                      ) -> tuple[list[LaunchRequest], list[int], Any, Any, Pending]:
+        """Generate one fixed-shape chunk and submit its responses to the verifier (which
+        scores them while the next chunk is generated)."""
         g = self.args.group_size
         first_prompt = chunk * self.args.chunk_prompts
         prompts_here = min(self.args.chunk_prompts, self.args.prompts_per_batch - first_prompt)
@@ -158,21 +186,38 @@ class RolloutWorker:
             tokens, logprobs = generate(self.policy, prompts, self.task.response_length, seeds,
                                         temperature=self.args.temperature,
                                         top_k=self.args.top_k, top_p=self.args.top_p)
+        rows_of_group = [(command.request.prompt - first_prompt) * g + command.request.sample
+                         for command in group]
+        pending = self.verifier.submit([Job("train", command.prompt_index,
+                                            tuple(tokens[row].tolist()))
+                                        for command, row in zip(group, rows_of_group)])
+        return group, rows_of_group, tokens, logprobs, pending
+
+    def _complete(self, group: list[LaunchRequest], rows: list[int], tokens: Any,
+                  logprobs: Any, pending: Pending) -> list[Completion]:
         out = []
-        for command in group:
-            row = (command.request.prompt - first_prompt) * g + command.request.sample
-            response = tokens[row].tolist()
+        outcomes = pending.outcomes()
+        failed = [(tuple(c.request), o) for c, o in zip(group, outcomes) if o.status != OK]
+        if failed:  # one line a chunk, to the worker's log
+            request, outcome = failed[0]
+            print(f"verifier: {len(failed)} of {len(group)} calls failed or timed out; the first, "
+                  f"request {request}: {outcome.status}: {outcome.detail}", file=sys.stderr,
+                  flush=True)
+        for command, row, outcome in zip(group, rows, outcomes):
             version = command.version
             if "wrong_version_once" in self.faults:
                 self.faults.discard("wrong_version_once")
                 version += 1
-            completion = Completion(command.request, version, tuple(response),
-                                    tuple(logprobs[row].tolist()),
-                                    self.task.reward(prompt_of_row[row], response))
+            completion = Completion(command.request, version, tuple(tokens[row].tolist()),
+                                    tuple(logprobs[row].tolist()), outcome.reward)
             if version == command.version:
-                self.replies[tuple(command.request)] = completion
+                key = tuple(command.request)
+                self.replies[key] = completion
+                if outcome.status in (FAILED, TIMEOUT):
+                    self.verifier_status[key] = outcome.status
                 if len(self.replies) > REPLY_CACHE:
-                    self.replies.popitem(last=False)
+                    evicted, _ = self.replies.popitem(last=False)
+                    self.verifier_status.pop(evicted, None)
             out.append(completion)
         return out
 
@@ -183,6 +228,14 @@ def main(argv: list[str]) -> int:
     args = WorkerArgs(**raw)
     torch.set_num_threads(args.threads)
     worker = RolloutWorker(args)
+    try:
+        return serve(worker, args)
+    finally:
+        worker.close()
+
+
+def serve(worker: RolloutWorker, args: WorkerArgs) -> int:
+    """Answer frames on stdin until it closes; the exit status."""
     stdin, stdout = sys.stdin.buffer, sys.stdout.buffer
     inbox: queue.Queue[tuple[dict[str, Any], bytes] | None] = queue.Queue()
 
@@ -215,9 +268,11 @@ def main(argv: list[str]) -> int:
             frame = replace(frame, completions=frame.completions[:max(exit_after - worker.sent,
                                                                       0)])
         if frame is not None and frame.completions:
-            # `compute_seconds` (generation time, for benchmarks) rides in the header beside
-            # the event, so the event and the journal are unchanged.
-            send_event(stdout, frame, compute_seconds=seconds)
+            # `compute_seconds` (generation time, for benchmarks) and the requests whose
+            # verifier failed ride in the header beside the event, so the event and the
+            # journal are unchanged.
+            send_event(stdout, frame, compute_seconds=seconds,
+                       **worker.verifier_failures(list(frame.completions)))
             worker.sent += len(frame.completions)
         return exit_after is not None and worker.sent >= exit_after
 
@@ -251,9 +306,10 @@ def main(argv: list[str]) -> int:
             return 3  # simulated crash, for tests: the rest of this batch is lost
 
 
-def send_event(stdout: Any, event: Event, **measurements: float) -> None:
+def send_event(stdout: Any, event: Event, **measurements: Any) -> None:
     """One frame: the event's compact JSON text as the blob (the driver journals that very
-    text); measurements (seconds computing, for benchmarks) ride in the header."""
+    text); measurements (seconds computing, for benchmarks; verifier failures) ride in the
+    header."""
     write_frame_blocking(stdout, {"kind": "event", **measurements}, dumps(event).encode())
 
 

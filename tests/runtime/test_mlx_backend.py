@@ -222,12 +222,13 @@ def test_sampler_draws_the_torch_samplers_tokens_from_equal_weights():
 def test_an_mlx_worker_samples_what_the_learner_scores(tmp_path):
     from invar.model.messages import Completion, LaunchRequest, LoadWeights
     from invar.model.schedule import RequestId
+    from invar.runtime.config import reverse_task
     from invar.runtime.worker import RolloutWorker, WorkerArgs
 
     learner = MLXLearner(CONFIG, OptimConfig(), 0, tmp_path)
     learner.start()
     blob, params_digest, _ = learner.published_weights(0)
-    args = WorkerArgs(name="w", task_length=TASK.length, policy=vars(CONFIG).copy(),
+    args = WorkerArgs(name="w", task=reverse_task(TASK.length), policy=vars(CONFIG).copy(),
                       prompts_per_batch=2, group_size=2, chunk_prompts=2, backend="mlx")
     worker = RolloutWorker(args)
     assert isinstance(worker.policy, MLXPolicy)

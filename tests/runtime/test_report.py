@@ -59,9 +59,9 @@ def test_quality_throughput_and_cost_come_from_the_rows(tmp_path, rt):
     assert b.placement == "pinned"
     assert b.core_and_driver_share == pytest.approx(16 * 0.05 / 8.0)  # from the rows
     text = (tmp_path / "out" / "report.md").read_text()
-    assert "| a | reverse 4 | 0 | decoupled_ppo | unpinned | 16 | 0.700 | 0.850 | 10.0 | 10 |" \
+    assert "| a | reverse 4 digits | 0 | decoupled_ppo | unpinned | 16 | 0.700 | 0.850 | 10.0 | 10 |" \
         in text
-    assert "| b | reverse 4 | 1 | decoupled_ppo | pinned | 16 (stopped) |" in text
+    assert "| b | reverse 4 digits | 1 | decoupled_ppo | pinned | 16 (stopped) |" in text
     saved = json.loads((tmp_path / "out" / "report.json").read_text())
     assert [r["label"] for r in saved["runs"]] == ["a", "b"]
     for plot in ("reward_vs_time.png", "throughput_cost.png"):
@@ -131,7 +131,7 @@ def test_invar_report_on_a_real_run(tmp_path, rt):
                                  str(tmp_path / "out"), "--threshold", "0.01"),
                           capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
-    assert "| run | reverse 4 | 1 | decoupled_ppo | unpinned | 3 |" in done.stdout
+    assert "| run | reverse 4 digits | 1 | decoupled_ppo | unpinned | 3 |" in done.stdout
     saved = json.loads((tmp_path / "out" / "report.json").read_text())["runs"][0]
     summary = rt.summary(tmp_path / "run")
     assert saved["finished"] and saved["updates"] == summary["updates"] == 3

@@ -11,6 +11,7 @@ from invar.model.schedule import RequestId
 from invar.runtime.policy import Policy, PolicyConfig
 from invar.runtime.task import DigitReversal
 from invar.runtime.weights import state_dict_to_bytes, weights_digest
+from invar.runtime.config import reverse_task
 from invar.runtime.worker import RolloutWorker, WorkerArgs
 
 TASK = DigitReversal(4)
@@ -29,7 +30,7 @@ def launch(version):
 
 def test_an_older_load_is_ignored_and_the_current_one_answered_again():
     torch.set_num_threads(1)
-    worker = RolloutWorker(WorkerArgs(name="w", task_length=TASK.length, policy=vars(CONFIG),
+    worker = RolloutWorker(WorkerArgs(name="w", task=reverse_task(TASK.length), policy=vars(CONFIG),
                                       prompts_per_batch=1, group_size=2, chunk_prompts=1))
     old, new = weights(1), weights(2)
     assert worker.load(LoadWeights("w", 0, 1, 2, "d2"), *new) == WeightsLoaded("w", 0, 1, 2)
