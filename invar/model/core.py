@@ -636,42 +636,69 @@ def _score_command(state: State) -> ScoreProbabilities:
 
 
 def _reconcile(state: State, commands: list[Command]) -> tuple[State, tuple[Command, ...]]:
+    """Every pass that follows from the state, in order; each appends what it decides."""
+    state = _admit_batches(state)
+    state = _schedule_loads(state, commands)
+    state = _assign_pending(state, commands)
+    state = _start_next_update(state, commands)
+    state = _publish_next_version(state, commands)
+    state = _release_unneeded_versions(state, commands)
+    state = _arm_timer(state, commands)
+    return state, tuple(commands)
+
+
+def _admit_batches(state: State) -> State:
+    """Batches enter in order while the in-flight bound and their version allow."""
     config = state.config
-    # Admission: batches enter in order while the in-flight bound and their version allow.
     while (state.admitted < config.total_updates
            and state.admitted - state.committed < config.max_inflight_batches
            and _is_published(state, schedule.gen_version(config, state.admitted))):
-        n = config.samples_per_batch
-        fresh = BatchState.admitted(state.admitted, n)
+        fresh = BatchState.admitted(state.admitted, config.samples_per_batch)
         state = replace(state, admitted=state.admitted + 1, batches=state.batches + (fresh,))
-    state = _schedule_loads(state, commands)
-    state = _assign_pending(state, commands)
-    # The learner starts the next update once its batch is complete.
+    return state
+
+
+def _start_next_update(state: State, commands: list[Command]) -> State:
+    """The waiting learner starts the next update once its batch is complete and the
+    boundaries before it are acknowledged."""
     learner = state.learner
     if learner.phase is LearnerPhase.WAITING and state.batches and state.batches[0].completed == \
-            config.samples_per_batch and state.batches[0].batch == state.committed \
+            state.config.samples_per_batch and state.batches[0].batch == state.committed \
             and not _boundary_commands(state):
         state = replace(state, learner=replace(learner, phase=LearnerPhase.SCORING))
         commands.append(_score_command(state))
-    # Publication: one at a time, in version order, only of committed versions.
+    return state
+
+
+def _publish_next_version(state: State, commands: list[Command]) -> State:
+    """One publication at a time, in version order, only of committed versions."""
     if state.publishing is None:
         last = state.published[-1] if state.published else -1
         # The next version of Pub, if committed (a scan of at most P versions, not of Pub).
         upcoming = next((v for v in range(last + 1, state.committed + 1)
-                         if schedule.is_published(config, v)), None)
+                         if schedule.is_published(state.config, v)), None)
         if upcoming is not None and state.commit_digests:
             state = replace(state, publishing=upcoming)
             commands.append(Publish(upcoming, state.commit_digests[upcoming]))
-    # Retention: drop a version once every batch it generates is complete and a newer one is
-    # published.
+    return state
+
+
+def _release_unneeded_versions(state: State, commands: list[Command]) -> State:
+    """A version is dropped once every batch it generates is complete and a newer one is
+    published."""
     for version in state.retained:
         if not _version_needed(state, version):
             state = replace(state, retained=tuple(v for v in state.retained if v != version))
             commands.append(ReleaseVersion(version))
+    return state
+
+
+def _arm_timer(state: State, commands: list[Command]) -> State:
+    """The retry timer runs while any command awaits its reply (armed once, not again)."""
     if not state.timer_armed and (outstanding_commands(state)):
         state = replace(state, timer_armed=True)
         commands.append(SetTimer())
-    return state, tuple(commands)
+    return state
 
 
 def _is_published(state: State, version: int) -> bool:

@@ -285,24 +285,9 @@ def objective(
     cotangent, shaped (n, T) and exactly 0 where the mask is False: back-propagating
     sum(current * cotangent) through the model gives the gradient of L.
     """
-    config.validate()
-    mask = _check_mask(mask)
-    n, _ = mask.shape
-    advantages = _check_array("advantages", advantages, (n,), np.ones(n, dtype=bool))
-    current = _check_array("current", current, mask.shape, mask)
-    proximal = _check_array("proximal", proximal, mask.shape, mask)
-    behavior = _check_array("behavior", behavior, mask.shape, mask)
-    if config.needs_reference:
-        if reference is None:
-            raise ValueError("reference: required when objective.kl_coef > 0")
-        reference = _check_array("reference", reference, mask.shape, mask)
-    if staleness is None:
-        mean_staleness = 0.0
-    else:
-        staleness = _check_array("staleness", staleness, (n,), np.ones(n, dtype=bool))
-        if np.any(staleness < 0):
-            raise ValueError("staleness: must be >= 0")
-        mean_staleness = float(staleness.mean())
+    mask, advantages, current, proximal, behavior, reference, mean_staleness = _checked_inputs(
+        config, advantages, current, proximal, behavior, mask, reference, staleness)
+    n = mask.shape[0]
 
     # Ignored positions become 0, so exp() of padding can neither overflow nor spread NaN.
     c = np.where(mask, current, 0.0)
@@ -365,6 +350,39 @@ def objective(
         tokens=tokens,
     )
     return terms, cotangent
+
+
+def _checked_inputs(
+    config: ObjectiveConfig,
+    advantages: np.ndarray,
+    current: np.ndarray,
+    proximal: np.ndarray,
+    behavior: np.ndarray,
+    mask: np.ndarray,
+    reference: np.ndarray | None,
+    staleness: np.ndarray | None,
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray | None, float]:
+    """`objective`'s inputs as float64 arrays of the mask's shape, each refused by name when
+    it is not (and the mean staleness): kept apart so that the objective reads as the math."""
+    config.validate()
+    mask = _check_mask(mask)
+    n, _ = mask.shape
+    advantages = _check_array("advantages", advantages, (n,), np.ones(n, dtype=bool))
+    current = _check_array("current", current, mask.shape, mask)
+    proximal = _check_array("proximal", proximal, mask.shape, mask)
+    behavior = _check_array("behavior", behavior, mask.shape, mask)
+    if config.needs_reference:
+        if reference is None:
+            raise ValueError("reference: required when objective.kl_coef > 0")
+        reference = _check_array("reference", reference, mask.shape, mask)
+    if staleness is None:
+        mean_staleness = 0.0
+    else:
+        staleness = _check_array("staleness", staleness, (n,), np.ones(n, dtype=bool))
+        if np.any(staleness < 0):
+            raise ValueError("staleness: must be >= 0")
+        mean_staleness = float(staleness.mean())
+    return mask, advantages, current, proximal, behavior, reference, mean_staleness
 
 
 def _token_mean(values: np.ndarray, mask: np.ndarray, tokens: int) -> float:
