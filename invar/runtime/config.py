@@ -199,15 +199,7 @@ class TrainConfig:
             raise ConfigError(("task.name",), f"unknown task {self.task.name!r}; known: reverse")
         if self.task.length < 1 or self.task.heldout_prompts < 1:
             raise ConfigError(("task.length", "task.heldout_prompts"), "must be >= 1")
-        vocabulary = TASKS[self.task.name].vocab_size
-        if self.policy.vocab_size < vocabulary:
-            raise ConfigError(("policy.vocab_size",),
-                              f"{self.policy.vocab_size} cannot hold the {self.task.name} task's "
-                              f"tokens 0..{vocabulary - 1}: must be >= {vocabulary}")
-        if self.policy.max_len < 2 * self.task.length + 2:
-            raise ConfigError(("policy.max_len", "task.length"),
-                              f"max_len {self.policy.max_len} cannot hold a prompt and answer of "
-                              f"{self.task.length} digits ({2 * self.task.length + 2} tokens)")
+        self._validate_policy()
         if not self.sampling.temperature > 0:
             raise ConfigError(("sampling.temperature",), "must be > 0")
         if not 0 < self.sampling.top_p <= 1:
@@ -231,6 +223,10 @@ class TrainConfig:
                 raise ConfigError((f"rollout.faults[{index}]",), f"{fault!r}: {problem}")
         if self.learner.backend not in ("torch", "mlx"):
             raise ConfigError(("learner.backend",), "must be \"torch\" or \"mlx\"")
+        if self.learner.backend == "mlx" and self.policy.kind == "transformers":
+            raise ConfigError(("learner.backend", "policy.kind"),
+                              "the MLX backend runs the built-in policy only; a transformers "
+                              "policy needs learner.backend = \"torch\"")
         if self.learner.backend == "mlx" and self.protocol.max_staleness != 0:
             raise ConfigError(("learner.backend", "protocol.max_staleness"),
                               "the MLX backend runs synchronously: MLX evaluates lazily on one "
@@ -242,6 +238,33 @@ class TrainConfig:
         if not self.output.retry_seconds > 0:
             raise ConfigError(("output.retry_seconds",), "must be > 0")
         return self
+
+    def _validate_policy(self) -> None:
+        """The policy can read the task: its vocabulary holds the task's tokens and its
+        positions a prompt and its answer. A transformers policy is resolved here (its
+        directory's weights, config and tokenizer found, or its config built), so a model
+        that cannot serve is refused before anything runs."""
+        sequence = 2 * self.task.length + 2
+        if self.policy.kind == "transformers":
+            from invar.runtime.hf_policy import max_positions, model_config, resolve
+            positions = max_positions(model_config(resolve(self.policy.path,
+                                                           self.policy.config)))
+            if positions < sequence:
+                where = "policy.path" if self.policy.path else \
+                    "policy.config.max_position_embeddings"
+                raise ConfigError((where, "task.length"),
+                                  f"the model's {positions} positions cannot hold a prompt and "
+                                  f"answer of {self.task.length} digits ({sequence} tokens)")
+            return
+        vocabulary = TASKS[self.task.name].vocab_size
+        if self.policy.vocab_size < vocabulary:
+            raise ConfigError(("policy.vocab_size",),
+                              f"{self.policy.vocab_size} cannot hold the {self.task.name} task's "
+                              f"tokens 0..{vocabulary - 1}: must be >= {vocabulary}")
+        if self.policy.max_len < sequence:
+            raise ConfigError(("policy.max_len", "task.length"),
+                              f"max_len {self.policy.max_len} cannot hold a prompt and answer of "
+                              f"{self.task.length} digits ({sequence} tokens)")
 
     def _validate_optim(self) -> None:
         optim = self.optim
@@ -374,7 +397,9 @@ an uninterrupted run's, so a resume that changes one says so."""
 def changed_keys(before: TrainConfig, after: TrainConfig) -> list[tuple[str, Any, Any]]:
     """(dotted key, value before, value after) of every leaf that differs, in config order."""
     old, new = _leaves(to_dict(before)), _leaves(to_dict(after))
-    return [(key, old[key], new.get(key)) for key in old if old[key] != new.get(key)]
+    # Keys only one side has: a policy.config table may gain or lose entries.
+    keys = [*old, *(key for key in new if key not in old)]
+    return [(key, old.get(key), new.get(key)) for key in keys if old.get(key) != new.get(key)]
 
 
 def _leaves(data: dict[str, Any], prefix: str = "") -> dict[str, Any]:
@@ -518,6 +543,10 @@ def _coerce(tp: Any, value: Any, where: str) -> Any:
         if len(args) != len(value):
             raise ConfigError((where,), f"expected {len(args)} items, got {len(value)}")
         return tuple(_coerce(a, v, f"{where}[{i}]") for i, (a, v) in enumerate(zip(args, value)))
+    if origin is dict:
+        if not isinstance(value, dict):
+            raise ConfigError((where,), f"expected a table, got {value!r}")
+        return copy.deepcopy(value)
     if tp is bool:
         if not isinstance(value, bool):
             raise ConfigError((where,), f"expected true or false, got {value!r}")
