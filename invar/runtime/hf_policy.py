@@ -45,6 +45,9 @@ assert len(SYMBOL_TEXTS) == VOCAB_SIZE and SYMBOL_TEXTS[BOS] == "<bos>" and SYMB
 WEIGHT_PATTERNS = ("*.safetensors", "pytorch_model*.bin")
 """Files that hold a Hugging Face model's weights (single or sharded)."""
 
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json")
+"""Files of which a Hugging Face tokenizer has at least one."""
+
 ATTENTION = "eager"
 """The attention implementation: plain matmul and softmax, the same kernels on every call."""
 
@@ -61,6 +64,7 @@ def import_transformers() -> Any:
         raise ConfigError(("policy.kind",), "\"transformers\" needs the transformers and "
                                             f"tokenizers packages: {INSTALL_HINT}") from None
     transformers.logging.set_verbosity_error()  # no advice on stderr for each model built
+    transformers.logging.disable_progress_bar()  # nor a bar for each directory written
     return transformers
 
 
@@ -153,12 +157,15 @@ def _resolve_directory(transformers: Any, directory: Path) -> ModelSpec:
     except (OSError, ValueError) as error:
         raise ConfigError(("policy.path",), f"no model config in {directory}: {error}") from None
     _check_causal_lm(transformers, config, "policy.path")
+    if not any((directory / name).is_file() for name in TOKENIZER_FILES):
+        raise ConfigError(("policy.path",), f"no tokenizer in {directory} (none of "
+                                            f"{', '.join(TOKENIZER_FILES)})")
     try:
         tokenizer = transformers.AutoTokenizer.from_pretrained(directory, local_files_only=True)
     except (OSError, ValueError, TypeError) as error:
-        raise ConfigError(("policy.path",), f"no tokenizer in {directory}: {error}") from None
-    if tokenizer is None or isinstance(tokenizer, bool):
-        raise ConfigError(("policy.path",), f"no tokenizer in {directory}")
+        first_line = str(error).strip().splitlines()[0]
+        raise ConfigError(("policy.path",), f"the tokenizer in {directory} cannot be loaded: "
+                                            f"{first_line}") from None
     return ModelSpec(_plain(config), symbol_ids(tokenizer, "policy.path"), str(directory))
 
 
@@ -173,12 +180,24 @@ def _resolve_config(transformers: Any, given: dict[str, Any]) -> ModelSpec:
     options.setdefault("bos_token_id", BOS)
     options.setdefault("eos_token_id", None)
     options.setdefault("pad_token_id", None)
+    if model_type not in transformers.CONFIG_MAPPING:
+        raise ConfigError(("policy.config.model_type",), f"unknown model_type {model_type!r} "
+                          f"(transformers {transformers.__version__})")
     try:
         config = transformers.AutoConfig.for_model(model_type, **options)
-    except (ValueError, TypeError, KeyError) as error:
-        raise ConfigError(("policy.config",), f"not a config transformers can build: {error}"
-                          ) from None
+    except Exception as error:  # the config classes validate with errors of their own
+        cause = error.__cause__ or error
+        raise ConfigError(("policy.config",), f"transformers refuses this {model_type} config: "
+                                              f"{cause}") from None
     _check_causal_lm(transformers, config, "policy.config.model_type")
+    # A config keeps any keyword it does not know as a loose attribute: a misspelt key would
+    # be silently ignored. Keys it consumes (e.g. llama's rope_theta) do not stay loose.
+    kind = type(config)
+    known = {*kind().to_dict(), *kind.attribute_map}
+    loose = [key for key in given if key not in known and key in config.to_dict()]
+    if loose:
+        raise ConfigError(tuple(f"policy.config.{key}" for key in loose),
+                          f"not a setting of {kind.__name__}")
     return ModelSpec(_plain(config), tuple(range(VOCAB_SIZE)))
 
 
