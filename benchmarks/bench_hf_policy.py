@@ -13,9 +13,12 @@ default task: the rollout of 64 prompts x 8 samples (KV cache, fixed shape) and 
 
 from __future__ import annotations
 
+import os
 import platform
 import statistics
+import subprocess
 import tempfile
+import time
 from pathlib import Path
 from typing import Callable
 
@@ -62,7 +65,17 @@ def update_runner(config: PolicyConfig, task: DigitReversal, prompts: int, sampl
     return rollout, update, sum(p.numel() for p in learner.model.parameters())
 
 
+def provenance(load_at_start: float) -> str:
+    """When, on which commit and under what load a report was written (reports/README.md)."""
+    head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
+                          text=True, cwd=Path(__file__).parent).stdout.strip() or "unknown"
+    when = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
+    return (f"Written {when} on commit {head}; 1-minute load average {load_at_start:.2f} at "
+            f"the start, {os.getloadavg()[0]:.2f} at the end (2-core machine, shared).")
+
+
 def main() -> None:
+    load_at_start = os.getloadavg()[0]
     parser = batch_arguments(__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, default=Path("reports/hf_benchmark.md"))
     args = parser.parse_args()
@@ -90,7 +103,7 @@ def main() -> None:
         f"{args.threads}` on {platform.machine()} CPU ({torch.get_num_threads()} torch "
         f"thread(s), torch {torch.__version__}, transformers "
         f"{__import__('transformers').__version__}), medians of {args.repeats} interleaved "
-        f"repetitions after a warm-up.",
+        f"repetitions after a warm-up. {provenance(load_at_start)}",
         "",
         f"One update of the default task: rollout of {args.prompts} prompts x {args.samples} "
         f"samples ({task.prompt_length} prompt + {task.response_length} new tokens, KV cache, "

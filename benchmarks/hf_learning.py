@@ -1,6 +1,7 @@
-"""The default task learned by a random-weight Llama (README's example config) and by the
-built-in policy of the same width and depth: reward per update and held-out reward, side by
-side, written to reports/hf_learning.md.
+"""The default task learned by the built-in policy, by GPT-2 through transformers with the
+built-in's architecture, and by a Llama of the same width and depth (README's example config),
+all random-weight: reward per update and held-out reward side by side, written to
+reports/hf_learning.md.
 
     python benchmarks/hf_learning.py [--updates 120] [--out reports/hf_learning.md]
 
@@ -12,16 +13,24 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import subprocess
 import sys
 import tempfile
 from pathlib import Path
 
+from bench_hf_policy import provenance  # benchmarks/ is the script's folder
+
 LLAMA = ("policy.kind=\"transformers\"",
          "policy.config={model_type = \"llama\", hidden_size = 64, intermediate_size = 256, "
          "num_hidden_layers = 2, num_attention_heads = 4, num_key_value_heads = 4, "
          "max_position_embeddings = 64}")
-POLICIES = {"built-in GPT": (), "transformers Llama": LLAMA}
+GPT2 = ("policy.kind=\"transformers\"",
+        "policy.config={model_type = \"gpt2\", n_embd = 64, n_layer = 2, n_head = 4, "
+        "n_inner = 256, n_positions = 64, activation_function = \"gelu\", "
+        "tie_word_embeddings = false}")
+POLICIES = {"built-in GPT": (), "transformers GPT-2 (the built-in's architecture)": GPT2,
+            "transformers Llama (README's example)": LLAMA}
 
 
 def train(overrides: tuple[str, ...], run_dir: Path, updates: int) -> list[dict]:
@@ -39,6 +48,7 @@ def main() -> None:
     parser.add_argument("--updates", type=int, default=120)
     parser.add_argument("--out", type=Path, default=Path("reports/hf_learning.md"))
     args = parser.parse_args()
+    load_at_start = os.getloadavg()[0]
     runs = {}
     with tempfile.TemporaryDirectory() as scratch:
         for index, (name, overrides) in enumerate(POLICIES.items()):
@@ -55,9 +65,11 @@ def main() -> None:
         "",
         f"`python benchmarks/hf_learning.py --updates {args.updates}`: `invar train` with the "
         "default configuration (reverse 8 digits, 64 prompts x 8 samples, 4 optimizer steps "
-        "per update, S = 1, lr 1e-3), once with the built-in policy (2 layers, width 64, 4 "
-        "heads) and once with README's example: a random-weight Llama of the same width, "
-        "depth and heads (`policy.kind = \"transformers\"`).",
+        "per update, S = 1, lr 1e-3, seed 0) with three random-weight policies: the built-in "
+        "one (2 layers, width 64, 4 heads, MLP 256, learned positions), GPT-2 through "
+        "transformers with exactly that architecture (`policy.kind = \"transformers\"`; its "
+        "own initialisation), and README's example, a Llama of the same width, depth and heads "
+        "(rotary positions, SwiGLU MLP, RMSNorm). " + provenance(load_at_start),
         "",
         "| | " + " | ".join(names) + " |",
         "|---|" + "---|" * len(names),

@@ -246,7 +246,6 @@ class HFPolicy(nn.Module):
             else:
                 model = transformers.AutoModelForCausalLM.from_config(config, **options)
         self.model = model.eval()
-        self.spec = spec
         self.vocab_size = len(spec.symbol_ids)
         self.max_len = max_positions(config)
         # The model's ids are the task's exactly (a model built from a config): no mapping.

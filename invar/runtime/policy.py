@@ -21,6 +21,8 @@ from invar.runtime.task import VOCAB_SIZE
 
 
 POLICY_KINDS = ("gpt", "transformers")
+SHAPE_FIELDS = ("vocab_size", "layers", "width", "heads", "mlp_ratio", "max_len", "tie_head")
+"""The fields of `PolicyConfig` that shape the built-in policy (and nothing else)."""
 
 
 @dataclass(frozen=True)
@@ -71,8 +73,8 @@ class PolicyConfig:
                 raise ConfigError(("path", "config"), "a transformers policy needs exactly "
                                   "one of them: a model directory, or a config for random "
                                   "weights")
-            shape = [f.name for f in fields(self)[fields(self).index(_FIRST_SHAPE_FIELD):]
-                     if getattr(self, f.name) != f.default]
+            shape = [f.name for f in fields(self)
+                     if f.name in SHAPE_FIELDS and getattr(self, f.name) != f.default]
             if shape:
                 raise ConfigError(tuple(shape), "shape the built-in policy only; a "
                                   "transformers policy takes its shape from path or config")
@@ -82,10 +84,6 @@ class PolicyConfig:
         if self.width % self.heads:
             raise ConfigError(("heads", "width"),
                               f"heads ({self.heads}) must divide width ({self.width})")
-
-
-_FIRST_SHAPE_FIELD = fields(PolicyConfig)[3]
-assert _FIRST_SHAPE_FIELD.name == "vocab_size"
 
 
 def build_policy(config: PolicyConfig, seed: int) -> nn.Module:
