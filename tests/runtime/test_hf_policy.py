@@ -323,11 +323,20 @@ def test_export_of_an_older_version_and_refusals(asynchronous_run, tmp_path, rt)
     with pytest.raises(export.ExportError, match=r"--version: no commit or checkpoint of "
                                                  r"version 9 in .* \(kept: \[.*, 4\]\)"):
         export.export(run_dir, tmp_path / "nine", version=9)
-    gpt_run = tmp_path / "gpt"
-    gpt_run.mkdir()
-    (gpt_run / "config.json").write_text(json.dumps(to_dict(load_config())))
-    with pytest.raises(export.ExportError, match="policy.kind is 'gpt'"):
-        export.export(gpt_run, tmp_path / "out")
+
+
+def test_the_built_in_policy_is_exported_as_the_gpt2_it_is(tmp_path):
+    config = load_config(None, [f"output.run_dir={json.dumps(str(tmp_path))}"])
+    (tmp_path / "config.json").write_text(json.dumps(to_dict(config)))
+    learner = TorchLearner(config.policy, config.optim, 3, tmp_path / "commits")
+    learner.start()
+    assert export.export(tmp_path, tmp_path / "exported") == 0
+    model = AutoModelForCausalLM.from_pretrained(tmp_path / "exported", local_files_only=True)
+    assert model.config.model_type == "gpt2"
+    tokens = torch.as_tensor(np.concatenate([DigitReversal(8).prompts("train", range(4)),
+                                             DigitReversal(8).prompts("train", range(4, 8))],
+                                            axis=1))
+    torch.testing.assert_close(model(tokens).logits, learner.model(tokens), rtol=0, atol=1e-5)
 
 
 LEARNING_UPDATES = 40
