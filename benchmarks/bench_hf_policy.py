@@ -19,12 +19,12 @@ import statistics
 import subprocess
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 import numpy as np
 import torch
-from bench_rollout_update import batch_arguments, learner_update, timed  # benchmarks/ is the script's folder
+from bench_rollout_update import batch_arguments, learner_update, timed  # benchmarks/: on sys.path
 
 from invar.runtime.policy import PolicyConfig
 from invar.runtime.sampler import generate
@@ -68,7 +68,8 @@ def update_runner(config: PolicyConfig, task: DigitReversal, prompts: int, sampl
 def provenance(load_at_start: float) -> str:
     """When, on which commit and under what load a report was written (reports/README.md)."""
     head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
-                          text=True, cwd=Path(__file__).parent).stdout.strip() or "unknown"
+                          text=True, check=False, cwd=Path(__file__).parent
+                          ).stdout.strip() or "unknown"
     when = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
     return (f"Written {when} on commit {head}; 1-minute load average {load_at_start:.2f} at "
             f"the start, {os.getloadavg()[0]:.2f} at the end (2-core machine, shared).")

@@ -61,7 +61,7 @@ def main() -> None:
                for name, rows in runs.items()}
     names = list(POLICIES)
     lines = [
-        "# The default task learned by a transformers Llama and by the built-in policy",
+        "# The default task learned by the built-in policy and by transformers policies",
         "",
         f"`python benchmarks/hf_learning.py --updates {args.updates}`: `invar train` with the "
         "default configuration (reverse 8 digits, 64 prompts x 8 samples, 4 optimizer steps "

@@ -19,7 +19,6 @@ from torch import Tensor, nn
 from invar.model.errors import ConfigError
 from invar.runtime.task import VOCAB_SIZE
 
-
 POLICY_KINDS = ("gpt", "transformers")
 SHAPE_FIELDS = ("vocab_size", "layers", "width", "heads", "mlp_ratio", "max_len", "tie_head")
 """The fields of `PolicyConfig` that shape the built-in policy (and nothing else)."""
