@@ -360,3 +360,26 @@ def test_a_tiny_llama_learns_the_default_task(tmp_path, rt):
     assert len(rewards) == LEARNING_UPDATES
     assert np.mean(rewards[-5:]) > 1.5 * np.mean(rewards[:5])
     assert heldout[LEARNING_UPDATES] > 2 * heldout[0]
+
+
+def test_gpt2_through_transformers_trains_as_the_built_in_policy_does(tmp_path, rt):
+    """The built-in policy's initial weights exported as GPT-2 and trained through the
+    transformers path meet the same samples and end with the same weights (to float
+    rounding): the adapter adds nothing to what is learned."""
+    builtin_dir, hf_dir = tmp_path / "built-in", tmp_path / "transformers"
+    builtin = load_config(None, rt.tiny_overrides(builtin_dir))
+    rt.run_serial(builtin)
+    export.export(builtin_dir, tmp_path / "initial", version=0)
+    rt.run_serial(load_config(None, [
+        *transformers_overrides(rt, hf_dir), "policy.config={}",
+        f"policy.path={json.dumps(str(tmp_path / 'initial'))}"]))
+
+    def rewards(run_dir: Path) -> list[float]:
+        rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+        return [row["reward"] for row in rows if row["kind"] == "update"]
+
+    assert rewards(hf_dir) == rewards(builtin_dir)
+    trained = export.builtin_as_gpt2(builtin.policy, rt.final_weights(builtin_dir)["model"])
+    through_transformers = rt.final_weights(hf_dir)["model"]
+    for name, tensor in trained.state_dict().items():
+        torch.testing.assert_close(through_transformers[name], tensor, rtol=0, atol=1e-5)
