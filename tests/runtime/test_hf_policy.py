@@ -383,3 +383,11 @@ def test_gpt2_through_transformers_trains_as_the_built_in_policy_does(tmp_path, 
     through_transformers = rt.final_weights(hf_dir)["model"]
     for name, tensor in trained.state_dict().items():
         torch.testing.assert_close(through_transformers[name], tensor, rtol=0, atol=1e-5)
+
+
+def test_a_resume_refuses_a_policy_config_key_the_run_did_not_have(asynchronous_run):
+    from invar.runtime.cli import resume_config
+    run_dir, _ = asynchronous_run
+    with pytest.raises(ConfigError) as refused:
+        resume_config(str(run_dir), None, ["policy.config.rope_theta=100.0"])
+    assert refused.value.fields == ("policy.config.rope_theta",)
