@@ -11,7 +11,7 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install --quiet --upgrade pip
 	# The CPU build of torch: a looser range would pull a multi-GB CUDA build.
 	$(PY) -m pip install --quiet "torch==2.13.0"
-	$(PY) -m pip install --quiet -e ".[torch,check,ssh,mlx,trackers,dev]"
+	$(PY) -m pip install --quiet -e ".[torch,check,ssh,mlx,trackers,hf,dev]"
 	touch $(STAMP)
 
 setup: $(STAMP)

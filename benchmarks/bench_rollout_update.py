@@ -14,6 +14,7 @@ import argparse
 import statistics
 import tempfile
 import time
+from typing import Callable
 
 import numpy as np
 import torch
@@ -30,14 +31,38 @@ def timed(run) -> float:
     return time.perf_counter() - start
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def learner_update(learner: TorchLearner, sequences: np.ndarray, minibatches: list[np.ndarray],
+                   response_start: int) -> Callable[[], None]:
+    """One update per call: forward, a constant cotangent's backward and AdamW per minibatch
+    (the numbers do not matter to the time, the work does)."""
+    updates = 0
+
+    def update() -> None:
+        nonlocal updates
+        for step, rows_of_step in enumerate(minibatches):
+            digest, logprobs = learner.forward(updates, step, step, sequences[rows_of_step],
+                                               response_start)
+            cotangent = np.full_like(logprobs, -1.0 / len(sequences))
+            learner.apply_cotangent(updates, step, step, digest, cotangent)
+        updates += 1
+
+    return update
+
+
+def batch_arguments(description: str) -> argparse.ArgumentParser:
+    """A parser with the batch's shape (the default task's), repetitions and threads."""
+    parser = argparse.ArgumentParser(description=description)
     parser.add_argument("--prompts", type=int, default=64)
     parser.add_argument("--samples", type=int, default=8, help="samples per prompt")
     parser.add_argument("--digits", type=int, default=8)
     parser.add_argument("--minibatches", type=int, default=4)
     parser.add_argument("--repeats", type=int, default=7)
     parser.add_argument("--threads", type=int, default=torch.get_num_threads())
+    return parser
+
+
+def main() -> None:
+    parser = batch_arguments(__doc__.splitlines()[0])
     parser.add_argument("--device", default="cpu")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
@@ -59,16 +84,7 @@ def main() -> None:
 
     sequences = np.concatenate([prompts, rollout(True).cpu().numpy()], axis=1)
     minibatches = np.array_split(np.arange(rows), args.minibatches)
-    update_count = 0
-
-    def update() -> None:
-        nonlocal update_count
-        for step, rows_of_step in enumerate(minibatches):
-            digest, logprobs = learner.forward(update_count, step, step, sequences[rows_of_step],
-                                               task.prompt_length)
-            cotangent = np.full_like(logprobs, -1.0 / rows)
-            learner.apply_cotangent(update_count, step, step, digest, cotangent)
-        update_count += 1
+    update = learner_update(learner, sequences, minibatches, task.prompt_length)
 
     def digest() -> None:
         state_digest_of(learner.model.state_dict(), learner.optimizer.state_dict())

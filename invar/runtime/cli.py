@@ -1,5 +1,6 @@
 """`invar train [CONFIG.toml] [--set key=value ...] [--backend torch|mlx] [--resume RUN_DIR]
-[--serial]`; `invar report RUN_DIR... [--out DIR] [--threshold X]`."""
+[--serial]`; `invar report RUN_DIR... [--out DIR] [--threshold X]`;
+`invar export RUN_DIR OUT_DIR [--version N]`."""
 
 from __future__ import annotations
 
@@ -66,10 +67,16 @@ def main(argv: list[str] | None = None) -> int:
                                              "directories (table + plots)")
     from invar.runtime.report import add_arguments
     add_arguments(shown)
+    exported = commands.add_parser("export", help="a trained transformers policy as a Hugging "
+                                                  "Face directory (save_pretrained layout)")
+    from invar.runtime import export
+    export.add_arguments(exported)
     args = parser.parse_args(argv)
     if args.command == "report":
         from invar.runtime.report import main as report_main
         return report_main(args)
+    if args.command == "export":
+        return export.main(args)
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     if args.backend:
         args.set.append(f"learner.backend={json.dumps(args.backend)}")

@@ -242,17 +242,7 @@ class TrainConfig:
         except ConfigError as error:
             prefixed = tuple(f"protocol.{f}" for f in error.fields)
             raise ConfigError(prefixed, error.reason) from None
-        task = self._validate_task()
-        if self.policy.vocab_size < task.vocab_size:
-            raise ConfigError(("policy.vocab_size",),
-                              f"{self.policy.vocab_size} cannot hold the {task.name} task's "
-                              f"tokens 0..{task.vocab_size - 1}: must be >= {task.vocab_size}")
-        needed = task.prompt_length + task.response_length
-        if self.policy.max_len < needed:
-            raise ConfigError(("policy.max_len",),
-                              f"max_len {self.policy.max_len} cannot hold the {task.name} "
-                              f"task's prompt and response ({task.prompt_length} + "
-                              f"{task.response_length} = {needed} tokens)")
+        self._validate_policy(self._validate_task())
         if not self.sampling.temperature > 0:
             raise ConfigError(("sampling.temperature",), "must be > 0")
         if not 0 < self.sampling.top_p <= 1:
@@ -276,6 +266,10 @@ class TrainConfig:
                 raise ConfigError((f"rollout.faults[{index}]",), f"{fault!r}: {problem}")
         if self.learner.backend not in ("torch", "mlx"):
             raise ConfigError(("learner.backend",), "must be \"torch\" or \"mlx\"")
+        if self.learner.backend == "mlx" and self.policy.kind == "transformers":
+            raise ConfigError(("learner.backend", "policy.kind"),
+                              "the MLX backend runs the built-in policy only; a transformers "
+                              "policy needs learner.backend = \"torch\"")
         if self.learner.backend == "mlx" and self.protocol.max_staleness != 0:
             raise ConfigError(("learner.backend", "protocol.max_staleness"),
                               "the MLX backend runs synchronously: MLX evaluates lazily on one "
@@ -316,6 +310,37 @@ class TrainConfig:
                 raise ConfigError(tuple(stray), f"apply to task.name = \"{kind}\", but "
                                                 f"task.name is {task.name!r}")
         return build_task(task)
+
+    def _validate_policy(self, task: Any) -> None:
+        """The policy can read the task: its vocabulary holds the task's tokens and its
+        positions a prompt and its answer. A transformers policy is resolved here (its
+        directory's weights, config and tokenizer found, or its config built), so a model
+        that cannot serve is refused before anything runs."""
+        needed = task.prompt_length + task.response_length
+        if self.policy.kind == "transformers":
+            if self.task.name != "reverse":
+                raise ConfigError(("policy.kind", "task.name"),
+                                  f"a transformers policy runs the built-in reverse task only, "
+                                  f"not task.name = {self.task.name!r} (yet)")
+            from invar.runtime.hf_policy import max_positions, model_config, resolve
+            positions = max_positions(model_config(resolve(self.policy.path,
+                                                           self.policy.config)))
+            if positions < needed:
+                where = "policy.path" if self.policy.path else \
+                    "policy.config.max_position_embeddings"
+                raise ConfigError((where, "task.length"),
+                                  f"the model's {positions} positions cannot hold a prompt and "
+                                  f"answer of {self.task.length} digits ({needed} tokens)")
+            return
+        if self.policy.vocab_size < task.vocab_size:
+            raise ConfigError(("policy.vocab_size",),
+                              f"{self.policy.vocab_size} cannot hold the {task.name} task's "
+                              f"tokens 0..{task.vocab_size - 1}: must be >= {task.vocab_size}")
+        if self.policy.max_len < needed:
+            raise ConfigError(("policy.max_len",),
+                              f"max_len {self.policy.max_len} cannot hold the {task.name} "
+                              f"task's prompt and response ({task.prompt_length} + "
+                              f"{task.response_length} = {needed} tokens)")
 
     def _validate_optim(self) -> None:
         optim = self.optim
@@ -456,7 +481,9 @@ def reverse_task(length: int, **settings: Any) -> dict[str, Any]:
 def changed_keys(before: TrainConfig, after: TrainConfig) -> list[tuple[str, Any, Any]]:
     """(dotted key, value before, value after) of every leaf that differs, in config order."""
     old, new = leaves(to_dict(before)), leaves(to_dict(after))
-    return [(key, old[key], new.get(key)) for key in old if old[key] != new.get(key)]
+    # Keys only one side has: a policy.config table may gain or lose entries.
+    keys = [*old, *(key for key in new if key not in old)]
+    return [(key, old.get(key), new.get(key)) for key in keys if old.get(key) != new.get(key)]
 
 
 def leaves(data: dict[str, Any], prefix: str = "") -> dict[str, Any]:

@@ -1052,7 +1052,15 @@ def worker_args(config: TrainConfig, name: str, incarnation: int = 0) -> dict[st
                 prompts_per_batch=c.protocol.prompts_per_batch, group_size=c.protocol.group_size,
                 chunk_prompts=c.rollout.chunk_prompts, temperature=c.sampling.temperature,
                 top_k=c.sampling.top_k, top_p=c.sampling.top_p, threads=c.rollout.threads,
-                backend=c.learner.backend, faults=faults)
+                backend=c.learner.backend, faults=faults, model=_model_spec(c))
+
+
+def _model_spec(config: TrainConfig) -> dict[str, Any] | None:
+    """A transformers policy's resolved model for the workers (None for the built-in one)."""
+    if config.policy.kind != "transformers":
+        return None
+    from invar.runtime.hf_policy import resolve
+    return resolve(config.policy.path, config.policy.config).to_dict()
 
 
 def pin_current_process(cpus: tuple[int, ...]) -> None:

@@ -321,6 +321,14 @@ def reward_figure(updates: list[dict[str, Any]], evaluations: list[dict[str, Any
     return figure, axis
 
 
+def describe_policy(policy: Any) -> str:
+    """The policy in a few words: the built-in one's shape, a transformers one's source."""
+    if policy.kind == "transformers":
+        source = policy.path or f"{policy.config.get('model_type')} config, random weights"
+        return f"transformers ({source})"
+    return f"{policy.layers} layers × width {policy.width}"
+
+
 def write_report(run_dir: Path, config: Any, updates: list[dict[str, Any]],
                  evaluations: list[dict[str, Any]], summary: dict[str, Any]) -> None:
     plot = run_dir / "reward_curve.png"
@@ -333,8 +341,8 @@ def write_report(run_dir: Path, config: Any, updates: list[dict[str, Any]],
     lines = [
         f"# Run report: {run_dir.name}",
         "",
-        f"Task: {describe(config.task)} · policy {config.policy.layers} layers × "
-        f"width {config.policy.width} · batch {p.prompts_per_batch} prompts × {p.group_size} "
+        f"Task: {describe(config.task)} · policy {describe_policy(config.policy)} · "
+        f"batch {p.prompts_per_batch} prompts × {p.group_size} "
         f"samples · S = {p.max_staleness}, P = {p.sync_period}, K = {p.optimizer_steps} · "
         f"loss {p.objective.loss}",
         "",

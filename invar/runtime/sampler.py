@@ -90,17 +90,17 @@ def generate(
     rows = prompts.shape[0]
     if new_tokens < 1:
         raise ValueError(f"new_tokens must be positive, got {new_tokens}")
-    if prompts.shape[1] + new_tokens > policy.config.max_len:
+    if prompts.shape[1] + new_tokens > policy.max_len:
         raise ValueError(
             f"{prompts.shape[1]} prompt + {new_tokens} new tokens exceed max_len "
-            f"{policy.config.max_len}"
+            f"{policy.max_len}"
         )
     noise = None
     if not greedy:
         if seeds is None or len(seeds) != rows:
             given = "none" if seeds is None else len(seeds)
             raise ValueError(f"need one seed per prompt row ({rows}), got {given}")
-        noise = gumbel_noise(seeds, new_tokens, policy.config.vocab_size).to(prompts.device)
+        noise = gumbel_noise(seeds, new_tokens, policy.vocab_size).to(prompts.device)
 
     sequences = prompts
     cache: KVCache | None = None

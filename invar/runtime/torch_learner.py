@@ -37,7 +37,7 @@ import torch
 from torch import Tensor
 
 from invar.model.schedule import derive_seed
-from invar.runtime.policy import Policy, PolicyConfig, sequence_logprobs
+from invar.runtime.policy import PolicyConfig, build_policy, sequence_logprobs
 from invar.runtime.sampler import generate
 from invar.runtime.weights import (
     atomic_write,
@@ -208,14 +208,14 @@ def state_digest_of(model_state: Mapping[str, Tensor], optimizer_state: Mapping[
     return hashlib.blake2b(combined, digest_size=32).hexdigest()
 
 
-def load_weights_bytes(policy: Policy, data: bytes) -> str:
+def load_weights_bytes(policy: torch.nn.Module, data: bytes) -> str:
     """Load published weights into a worker's policy; returns their `weights_digest`."""
     state = state_dict_from_bytes(data)
     policy.load_state_dict(state)
     return weights_digest(state)
 
 
-def response_logprobs(policy: Policy, tokens: Tensor, response_start: int) -> Tensor:
+def response_logprobs(policy: torch.nn.Module, tokens: Tensor, response_start: int) -> Tensor:
     """Float64 log-probs [n, L - response_start] of the response tokens of `tokens` [n, L]."""
     # The logits at position t predict token t + 1, so the last position is never needed.
     logits = policy(tokens[:, :-1])[:, response_start - 1 :]
@@ -245,7 +245,7 @@ class TorchLearner:
         # The process's torch RNG (kept in every commit) starts from the run's seed, so two
         # identical runs write byte-identical commits.
         torch.manual_seed(derive_seed(seed, "learner", "torch_rng"))
-        self.model = Policy(policy_config, seed).to(self.device)
+        self.model = build_policy(policy_config, seed).to(self.device)
         # The reference is the initial policy, frozen: the anchor for KL penalties.
         self.reference = copy.deepcopy(self.model).requires_grad_(False)
         self.optimizer = torch.optim.AdamW(

@@ -70,6 +70,9 @@ class WorkerArgs:
     threads: int = 1
     backend: str = "torch"
     """Sampler: "torch" or "mlx" (the learner's backend; both load the same weights blob)."""
+    model: dict[str, Any] | None = None
+    """For a transformers policy: its resolved `hf_policy.ModelSpec` (config and token map),
+    so the worker builds the same architecture without reading `policy.path`."""
     faults: tuple[str, ...] = ()
     """Test-only misbehaviour: "wrong_version_once", "garbage_frame_once", "exit_after:N"
     (exit after exactly N replies, dropping the rest of the batch it was working on)."""
@@ -85,6 +88,10 @@ class RolloutWorker:
         if args.backend == "mlx":
             from invar.runtime.mlx_policy import MLXPolicy
             self.policy = MLXPolicy(PolicyConfig(**args.policy))
+        elif args.backend == "torch" and args.model is not None:
+            from invar.runtime.hf_policy import HFPolicy, ModelSpec
+            spec = ModelSpec(**{**args.model, "symbol_ids": tuple(args.model["symbol_ids"])})
+            self.policy = HFPolicy(spec, seed=0, pretrained=False)
         elif args.backend == "torch":
             self.policy = Policy(PolicyConfig(**args.policy), seed=0).eval()
         else:

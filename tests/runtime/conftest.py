@@ -123,4 +123,4 @@ def rt() -> SimpleNamespace:
         TINY=TINY, tiny_overrides=tiny_overrides, tiny_config=tiny_config,
         run_driver=run_driver, run_serial=run_serial, summary=summary,
         journal_events=journal_events, final_weights=final_weights,
-        assert_same_weights=assert_same_weights, cli=cli)
+        assert_same_weights=assert_same_weights, cli=cli, torch_globals_kept=torch_globals_kept)
