@@ -24,7 +24,7 @@ import torch
 
 from invar.model.messages import LaunchRequest, LoadWeights
 from invar.model.schedule import RequestId
-from invar.runtime.config import to_dict, load_config
+from invar.runtime.config import load_config, to_dict
 from invar.runtime.policy import Policy, PolicyConfig
 from invar.runtime.verifier import Job
 from invar.runtime.weights import state_dict_to_bytes, weights_digest

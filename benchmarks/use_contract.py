@@ -176,7 +176,7 @@ def execute(entry: dict[str, Any]) -> dict[str, Any]:
     record = {key: value for key, value in entry.items() if key != "sets"}
     record.update({
         "settings": entry["sets"], "started_utc": dt.datetime.fromtimestamp(
-            started, dt.timezone.utc).strftime("%Y-%m-%d %H:%M:%S"),
+            started, dt.UTC).strftime("%Y-%m-%d %H:%M:%S"),
         "returncode": result.returncode, "stopped_early": result.stopped_early,
         "process_wall": result.process_wall, "cpu_total": result.cpu_total,
         "other_cpu": result.other_cpu,
@@ -200,7 +200,7 @@ def run_study(args: argparse.Namespace, console: Any) -> None:
                   f"load {ba.loadavg()}")
     OUT.mkdir(parents=True, exist_ok=True)
     for entry in todo:
-        now = dt.datetime.now(dt.timezone.utc)
+        now = dt.datetime.now(dt.UTC)
         if deadline is not None and now.time() >= deadline:
             console.print(f"[red]stop: {args.stop_at} UTC reached; {entry['id']} and the runs "
                           "after it did not run")
@@ -466,9 +466,10 @@ def plots(out: Path, records: dict[str, dict[str, Any]], result: dict[str, Any]
           ) -> list[tuple[str, str]]:
     import matplotlib
     matplotlib.use("Agg")
+    import warnings
+
     import matplotlib.pyplot as plt
     import numpy as np
-    import warnings
     # Before a seed's first evaluation its curve is NaN: nanmedian warns on those columns.
     warnings.filterwarnings("ignore", "All-NaN slice", RuntimeWarning)
     made = []
@@ -616,7 +617,7 @@ def write_results(records: dict[str, dict[str, Any]], out: Path, console: Any) -
     import torch
     result = analyse(records)
     made = plots(out, records, result)
-    result["generated_utc"] = dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d %H:%M:%S")
+    result["generated_utc"] = dt.datetime.now(dt.UTC).strftime("%Y-%m-%d %H:%M:%S")
     result["machine"] = {"cpus": os.cpu_count(), "python": platform.python_version(),
                          "torch": torch.__version__, "commit": ba._git_head()}
     result["deviations_declared"] = list(DEVIATIONS)

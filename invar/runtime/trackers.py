@@ -45,6 +45,7 @@ class WandbTracker:
 
     def __init__(self, run_dir: Path, config: Any, run_id: str | None) -> None:
         import wandb
+
         from invar.runtime.config import to_dict
         self.run = wandb.init(project=config.output.wandb_project, id=run_id, resume="allow",
                               dir=str(run_dir), config=to_dict(config),

@@ -176,7 +176,7 @@ class LocalProcessTransport(StreamTransport):
             # watcher ("Unknown child process pid ..., will report returncode 255").
             try:
                 await asyncio.wait_for(self.process.wait(), CLOSE_GRACE_SECONDS)
-            except asyncio.TimeoutError:
+            except TimeoutError:
                 try:
                     self.process.kill()
                 except ProcessLookupError:

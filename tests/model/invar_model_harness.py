@@ -10,7 +10,7 @@ real component would ignore them.
 from __future__ import annotations
 
 from collections import deque
-from typing import Callable
+from collections.abc import Callable
 
 from invar.model import (
     LearnerPhase,
@@ -108,7 +108,7 @@ class Driver:
                 return event
         return None
 
-    def pump(self, until: Callable[["Driver"], bool] | None = None,
+    def pump(self, until: Callable[[Driver], bool] | None = None,
              max_events: int = 100_000) -> bool:
         """Answer queued commands FIFO until `until(self)` holds (True) or the queue empties."""
         for _ in range(max_events):

@@ -9,8 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from invar.model import ConfigError, ObjectiveConfig, RunConfig, initial_state, report
-from invar.model import schedule
+from invar.model import ConfigError, ObjectiveConfig, RunConfig, initial_state, report, schedule
 from invar.model.schedule import (
     gen_version,
     hard_boundaries,

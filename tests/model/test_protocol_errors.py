@@ -51,8 +51,8 @@ from invar.model.messages import (  # noqa: E402
     WorkerLost,
 )
 from invar.model.schedule import RequestId  # noqa: E402
-from invar.model.state import Sample  # noqa: E402
 from invar.model.shell import Verdict, deliver  # noqa: E402
+from invar.model.state import Sample  # noqa: E402
 from invar.testing import canonical_run, reply, version_digest  # noqa: E402
 
 CONFIG = small_config()  # B=2, G=2, S=1, P=1, K=2, N=3

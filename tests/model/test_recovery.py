@@ -18,20 +18,20 @@ from invar.model import (  # noqa: E402
     logical_projection,
     outstanding_commands,
     run_complete,
+    schedule,  # noqa: E402
     violations,
 )
-from invar.model import schedule  # noqa: E402
 from invar.model.messages import (  # noqa: E402
     Checkpoint,
     Commit,
     Evaluate,
     LaunchRequest,
+    LearnerStarted,
     Publish,
     ReleaseVersion,
     RetainVersion,
     RunForward,
     ScoreProbabilities,
-    LearnerStarted,
     TimerFired,
     UpdateCommitted,
     VersionPublished,

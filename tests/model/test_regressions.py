@@ -31,11 +31,11 @@ from invar.model import (  # noqa: E402
     outstanding_commands,
     requires_fsync,
     run_complete,
+    schedule,  # noqa: E402
     step,
     violations,
 )
 from invar.model import messages as m  # noqa: E402
-from invar.model import schedule  # noqa: E402
 from invar.model.invariants import consumed_version_is_scheduled  # noqa: E402
 from invar.model.objective import (  # noqa: E402
     ObjectiveTerms,

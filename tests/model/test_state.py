@@ -9,22 +9,21 @@ import sys
 from dataclasses import fields, replace
 from pathlib import Path
 
-
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from invar_model_harness import Driver, small_config  # noqa: E402
 
 from invar.model import (  # noqa: E402
     LearnerPhase,
-    outstanding_commands,
-    step,
     ObjectiveConfig,
     RunConfig,
     initial_state,
+    outstanding_commands,
     state_digest,
+    step,
 )
-from invar.model.state import NoOps, Sample  # noqa: E402
 from invar.model.messages import RunForward, TimerFired  # noqa: E402
+from invar.model.state import NoOps, Sample  # noqa: E402
 from invar.testing import canonical_run, reply  # noqa: E402
 
 CONFIG = small_config()

@@ -214,9 +214,7 @@ class Run:
     def fault(self, kind: str, arg: Any = None) -> None:
         self.applied[kind] += 1
         self.log.append(f"!! {kind} {arg if arg is not None else ''}")
-        if kind in ("drop", "duplicate"):
-            self.world = getattr(w, kind)(self.world, arg)
-        elif kind in ("crash_worker", "restart_worker"):
+        if kind in ("drop", "duplicate") or kind in ("crash_worker", "restart_worker"):
             self.world = getattr(w, kind)(self.world, arg)
         else:
             self.world = getattr(w, kind)(self.world)

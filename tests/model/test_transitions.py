@@ -9,8 +9,8 @@ worker table. The renderings name every phase."""
 from __future__ import annotations
 
 import sys
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 import pytest
 
