@@ -105,7 +105,7 @@ def run_complete(state: State) -> bool:
             and not _boundary_commands(state))
 
 
-def logical_projection(state: State) -> tuple:
+def logical_projection(state: State) -> tuple[Any, ...]:
     """What must not depend on timing: what each update really consumed and applied (as the
     components reported it), publications, evaluations and checkpoints."""
     return state.ledger, state.published, state.evaluated, state.checkpointed
@@ -808,7 +808,7 @@ def _put_batch(state: State, batch: BatchState) -> State:
     return replace(state, batches=_set(state.batches, batch.batch - state.committed, batch))
 
 
-def _set(items: tuple, index: int, value: Any) -> tuple:
+def _set(items: tuple[Any, ...], index: int, value: Any) -> tuple[Any, ...]:
     return items[:index] + (value,) + items[index + 1:]
 
 

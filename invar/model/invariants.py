@@ -8,7 +8,7 @@ real journals. Each returns "" when it holds, or a sentence saying what is wrong
 from __future__ import annotations
 
 import dataclasses
-from typing import Callable, Sequence
+from typing import Any, Callable, Sequence, cast
 
 from invar.model import schedule
 from invar.model.core import outstanding_commands
@@ -24,7 +24,7 @@ from invar.model.state import Assigned, LearnerPhase, NoOps, Sample, State, Work
 
 
 def no_sample_consumed_twice(state: State) -> str:
-    seen: set = set()
+    seen: set[Any] = set()
     for record in state.ledger:
         for request in record.requests:
             if request in seen:
@@ -337,7 +337,7 @@ class IncrementalInvariants:
     whose size changed) is recomputed from scratch.
     """
 
-    _MEMOISED: dict[str, Callable[[State], tuple]] = {
+    _MEMOISED: dict[str, Callable[[State], tuple[Any, ...]]] = {
         "publish_after_commit_in_order":
             lambda s: (s.config, s.published, s.commit_digests),
         "boundaries_acknowledged_before_moving_on":
@@ -351,12 +351,12 @@ class IncrementalInvariants:
     """Decided by the methods below, from what changed since the last state."""
 
     def __init__(self) -> None:
-        self._memo: dict[str, tuple[tuple, bool]] = {}
-        self._ledger: tuple = ()
-        self._seen: set = set()
-        self._scheduled: tuple[tuple, bool] | None = None
+        self._memo: dict[str, tuple[tuple[Any, ...], bool]] = {}
+        self._ledger: tuple[Any, ...] = ()
+        self._seen: set[Any] = set()
+        self._scheduled: tuple[tuple[Any, ...], bool] | None = None
         self._records: dict[int, tuple[object, object, bool]] = {}
-        self._batches: dict[int, tuple[object, tuple[int, int, dict]]] = {}
+        self._batches: dict[int, tuple[object, tuple[int, int, dict[Any, Any]]]] = {}
 
     def violations(self, state: State) -> dict[str, str]:
         if self.all_hold(state):
@@ -373,7 +373,7 @@ class IncrementalInvariants:
         return (self._distinct_requests(state) and self._ledger_scheduled(state)
                 and self._slots_consistent(state))
 
-    def _memoised(self, name: str, deps: tuple, state: State) -> bool:
+    def _memoised(self, name: str, deps: tuple[Any, ...], state: State) -> bool:
         known = self._memo.get(name)
         if known is not None and all(a is b for a, b in zip(known[0], deps)):
             return known[1]
@@ -383,7 +383,7 @@ class IncrementalInvariants:
 
     # -- the ledger ------------------------------------------------------------------------
 
-    def _extends(self, ledger: tuple) -> bool:
+    def _extends(self, ledger: tuple[Any, ...]) -> bool:
         old = self._ledger
         return len(ledger) >= len(old) and all(a is b for a, b in zip(old, ledger))
 
@@ -415,7 +415,10 @@ class IncrementalInvariants:
             known = self._records.get(id(record))
             if known is None or known[0] is not record or known[1] is not state.config:
                 alone = _LedgerView(state.config, (record,), ())
-                known = (record, state.config, not consumed_version_is_scheduled(alone))
+                # The view has the fields the invariant reads (a State would be built for one
+                # record per record, on the hot path).
+                known = (record, state.config,
+                         not consumed_version_is_scheduled(cast(State, alone)))
                 self._records[id(record)] = known
             u = record.update
             if not known[2] or (len(digests) > u + 1 and digests[u + 1] != record.commit_digest):
@@ -426,7 +429,7 @@ class IncrementalInvariants:
 
     # -- the batches -------------------------------------------------------------------------
 
-    def _summary(self, batch: object) -> tuple[int, int, dict]:
+    def _summary(self, batch: object) -> tuple[int, int, dict[Any, Any]]:
         """(pending, completed, {(worker, incarnation): requests held}) of a batch's slots."""
         index = batch.batch  # type: ignore[attr-defined]
         slots = batch.slots  # type: ignore[attr-defined]
@@ -470,9 +473,9 @@ class IncrementalInvariants:
             if not state.published or version > state.published[-1]:
                 return False
             for name, incarnation in held:
-                worker = state.worker(name)
-                if (worker is None or worker.incarnation != incarnation
-                        or worker.phase is not WorkerPhase.READY or worker.version != version):
+                holder = state.worker(name)
+                if (holder is None or holder.incarnation != incarnation
+                        or holder.phase is not WorkerPhase.READY or holder.version != version):
                     return False
         return True
 
@@ -480,11 +483,13 @@ class IncrementalInvariants:
 class _LedgerView:
     """The fields `consumed_version_is_scheduled` reads, for one record checked alone."""
 
-    def __init__(self, config: object, ledger: tuple, commit_digests: tuple) -> None:
+    def __init__(self, config: object, ledger: tuple[Any, ...],
+                 commit_digests: tuple[Any, ...]) -> None:
         self.config, self.ledger, self.commit_digests = config, ledger, commit_digests
 
 
-def _count(slot: object, sign: int, pending: int, completed: int, held: dict) -> tuple[int, int]:
+def _count(slot: object, sign: int, pending: int, completed: int,
+           held: dict[Any, Any]) -> tuple[int, int]:
     if slot is None:
         return pending + sign, completed
     if isinstance(slot, Sample):
@@ -499,7 +504,8 @@ def _count(slot: object, sign: int, pending: int, completed: int, held: dict) ->
     return pending, completed
 
 
-def _changed(old: tuple, new: tuple, lo: int, hi: int, out: list[int]) -> list[int]:
+def _changed(old: tuple[Any, ...], new: tuple[Any, ...], lo: int, hi: int,
+             out: list[int]) -> list[int]:
     """Positions in [lo, hi) where `old` and `new` hold unequal slots (equal slots count
     alike), by halving: a batch's successive states differ in a slot or a few."""
     if old[lo:hi] == new[lo:hi]:

@@ -355,7 +355,8 @@ _SCALARS = (int, float, str, bool, type(None))
 def _encode_fields(message: Any) -> dict[str, Any]:
     """A dataclass's fields by its schema: packed arrays where the type says so."""
     body = {}
-    for name, packer in _encoding_plan(type(message)):
+    plan: tuple[tuple[str, Any], ...] = _encoding_plan(type(message))  # type: ignore[arg-type]
+    for name, packer in plan:
         value = getattr(message, name)
         body[name] = _to_json(value) if packer is None or value is None else packer(value)
     return body
@@ -394,7 +395,7 @@ def _pack(values: list[float] | list[int], dtype: str) -> str:
     return base64.b64encode(np.asarray(values, dtype=dtype).tobytes()).decode("ascii")
 
 
-def _unpack(text: Any, dtype: str, count: int, where: str) -> list:
+def _unpack(text: Any, dtype: str, count: int, where: str) -> list[Any]:
     if not isinstance(text, str):
         raise DecodeError(f"{where}: expected base64 text, got {type(text).__name__}")
     try:
@@ -404,7 +405,8 @@ def _unpack(text: Any, dtype: str, count: int, where: str) -> list:
     if len(data) != 8 * count:
         raise DecodeError(f"{where}: {len(data)} bytes, expected {8 * count} "
                           f"({count} values of 8 bytes)")
-    return np.frombuffer(data, dtype=dtype).tolist()
+    values: list[Any] = np.frombuffer(data, dtype=dtype).tolist()
+    return values
 
 
 def _lengths(value: Any, where: str) -> list[int]:
@@ -413,7 +415,7 @@ def _lengths(value: Any, where: str) -> list[int]:
     return value
 
 
-def _split(flat: list, lengths: list[int]) -> tuple[tuple, ...]:
+def _split(flat: list[Any], lengths: list[int]) -> tuple[tuple[Any, ...], ...]:
     rows, start = [], 0
     for length in lengths:
         rows.append(tuple(flat[start:start + length]))
@@ -550,7 +552,7 @@ def _from_json(tp: Any, value: Any, where: str) -> Any:
     raise DecodeError(f"{where}: cannot decode type {tp!r}")  # pragma: no cover
 
 
-def _fast_row(element: Any, value: list) -> tuple | None:
+def _fast_row(element: Any, value: list[Any]) -> tuple[Any, ...] | None:
     """A list of plain numbers decoded in one pass (None: take the checked, slow path)."""
     if element is float:
         if all(type(v) is float or type(v) is int for v in value):

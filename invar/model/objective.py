@@ -198,16 +198,16 @@ def pad(rows: Sequence[Sequence[float]]) -> tuple[np.ndarray, np.ndarray]:
         values = np.asarray(rows, dtype=np.float64)
         if values.ndim == 2:
             return values, np.ones(values.shape, dtype=bool)
-    rows = [np.asarray(row, dtype=np.float64) for row in rows]
-    for index, row in enumerate(rows):
-        if row.ndim != 1:
-            raise ValueError(f"rows: row {index} is not a flat sequence (shape {row.shape})")
-    longest = max((row.shape[0] for row in rows), default=0)
-    values = np.zeros((len(rows), longest), dtype=np.float64)
-    mask = np.zeros((len(rows), longest), dtype=bool)
-    for index, row in enumerate(rows):
-        values[index, : row.shape[0]] = row
-        mask[index, : row.shape[0]] = True
+    arrays = [np.asarray(row, dtype=np.float64) for row in rows]
+    for index, array in enumerate(arrays):
+        if array.ndim != 1:
+            raise ValueError(f"rows: row {index} is not a flat sequence (shape {array.shape})")
+    longest = max((array.shape[0] for array in arrays), default=0)
+    values = np.zeros((len(arrays), longest), dtype=np.float64)
+    mask = np.zeros((len(arrays), longest), dtype=bool)
+    for index, array in enumerate(arrays):
+        values[index, : array.shape[0]] = array
+        mask[index, : array.shape[0]] = True
     return values, mask
 
 
@@ -325,7 +325,7 @@ def objective(
         token_grad = weight * (share_unclipped * d_unclipped + share_clipped * d_clipped)
         clipped_active = clipped > unclipped
 
-    if config.needs_reference:
+    if reference is not None:  # checked above: present iff config.needs_reference
         log_ref_ratio = np.where(mask, reference, 0.0) - c
         token_kl = np.exp(log_ref_ratio) - log_ref_ratio - 1.0  # k3: >= 0 at every token
         token_loss = token_loss + config.kl_coef * token_kl

@@ -10,15 +10,20 @@ from __future__ import annotations
 import enum
 import functools
 import hashlib
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 from invar.model.config import RunConfig
 from invar.model.messages import ApplyCotangent, Matrix, ObservationId
 from invar.model.schedule import RequestId
 
 
-def evolve(obj: Any, **changes: Any) -> Any:
+Record = TypeVar("Record")
+RecordType = TypeVar("RecordType", bound=type)
+
+
+def evolve(obj: Record, **changes: Any) -> Record:
     """A copy of a frozen record with `changes`: `dataclasses.replace` without re-running
     `__init__` (the hottest call of the model checker). Drops the cached repr and hash."""
     new = object.__new__(type(obj))
@@ -41,7 +46,7 @@ def _memoised(attribute: str, compute: Any) -> Any:
     return method
 
 
-def cached_repr(cls: type) -> type:
+def cached_repr(cls: RecordType) -> RecordType:
     """Cache a frozen dataclass's repr and hash on the instance: state digests are built from
     reprs, the checker's fingerprints from hashes, and records are shared between many states.
     (The hash is the generated one, so it still hashes by value; it is never pickled, since a
@@ -54,7 +59,7 @@ def cached_repr(cls: type) -> type:
     cls.__repr__ = _memoised("_repr", cls.__repr__)  # type: ignore[method-assign]
     if generated_hash is not None:
         cls.__hash__ = _memoised("_hash", generated_hash)  # type: ignore[method-assign]
-        cls.__getstate__ = __getstate__  # type: ignore[attr-defined]
+        cls.__getstate__ = __getstate__  # type: ignore[method-assign,assignment]
     return cls
 
 
@@ -150,7 +155,7 @@ class BatchState:
             digest ^= _slot_hash(position, None)
         return cls(batch, slots, pending=size, completed=0, slots_digest=digest)
 
-    def with_slots(self, changes: dict[int, Slot]) -> BatchState:
+    def with_slots(self, changes: Mapping[int, Slot]) -> BatchState:
         slots = list(self.slots)
         pending, completed, digest = self.pending, self.completed, self.slots_digest
         for position, new in changes.items():

@@ -74,13 +74,14 @@ def to_dot() -> str:
         for target in targets:
             lines.append(f'  "learner.{phase.value}" -> "learner.{target.value}" '
                          '[style=dashed, label="batch complete, boundary acknowledged"];')
-    for (phase, event), targets in WORKER.items():
-        source = "worker.new" if phase is None else f"worker.{phase.value}"
-        for target in targets:
-            lines.append(f'  "{source}" -> "worker.{target.value}" [label="{event.__name__}"];')
-    for phase, targets in WORKER_INTERNAL.items():
-        for target in targets:
-            lines.append(f'  "worker.{phase.value}" -> "worker.{target.value}" '
+    for (worker_phase, event), worker_targets in WORKER.items():
+        source = "worker.new" if worker_phase is None else f"worker.{worker_phase.value}"
+        for worker_target in worker_targets:
+            lines.append(f'  "{source}" -> "worker.{worker_target.value}" '
+                         f'[label="{event.__name__}"];')
+    for internal, internal_targets in WORKER_INTERNAL.items():
+        for worker_target in internal_targets:
+            lines.append(f'  "worker.{internal.value}" -> "worker.{worker_target.value}" '
                          '[style=dashed, label="version needed"];')
     lines.append("}")
     return "\n".join(lines) + "\n"
@@ -92,9 +93,10 @@ def to_markdown() -> str:
     for (phase, event), targets in LEARNER.items():
         shown = ", ".join(t.value for t in targets) or "refused"
         rows.append(f"| {phase.value} | {event.__name__} | {shown} |")
-    for (phase, event), targets in WORKER.items():
-        source = "(new worker)" if phase is None else f"worker {phase.value}"
-        rows.append(f"| {source} | {event.__name__} | {', '.join(t.value for t in targets)} |")
+    for (worker_phase, event), worker_targets in WORKER.items():
+        source = "(new worker)" if worker_phase is None else f"worker {worker_phase.value}"
+        shown = ", ".join(t.value for t in worker_targets)
+        rows.append(f"| {source} | {event.__name__} | {shown} |")
     return "\n".join(rows) + "\n"
 
 
