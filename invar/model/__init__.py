@@ -40,6 +40,7 @@ __all__ = [
     "ConfigError", "DecodeError", "Event", "LearnerPhase", "ObjectiveConfig", "ObjectiveTerms",
     "ObservationId", "ProtocolError", "Reason", "RequestId", "RunConfig", "ScheduleReport",
     "State", "WorkerPhase", "decode", "dumps", "encode", "gen_version", "initial_state",
-    "loads", "logical_projection", "outstanding_commands", "report", "requires_fsync", "run_complete",
+    "loads", "logical_projection", "outstanding_commands", "report", "requires_fsync",
+    "run_complete",
     "staleness", "state_digest", "step", "transition_violations", "violations",
 ]

@@ -32,7 +32,8 @@ class RunConfig:
     total_updates: int = 100
     """N: updates in the run; version v is the weights after v committed updates."""
     eval_every: int = 0
-    """Hard boundary: versions that are multiples of this are published and evaluated (0 = never)."""
+    """Hard boundary: versions that are multiples of this are published and evaluated
+    (0 = never)."""
     checkpoint_every: int = 0
     """Hard boundary: versions that are multiples of this are published and kept (0 = never)."""
     max_inflight_batches: int = 2

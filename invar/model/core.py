@@ -19,7 +19,8 @@ import struct
 import sys
 from array import array
 from collections import Counter
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 
@@ -605,7 +606,8 @@ def _apply_commit(state: State, digest: str) -> tuple[State, list[Command]]:
         steps=state.learner.applied,
         commit_digest=digest,
     )
-    state = replace(state, batches=state.batches[1:], commit_digests=state.commit_digests + (digest,),
+    state = replace(state, batches=state.batches[1:],
+                    commit_digests=state.commit_digests + (digest,),
                     ledger=state.ledger + (record,),
                     ledger_digest=chain_ledger(state.ledger_digest, record))
     return state, _boundary_commands(state)

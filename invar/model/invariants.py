@@ -8,7 +8,8 @@ real journals. Each returns "" when it holds, or a sentence saying what is wrong
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Callable, Sequence, cast
+from collections.abc import Callable, Sequence
+from typing import Any, cast
 
 from invar.model import schedule
 from invar.model.core import outstanding_commands
@@ -45,7 +46,8 @@ def consumed_version_is_scheduled(state: State) -> str:
         version = schedule.gen_version(config, u)
         wrong = [v for v in record.sample_versions if v != version]
         if wrong or len(record.sample_versions) != len(record.requests):
-            return f"update {u} consumed samples of versions {sorted(set(wrong))}, scheduled {version}"
+            return (f"update {u} consumed samples of versions {sorted(set(wrong))}, "
+                    f"scheduled {version}")
         if not 0 <= u - version <= config.max_staleness:
             return f"update {u} consumed data {u - version} updates stale"
         plan = schedule.minibatch_plan(config, u)
@@ -56,7 +58,8 @@ def consumed_version_is_scheduled(state: State) -> str:
             return f"update {u} did not forward its minibatch plan"
         if record.steps[-1].post_step_digest != record.commit_digest:
             return f"update {u} committed {record.commit_digest}, its last step ended elsewhere"
-        if len(state.commit_digests) > u + 1 and state.commit_digests[u + 1] != record.commit_digest:
+        digests = state.commit_digests
+        if len(digests) > u + 1 and digests[u + 1] != record.commit_digest:
             return f"update {u} recorded commit {record.commit_digest}, version {u + 1} differs"
     return ""
 
@@ -173,7 +176,8 @@ def batch_counters_consistent(state: State) -> str:
         pending = sum(1 for s in batch.slots if s is None)
         done = sum(1 for s in batch.slots if isinstance(s, Sample))
         if (pending, done) != (batch.pending, batch.completed):
-            return f"batch {batch.batch} counts {batch.pending}/{batch.completed}, holds {pending}/{done}"
+            return (f"batch {batch.batch} counts {batch.pending}/{batch.completed}, "
+                    f"holds {pending}/{done}")
     for worker in state.workers:
         held = sum(1 for b in state.batches for s in b.slots
                    if isinstance(s, Assigned) and s.worker == worker.name
@@ -305,7 +309,8 @@ def violations(state: State) -> dict[str, str]:
     return {name: msg for name, check in INVARIANTS.items() if (msg := check(state))}
 
 
-def transition_violations(before: State, commands: Sequence[Command], after: State) -> dict[str, str]:
+def transition_violations(before: State, commands: Sequence[Command],
+                          after: State) -> dict[str, str]:
     return {name: msg for name, check in TRANSITION_INVARIANTS.items()
             if (msg := check(before, commands, after))}
 

@@ -287,15 +287,15 @@ class SetTimer:
     """Arm the retry timer; when it fires, every outstanding command is sent again."""
 
 
-Event = Union[
-    WorkerConnected, WorkerLost, WeightsLoaded, RequestsCompleted, ProbabilitiesReported,
-    ForwardObserved, StepFinished, UpdateCommitted, VersionPublished, LearnerStarted,
-    VersionEvaluated, CheckpointWritten, TimerFired,
-]
-Command = Union[
-    LoadWeights, LaunchRequest, ScoreProbabilities, RunForward, ApplyCotangent, Commit, Publish,
-    RetainVersion, ReleaseVersion, Evaluate, Checkpoint, SetTimer,
-]
+Event = (
+    WorkerConnected | WorkerLost | WeightsLoaded | RequestsCompleted | ProbabilitiesReported
+    | ForwardObserved | StepFinished | UpdateCommitted | VersionPublished | LearnerStarted
+    | VersionEvaluated | CheckpointWritten | TimerFired
+)
+Command = (
+    LoadWeights | LaunchRequest | ScoreProbabilities | RunForward | ApplyCotangent | Commit
+    | Publish | RetainVersion | ReleaseVersion | Evaluate | Checkpoint | SetTimer
+)
 EVENT_TYPES: tuple[type, ...] = typing.get_args(Event)
 COMMAND_TYPES: tuple[type, ...] = typing.get_args(Command)
 _REGISTRY: dict[str, type] = {t.__name__: t for t in (*EVENT_TYPES, *COMMAND_TYPES)}
@@ -362,7 +362,7 @@ def _encode_fields(message: Any) -> dict[str, Any]:
     return body
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _encoding_plan(cls: type) -> tuple[tuple[str, Any], ...]:
     """Each field's name and its packer (None: plain JSON), looked up once per type."""
     hints, names = _schema(cls)
@@ -488,7 +488,7 @@ _PACKERS: dict[Any, Any] = {
 _UNPACKERS: dict[Any, Any] = {Matrix: unpack_matrix, tuple[Completion, ...]: unpack_completions}
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _schema(cls: type) -> tuple[dict[str, Any], tuple[str, ...]]:
     return typing.get_type_hints(cls), tuple(f.name for f in dataclasses.fields(cls))
 
@@ -557,7 +557,6 @@ def _fast_row(element: Any, value: list[Any]) -> tuple[Any, ...] | None:
     if element is float:
         if all(type(v) is float or type(v) is int for v in value):
             return tuple(float(v) for v in value)
-    elif element is int:
-        if all(type(v) is int for v in value):
-            return tuple(value)
+    elif element is int and all(type(v) is int for v in value):
+        return tuple(value)
     return None

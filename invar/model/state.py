@@ -18,7 +18,6 @@ from invar.model.config import RunConfig
 from invar.model.messages import ApplyCotangent, Matrix, ObservationId
 from invar.model.schedule import RequestId
 
-
 Record = TypeVar("Record")
 RecordType = TypeVar("RecordType", bound=type)
 

@@ -5,10 +5,11 @@ recovers), the network of in-flight messages, and the components — the learner
 workers, the weights store and the checkpoints — each with exactly the memory a real one has
 and loses. The functions at the bottom are the world's actions: deliver a message, drop or
 duplicate one, merge two reply frames of a worker or split one (a worker answers launches in
-frames of any grouping), fire the timer, crash and restart a worker, the learner or the driver. The model
-checker explores them exhaustively, the property tests draw them at random, `canonical_run`
-takes the first message each time; all deliver events through `shell.deliver` and commands
-through `shell.route`, so there is one definition of what happens around `step`.
+frames of any grouping), fire the timer, crash and restart a worker, the learner or the
+driver. The model checker explores them exhaustively, the property tests draw them at
+random, `canonical_run` takes the first message each time; all deliver events through
+`shell.deliver` and commands through `shell.route`, so there is one definition of what happens
+around `step`.
 
 The components keep the rules the real ones keep (`LearnerRules`, `worker_accepts`, the store),
 so a protocol that relies on more than a real component does cannot pass:
@@ -560,10 +561,11 @@ INTRUDER = "intruder"
 
 def forgeries(state: State) -> tuple[Event, ...]:
     """Events that no correct component could send in `state`: the core must refuse each (a
-    ProtocolError), neither accept it nor pass it off as a duplicate or late reply. Forged from the state, each wrong in one respect only
-    (payloads well formed where the check under probe comes after them): a stranger's messages,
-    a future incarnation or attempt, a load or forward never requested, a wrong version, a
-    digest that is not the real one, a commit or boundary acknowledgement out of turn."""
+    ProtocolError), neither accept it nor pass it off as a duplicate or late reply. Forged from
+    the state, each wrong in one respect only (payloads well formed where the check under
+    probe comes after them): a stranger's messages, a future incarnation or attempt, a load or
+    forward never requested, a wrong version, a digest that is not the real one, a malformed
+    score matrix, a commit or boundary acknowledgement out of turn."""
     config = state.config
     row = ((-0.5,),)
     out: list[Event] = [WorkerLost(INTRUDER, 0), WeightsLoaded(INTRUDER, 0, 1, 0)]
