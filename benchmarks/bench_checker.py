@@ -1,9 +1,9 @@
 """Benchmark of the invar-check engine: two-phase commit, exhaustive BFS, two ways of writing it.
 
-    .venv/bin/python benchmarks/bench_checker.py                  # R=7: packed and readable, 1 process
+    .venv/bin/python benchmarks/bench_checker.py                  # R=7: both models, 1 process
     .venv/bin/python benchmarks/bench_checker.py --processes 1 2  # and with 2 worker processes
     .venv/bin/python benchmarks/bench_checker.py --stable         # and the readable one as before
-    .venv/bin/python benchmarks/bench_checker.py --profile        # the engine's share under cProfile
+    .venv/bin/python benchmarks/bench_checker.py --profile        # engine share under cProfile
 
 Two models of the same spec (TLA+ ``TwoPhase``; R=7: 296,448 distinct states, 2,744,706
 generated, depth 22 = TLC's 23, pinned by the tests and checked equal here):
@@ -100,13 +100,17 @@ def profile_share(rms: int) -> int:
     profile.runcall(Checker(model).bfs)
     stats = pstats.Stats(profile)
     own = 0.0
-    for (path, _line, name), (_cc, _nc, _tt, cumulative, callers) in stats.stats.items():  # type: ignore[attr-defined]
-        engine_calls_it = any("checker-expand" in c[0] or c[0].endswith("search.py") for c in callers)
+    entries = stats.stats.items()  # type: ignore[attr-defined]
+    for (path, _line, _name), (_cc, _nc, _tt, cumulative, callers) in entries:
+        engine_calls_it = any(
+            "checker-expand" in c[0] or c[0].endswith("search.py") for c in callers
+        )
         if path.endswith("two_phase_readable.py") and engine_calls_it:
             own += cumulative
     stats.sort_stats("tottime").print_stats(12)
     total = stats.total_tt  # type: ignore[attr-defined]
-    print(f"readable 2PC, R={rms}, under cProfile: {total:.2f} s, the model's own functions {own:.2f} s, "
+    print(f"readable 2PC, R={rms}, under cProfile: {total:.2f} s, "
+          f"the model's own functions {own:.2f} s, "
           f"engine share {100 * (1 - own / total):.0f}%")
     return 0
 
@@ -115,17 +119,22 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--rms", type=int, default=7, help="resource managers (default 7)")
     parser.add_argument("--repeat", type=int, default=1, help="runs per row; the fastest is shown")
-    parser.add_argument("--processes", type=int, nargs="+", default=[1], help="process counts (default: 1)")
-    parser.add_argument("--models", nargs="+", choices=sorted(MODELS), default=["packed", "readable"])
+    parser.add_argument("--processes", type=int, nargs="+", default=[1],
+                        help="process counts (default: 1)")
+    parser.add_argument("--models", nargs="+", choices=sorted(MODELS),
+                        default=["packed", "readable"])
     parser.add_argument("--stable", action="store_true",
-                        help="also run the readable model with stable fingerprints (as before the fast path)")
+                        help="also run the readable model with stable fingerprints "
+                             "(as before the fast path)")
     parser.add_argument("--profile", action="store_true",
-                        help="instead: profile the readable model in one process (cProfile), and its engine share")
+                        help="instead: profile the readable model in one process (cProfile), "
+                             "and its engine share")
     args = parser.parse_args(argv)
     if args.profile:
         return profile_share(args.rms)
     ncpu = os.cpu_count() or 1
-    print(f"two-phase commit, R={args.rms}; {ncpu} CPUs; load average before: {os.getloadavg()[0]:.2f}")
+    print(f"two-phase commit, R={args.rms}; {ncpu} CPUs; "
+          f"load average before: {os.getloadavg()[0]:.2f}")
     rows = []
     configs = [(name, p, "auto") for p in args.processes for name in args.models]
     if args.stable:
@@ -133,23 +142,30 @@ def main(argv: list[str] | None = None) -> int:
     reference = None
     for name, processes, fingerprints in configs:
         model = MODELS[name](args.rms)
-        wall, cpu, result = min((run_once(model, processes, fingerprints) for _ in range(args.repeat)),
-                                key=lambda run: run[0])
-        counts = (result.distinct_states, result.states_generated, result.max_depth, result.coverage)
+        wall, cpu, result = min(
+            (run_once(model, processes, fingerprints) for _ in range(args.repeat)),
+            key=lambda run: run[0],
+        )
+        counts = (result.distinct_states, result.states_generated, result.max_depth,
+                  result.coverage)
         if reference is None:
             reference = counts
         elif counts != reference:
-            print(f"MISMATCH: {name} with {processes} processes counted {counts[:3]}, expected {reference[:3]}")
+            print(f"MISMATCH: {name} with {processes} processes counted {counts[:3]}, "
+                  f"expected {reference[:3]}")
             return 1
         share = None
         if processes == 1:
             share = 1 - model_seconds(model, reachable_states(model)) / cpu
         rows.append((name, processes, fingerprints, wall, cpu, result, share))
-    print(f"{'model':>9} {'procs':>5} {'wall s':>7} {'cpu s':>7} {'distinct/s':>11} {'generated/s':>12} "
+    print(f"{'model':>9} {'procs':>5} {'wall s':>7} {'cpu s':>7} "
+          f"{'distinct/s':>11} {'generated/s':>12} "
           f"{'x TLC cpu':>9} {'engine':>7} {'fingerprints':>12} {'P(collision)':>12}")
     for name, processes, _fp, wall, cpu, result, share in rows:
-        print(f"{name:>9} {processes:>5} {wall:>7.2f} {cpu:>7.2f} {result.distinct_states / wall:>11,.0f} "
-              f"{result.states_generated / wall:>12,.0f} {TLC_CPU_S / cpu if args.rms == 7 else float('nan'):>9.1f} "
+        x_tlc = TLC_CPU_S / cpu if args.rms == 7 else float("nan")
+        print(f"{name:>9} {processes:>5} {wall:>7.2f} {cpu:>7.2f} "
+              f"{result.distinct_states / wall:>11,.0f} "
+              f"{result.states_generated / wall:>12,.0f} {x_tlc:>9.1f} "
               f"{'' if share is None else f'{100 * share:.0f}%':>7} {result.fingerprints:>12} "
               f"{result.collision_probability:>12.1e}")
     for name, processes, _fp, _wall, _cpu, result, _share in rows:
@@ -157,10 +173,12 @@ def main(argv: list[str] | None = None) -> int:
             if note.startswith("states expanded per worker"):
                 print(f"{name}, {processes} processes: {note}")
     distinct, generated, depth, _cov = reference  # type: ignore[misc]
-    print(f"counts (every row): {distinct:,} distinct, {generated:,} generated, depth {depth} (TLC depth {depth + 1})")
+    print(f"counts (every row): {distinct:,} distinct, {generated:,} generated, "
+          f"depth {depth} (TLC depth {depth + 1})")
     print(f"verdicts: { {n: p.verdict.value for n, p in rows[0][5].properties.items()} }")
     if args.rms == 7:
-        print(f"TLC 2.15, one worker (the issue's figures, not measured here): {TLC_CPU_S:.0f} s CPU, "
+        print(f"TLC 2.15, one worker (the issue's figures, not measured here): "
+              f"{TLC_CPU_S:.0f} s CPU, "
               f"{TLC_WALL_S:.0f} s wall, {distinct / TLC_WALL_S:,.0f} distinct/s")
     print(f"load average after: {os.getloadavg()[0]:.2f}")
     return 0

@@ -8,8 +8,9 @@ For every bound of `spec/gate/` that the baseline also has, `invar-check BOUND` 
 in this one, interleaved round by round so that the load of a shared machine falls on both
 alike. Printed side by side (the best round of each): distinct states, the search's seconds
 and distinct states per second (as `invar-check` reports them: the search alone, without the
-process's start), the CPU seconds of the whole process, and the speed-up in states per second. Equal state counts show that both
-explore the same model; a bound whose counts differ is marked.
+process's start), the CPU seconds of the whole process, and the speed-up in states per second.
+Equal state counts show that both explore the same model; a bound whose counts differ is
+marked.
 """
 
 from __future__ import annotations

@@ -25,11 +25,11 @@ pyproject.toml; one copy per job) holding the mutated file, with PYTHONPATH poin
 so that its modules win over the editable install. First `import invar.model, checker` runs
 there: a mutant that breaks it is *incompetent*. Then the gate command (everything after `--`;
 default: the original checkout's `.venv/bin/python -m checker.cli --fail-fast`, i.e. the
-`invar-check` gate suite of spec/gate/) runs with the copy as working directory: exit status 0 means the mutant
-*survived*, any other status that it was *killed*, and running past `--timeout` counts as killed
-too (status "timeout"). A relative program path in the gate command is taken relative to this
-checkout, since the copy has no virtual environment. The unmutated copy must pass the gate
-first, or nothing is measured.
+`invar-check` gate suite of spec/gate/) runs with the copy as working directory: exit status 0
+means the mutant *survived*, any other status that it was *killed*, and running past
+`--timeout` counts as killed too (status "timeout"). A relative program path in the gate
+command is taken relative to this checkout, since the copy has no virtual environment. The
+unmutated copy must pass the gate first, or nothing is measured.
 
 Score = killed (timeouts included) / (killed + survived), over the competent mutants not listed
 as equivalent (`--equivalent FILE`: a TOML or JSON table mapping mutant id to the reason it

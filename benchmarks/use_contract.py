@@ -400,7 +400,7 @@ def analyse(records: dict[str, dict[str, Any]]) -> dict[str, Any]:
             continue
         reached = [f["time_to_threshold"] for f in runs if f["time_to_threshold"] is not None]
 
-        def med(key: str) -> float | None:
+        def med(key: str, runs: list[dict[str, Any]] = runs) -> float | None:
             values = [f[key] for f in runs if f[key] is not None]
             return statistics.median(values) if values else None
         # Censored runs count as +inf in the median time (as in the ratios).
@@ -434,7 +434,8 @@ def analyse(records: dict[str, dict[str, Any]]) -> dict[str, Any]:
     u_pairs = p1["updates_pairs"] if p1 else 0
     return {
         "cells": cells, "comparisons": comparisons, "sweep": sweep,
-        "update_inflation": u, "update_inflation_pairs": u_pairs, "missing": missing, "planned": len(planned),
+        "update_inflation": u, "update_inflation_pairs": u_pairs, "missing": missing,
+        "planned": len(planned),
         "recorded": len(records),
         "study_wall_seconds": sum(r["process_wall"] for r in every),
         "study_cpu_seconds": sum(r["cpu_total"] for r in every),
@@ -569,7 +570,7 @@ def plots(out: Path, records: dict[str, dict[str, Any]], result: dict[str, Any]
         for key, colour, label in (("speedup_pinned", "tab:blue", "S=1 pinned ÷ S=0 pinned"),
                                    ("speedup_colocated", "tab:red",
                                     "S=1 pinned ÷ S=0 colocated (2+2 threads)")):
-            for name, p in points.items():
+            for _name, p in points.items():
                 for r in p["repeats"]:
                     axis.plot(r["R"] / r["T"], r[key], ".", color=colour, alpha=0.4)
             xs = sorted(points.values(), key=lambda p: p["R_over_T"])
@@ -609,7 +610,8 @@ DEVIATIONS = (
     "and rerun from scratch a minute later (14:18 UTC), still after every other cell of its "
     "round.",
     "No disturbed run was rerun (declared): the machine was shared the whole time (the "
-    "other-work column of every table); the sensitivity analysis drops pairs above 0.5 cores of other work.",
+    "other-work column of every table); the sensitivity analysis drops pairs above 0.5 cores "
+    "of other work.",
 )
 
 

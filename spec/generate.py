@@ -211,7 +211,7 @@ def render(text: str, generated: dict[str, str]) -> str:
                              rf"(<!-- END generated: {name} -->)", re.S)
         if not pattern.search(text):
             raise SystemExit(f"PROTOCOL.md has no generated block {name!r}")
-        text = pattern.sub(lambda m: m.group(1) + body + "\n" + m.group(2), text)
+        text = pattern.sub(lambda m, body=body: m.group(1) + body + "\n" + m.group(2), text)
     return text
 
 
@@ -226,8 +226,9 @@ def main() -> int:
     wanted = render(current, generated)
     dot = transitions.to_dot()
     if "--check" in sys.argv:
+        dot_path = HERE / "phases.dot"
         stale = [p.name for p, ok in ((spec, wanted == current),
-                                      (HERE / "phases.dot", (HERE / "phases.dot").read_text() == dot))
+                                      (dot_path, dot_path.read_text() == dot))
                  if not ok]
         if stale:
             print(f"out of date: {', '.join(stale)} (run spec/generate.py --write)")

@@ -51,7 +51,8 @@ class Journal:
         if path.exists():
             _drop_torn_tail(path)
         fresh = not path.exists() or path.stat().st_size == 0
-        self._file = open(path, "a", encoding="utf-8")
+        # The append handle lives as long as the writer (closed by close()).
+        self._file = open(path, "a", encoding="utf-8")  # noqa: SIM115
         if fresh:
             self._write({"journal": JOURNAL_FORMAT, "protocol": protocol_to_dict(config)})
             self.sync()
@@ -247,7 +248,7 @@ def restore(path: Path) -> tuple[RunConfig, State, int]:
     """The state a journal leads to and the next sequence number; raises on a departure."""
     config, entries = read(path)
     state = initial_state(config)
-    for entry, _, after in replay(config, entries):
+    for _entry, _, after in replay(config, entries):
         if isinstance(after, Departure):
             raise JournalError(f"{path}:{after.line}: {after.reason}")
         state = after

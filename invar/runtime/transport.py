@@ -152,7 +152,6 @@ class LocalProcessTransport(StreamTransport):
     @classmethod
     async def spawn(cls, name: str, worker_args: dict[str, Any], log_path: Path,
                     cpus: tuple[int, ...] = ()) -> LocalProcessTransport:
-        log = open(log_path, "ab")
         env = dict(os.environ)
         threads = str(worker_args.get("threads", 1))
         env.update(OMP_NUM_THREADS=threads, MKL_NUM_THREADS=threads)
@@ -161,11 +160,12 @@ class LocalProcessTransport(StreamTransport):
             if cpus:
                 os.sched_setaffinity(0, cpus)
 
-        process = await asyncio.create_subprocess_exec(
-            sys.executable, "-m", "invar.runtime.worker", json.dumps(worker_args),
-            stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE, stderr=log,
-            env=env, preexec_fn=pin, limit=MAX_BLOB)
-        log.close()
+        # The child gets its own copy of the log's descriptor; ours closes once it is spawned.
+        with open(log_path, "ab") as log:
+            process = await asyncio.create_subprocess_exec(
+                sys.executable, "-m", "invar.runtime.worker", json.dumps(worker_args),
+                stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE, stderr=log,
+                env=env, preexec_fn=pin, limit=MAX_BLOB)
         return cls(name, process)
 
     async def close(self) -> None:

@@ -4,8 +4,9 @@
 keep (a learner that holds its pending forward binding and refuses mismatched cotangents,
 workers that hold one loaded version, a weights store, a journal that loses its unsynced
 suffix, forwards that may be non-reproducible), and the world's actions (deliver, drop,
-duplicate, merge and split reply frames, crash, restart). The model checker, the property tests, `canonical_run` and the
-benchmarks all use them, with the very `step` and `shell` the runtime runs.
+duplicate, merge and split reply frames, crash, restart). The model checker, the property
+tests, `canonical_run` and the benchmarks all use them, with the very `step` and `shell` the
+runtime runs.
 
 The stateless replies below (`reply`, `worker_reply`, `learner_reply`) are what those
 components answer when nothing went wrong: handy for step-by-step tests of the core.
@@ -81,9 +82,9 @@ from invar.model.world import (
 __all__ = [
     "CORE", "RESPONSE_TOKENS", "Decision", "Learner", "LearnerRules", "Message", "Run", "World",
     "Worker", "canonical_run", "crash_learner", "crash_worker", "deliver_message", "drop",
-    "duplicate", "edit_completion", "fire_timer", "framed", "learner_reply", "merge_replies", "new_world", "reply",
-    "restart_driver", "restart_learner", "restart_worker", "run_fifo", "split_reply",
-    "start_events", "step_digest", "version_digest", "worker_reply",
+    "duplicate", "edit_completion", "fire_timer", "framed", "learner_reply", "merge_replies",
+    "new_world", "reply", "restart_driver", "restart_learner", "restart_worker", "run_fifo",
+    "split_reply", "start_events", "step_digest", "version_digest", "worker_reply",
 ]
 
 

@@ -175,9 +175,9 @@ class MemoryWorkers:
     """`spawn_worker` for the driver: each worker a coroutine behind a `MemoryTransport`.
 
     A worker carries out loads in serial order, holds the one version it loaded last and
-    answers the launches of each frame with one `invar.model.world.sample_reply` frame. Faults: `duplicate` sends
-    every reply frame twice; `die_after[name] = n` closes the first incarnation's connection
-    after n completions (the driver sees the worker lost).
+    answers the launches of each frame with one `invar.model.world.sample_reply` frame.
+    Faults: `duplicate` sends every reply frame twice; `die_after[name] = n` closes the first
+    incarnation's connection after n completions (the driver sees the worker lost).
     """
 
     def __init__(self, duplicate: bool = False, die_after: dict[str, int] | None = None) -> None:

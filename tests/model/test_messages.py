@@ -153,7 +153,8 @@ def test_not_an_object_or_not_json():
 
 
 @settings(max_examples=40, deadline=None)
-@given(message=any_message, version=st.none() | st.integers().filter(lambda v: v != ENCODING_VERSION))
+@given(message=any_message,
+       version=st.none() | st.integers().filter(lambda v: v != ENCODING_VERSION))
 def test_wrong_version_is_named(message, version):
     data = encode(message)
     if version is None:
@@ -221,7 +222,8 @@ def _acceptable(original, wrong) -> bool:
 
 
 @pytest.mark.parametrize("mutate, where", [
-    (lambda d: d.__setitem__("request", d["request"][:-4]), "completions.request: 45 bytes, expected 48"),
+    (lambda d: d.__setitem__("request", d["request"][:-4]),
+     "completions.request: 45 bytes, expected 48"),
     (lambda d: d.__setitem__("version", "not base64!"), "completions.version: not base64"),
     (lambda d: d.__setitem__("reward", [1.0, 1.0]), "completions.reward: expected base64"),
     (lambda d: d["tokens"].__setitem__("rows", [2, -1]), "completions.tokens.rows"),

@@ -354,7 +354,8 @@ class SkipsTheLastStep(Driver):
             self.disk = {**getattr(self, "disk", {}), command.update + 1: command.expected_digest}
         event = super().answer(command)
         if type(event).__name__ == "CheckpointWritten":  # the weights it really kept
-            event = replace(event, weights_digest=self.disk.get(event.version, event.weights_digest))
+            event = replace(event,
+                            weights_digest=self.disk.get(event.version, event.weights_digest))
         return event
 
 

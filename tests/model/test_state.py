@@ -121,7 +121,8 @@ def test_state_digest_is_stable_across_processes():
     code = ("import sys; from invar.model import *; from invar.testing import canonical_run;"
             "c = RunConfig(prompts_per_batch=2, group_size=2, max_staleness=1, sync_period=1,"
             " optimizer_steps=2, total_updates=3, seed=7);"
-            "print(state_digest(initial_state(c)), state_digest(canonical_run(c, ('a','b')).state))")
+            "print(state_digest(initial_state(c)),"
+            " state_digest(canonical_run(c, ('a','b')).state))")
     digests = set()
     for seed in ("1", "2"):
         env = {**os.environ, "PYTHONHASHSEED": seed, "PYTHONPATH": str(ROOT)}

@@ -59,8 +59,8 @@ def test_quality_throughput_and_cost_come_from_the_rows(tmp_path, rt):
     assert b.placement == "pinned"
     assert b.core_and_driver_share == pytest.approx(16 * 0.05 / 8.0)  # from the rows
     text = (tmp_path / "out" / "report.md").read_text()
-    assert "| a | reverse 4 digits | 0 | decoupled_ppo | unpinned | 16 | 0.700 | 0.850 | 10.0 | 10 |" \
-        in text
+    assert ("| a | reverse 4 digits | 0 | decoupled_ppo | unpinned | 16 | 0.700 | 0.850 | "
+            "10.0 | 10 |" in text)
     assert "| b | reverse 4 digits | 1 | decoupled_ppo | pinned | 16 (stopped) |" in text
     saved = json.loads((tmp_path / "out" / "report.json").read_text())
     assert [r["label"] for r in saved["runs"]] == ["a", "b"]

@@ -144,7 +144,8 @@ def test_a_run_killed_and_resumed_continues_both_tracker_runs_step_by_step(tmp_p
     env = _env(tmp_path)
     process = subprocess.Popen(
         rt.cli("train", *(arg for item in overrides for arg in ("--set", item))), env=env,
-        stdout=subprocess.DEVNULL, stderr=open(tmp_path / "first.err", "wb"),
+        # The child's stderr, open for as long as the child runs.
+        stdout=subprocess.DEVNULL, stderr=open(tmp_path / "first.err", "wb"),  # noqa: SIM115
         start_new_session=True)
     journal = run_dir / "journal.jsonl"
     deadline = time.monotonic() + 120
