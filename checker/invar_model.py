@@ -29,6 +29,7 @@ from invar.model.config import RunConfig
 from invar.model.core import logical_projection, run_complete
 from invar.model.errors import ConfigError
 from invar.model.invariants import INVARIANTS, IncrementalInvariants, transition_violations
+from invar.model.memo import IdentityMemo
 from invar.model.messages import (
     LearnerStarted,
     RequestsCompleted,
@@ -150,6 +151,7 @@ class InvarModel(BaseModel[Explored, tuple]):
         self.symmetry = symmetry and bounds.workers > 1
         self.reduction = reduction
         self._config_text = repr(self.config)
+        self._transitions = IdentityMemo()
 
     @cached_property
     def canonical_projection(self) -> tuple:
@@ -344,8 +346,14 @@ class InvarModel(BaseModel[Explored, tuple]):
             return True
         if after.world.refused:
             return True  # reported by correct_components_never_refused
-        commands = [m.body for m in sent if m.to != CORE]
-        return not transition_violations(before.core, commands, after.world.core)
+        commands = tuple(m for m in sent if m.to != CORE)
+        # A function of the two cores and the commands sent: remembered for those cores.
+        cores = (before.core, after.world.core)
+        ok = self._transitions.get(cores, commands)
+        if ok is None:
+            ok = self._transitions.put(cores, commands, not transition_violations(
+                before.core, [m.body for m in commands], after.world.core))
+        return ok
 
     def _ample(self, state: Explored) -> str | None:
         """Partial-order reduction: one worker reply stands for all orders of its kind.
@@ -372,16 +380,24 @@ class _StateInvariants:
     """The state invariants of a core state, decided together: the engine asks for each one in
     turn on the same state, and `IncrementalInvariants.all_hold` settles the usual case (every
     one holds) at once, from what changed since the state it saw last; only when it cannot is
-    the invariant asked for computed on its own."""
+    the invariant asked for computed on its own.
+
+    The answer is remembered per core object: many search states share one (the world's
+    deliveries hand out the same successor object for the same core and event), and an
+    invariant is a function of the core alone."""
 
     def __init__(self) -> None:
         self._incremental = IncrementalInvariants()
         self._core: State | None = None
         self._all_hold = False
+        self._known = IdentityMemo()
 
     def hold(self, name: str, core: State) -> bool:
         if core is not self._core:
-            self._core, self._all_hold = core, self._incremental.all_hold(core)
+            all_hold = self._known.get((core,))
+            if all_hold is None:
+                all_hold = self._known.put((core,), None, self._incremental.all_hold(core))
+            self._core, self._all_hold = core, all_hold
         return self._all_hold or not INVARIANTS[name](core)
 
 

@@ -37,6 +37,7 @@ from typing import Any
 
 from invar.model import schedule
 from invar.model.config import RunConfig
+from invar.model.memo import IdentityMemo
 from invar.model.core import outstanding_commands, run_complete
 from invar.model.messages import (
     ApplyCotangent,
@@ -69,7 +70,7 @@ from invar.model.messages import (
     WorkerLost,
     matrix_digest,
 )
-from invar.model.shell import LEARNER, STORE, TIMER, Verdict, deliver, route
+from invar.model.shell import LEARNER, STORE, TIMER, Delivery, Verdict, deliver, route
 from invar.model.state import LearnerPhase, State, WorkerPhase, cached_repr
 from invar.model.state import evolve as replace
 
@@ -390,15 +391,14 @@ def fire_timer(world: World) -> World:
 
 def to_core(world: World, event: Event) -> World:
     """The driver applies an event: `shell.deliver`, the journal, then the commands' routes."""
-    delivery = deliver(world.core, event)
+    delivery, routed = _delivered(world.core, event)
     if delivery.verdict is Verdict.REFUSED:
         assert delivery.error is not None
         return replace(world, refused=f"{delivery.error.reason.value}: {delivery.error.detail}")
     journal = delivery.state if delivery.durable else world.journal
     world = replace(world, core=delivery.state, journal=journal)
     sent = []
-    for command in delivery.commands:
-        where = route(command)
+    for command, where, msg in routed:
         if isinstance(command, (RetainVersion, ReleaseVersion)):
             world = _to_store(world, command)  # the driver's own file system: done at once
         elif isinstance(command, LoadWeights) and command.version not in world.store:
@@ -408,33 +408,65 @@ def to_core(world: World, event: Event) -> World:
         elif where == TIMER:
             world = replace(world, timer=True)
         else:
-            sent.append(message(where, command))
+            sent.append(msg)
     return replace(world, network=world.network + tuple(sent))
+
+
+_deliveries = IdentityMemo(1 << 16)
+
+
+def _delivered(core: State, event: Event) -> tuple[Delivery, tuple[tuple[Command, str, Message], ...]]:
+    """`shell.deliver(core, event)` with each command's route and message, remembered for the
+    very `core` object and an equal event (see `invar.model.memo`: a model checker delivers the
+    same event to the same core in many worlds that differ elsewhere)."""
+    known = _deliveries.get((core,), event)
+    if known is None:
+        delivery = deliver(core, event)
+        routed = tuple((c, where, message(where, c))
+                       for c, where in ((c, route(c)) for c in delivery.commands))
+        known = _deliveries.put((core,), event, (delivery, routed))
+    return known
 
 
 # -- components -------------------------------------------------------------------------------
 
 
 def _to_learner(world: World, command: Command) -> World:
-    learner = world.learner
+    # The same command reaches the same learner in many worlds: remembered (`memo`).
+    value = (world.reproducible_forwards, world.config.optimizer_steps)
+    answer = _learner_answers.get((world.learner, command), value)
+    if answer is None:
+        answer = _learner_answers.put((world.learner, command), value,
+                                      _learner_answer(world.learner, command, *value))
+    learner, reply = answer
+    if learner is not world.learner:
+        world = replace(world, learner=learner)
+    return _send(world, reply) if reply is not None else world
+
+
+_learner_answers = IdentityMemo(1 << 16)
+
+
+def _learner_answer(learner: Learner, command: Command, reproducible_forwards: bool,
+                    k: int) -> tuple[Learner, Message | None]:
+    """What `learner` does with `command`: its next self and its reply (None: no reply)."""
     if not learner.alive:
-        return world
+        return learner, None
     if isinstance(command, Checkpoint) and command.version in learner.checkpoints:
         # The file is there (written atomically, so whole): answer again.
-        return _send(world, message(CORE, CheckpointWritten(
-            command.version, learner.commits[command.version])))
+        return learner, message(CORE, CheckpointWritten(command.version,
+                                                        learner.commits[command.version]))
     rules = learner.rules
     decision = rules.decide(command)
     if decision in (Decision.IGNORE, Decision.REFUSE):
-        return world
-    k = world.config.optimizer_steps
+        return learner, None
     reply: Event | None = None
     if isinstance(command, ScoreProbabilities):
         reply = scores_reply(command)
     elif isinstance(command, RunForward):
         # Non-reproducible kernels: each attempt's forwards give other log-probs. (Within an
         # attempt a forward is never re-run: a re-sent one is answered from memory.)
-        noise = 0 if world.reproducible_forwards else rules.attempt + 1
+        noise = 0 if reproducible_forwards else rules.attempt + 1
         reply = forward_reply(command, k, noise)
         if decision is Decision.RUN:
             learner = replace(learner, rules=rules.forwarded(command, reply))
@@ -456,8 +488,7 @@ def _to_learner(world: World, command: Command) -> World:
     elif isinstance(command, Checkpoint):
         learner = replace(learner, checkpoints=learner.checkpoints + (command.version,))
         reply = CheckpointWritten(command.version, learner.commits[command.version])
-    world = replace(world, learner=learner)
-    return _send(world, message(CORE, reply)) if reply is not None else world
+    return learner, (message(CORE, reply) if reply is not None else None)
 
 
 def _to_store(world: World, command: Command) -> World:

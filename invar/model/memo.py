@@ -1,0 +1,38 @@
+"""Answers of pure functions remembered for the very objects they were computed from.
+
+A model checker applies the same event to the same core, the same command to the same
+component, in many worlds that differ elsewhere; remembering the answer by the arguments'
+identity (`is`), not their equality, is exact even where equality leaves something out (no-op
+counts, payloads behind digests), and hands out the same result object each time, so results
+stay shared and the memos downstream of them keep hitting.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Hashable
+from typing import Any
+
+
+class IdentityMemo:
+    """`get(objects, value)` returns what `put(objects, value, answer)` stored for those very
+    objects (compared by identity) and an equal `value` (compared by equality: for arguments
+    that are rebuilt each time, such as a fresh `TimerFired()`), or None. An entry holds its
+    objects, so their ids cannot be reused while it is kept. Bounded: forgotten wholesale when
+    full (a forgotten answer is only computed again)."""
+
+    def __init__(self, kept: int = 1 << 17) -> None:
+        self._kept = kept
+        self._entries: dict[tuple[Any, ...], tuple[tuple[Any, ...], Any]] = {}
+
+    def get(self, objects: tuple[Any, ...], value: Hashable = None) -> Any:
+        known = self._entries.get((*map(id, objects), value))
+        if known is not None and all(a is b for a, b in zip(known[0], objects)):
+            return known[1]
+        return None
+
+    def put(self, objects: tuple[Any, ...], value: Hashable, answer: Any) -> Any:
+        """Remember `answer` for `objects` and `value`; returns it."""
+        if len(self._entries) >= self._kept:
+            self._entries.clear()
+        self._entries[(*map(id, objects), value)] = (objects, answer)
+        return answer
