@@ -150,7 +150,9 @@ class InvarModel(BaseModel[Explored, tuple]):
         self.worker_names = tuple(f"wkr{i}" for i in range(bounds.workers))
         self.symmetry = symmetry and bounds.workers > 1
         self.reduction = reduction
-        self._config_text = repr(self.config)
+        self._renamings = [perm for perm in itertools.permutations(self.worker_names)
+                           if perm != self.worker_names]
+        self._renames = IdentityMemo()
         self._transitions = IdentityMemo()
 
     @cached_property
@@ -295,22 +297,39 @@ class InvarModel(BaseModel[Explored, tuple]):
         return props
 
     def fingerprint_key(self, state: Explored) -> Any:
+        key = _key(state)
         if not self.symmetry:
-            return _key(state)
-        text = _key_text(state, self._config_text)
-        # Interchangeable workers: the representative is the least text over every renaming
-        # of the world. The renaming is done on the objects, not on the text: collections
+            return key
+        # Interchangeable workers: a state stands for every renaming of its world, so its key
+        # is the set of the keys of all of them: the same set for every state of one orbit,
+        # disjoint sets for two orbits. The renaming is done on the objects: collections
         # ordered by name (the core's workers, the world's workers) must be re-sorted, and a
-        # batch's slots stand behind a digest that hashes the names, so a textual replace
-        # would map most states to a text no mirror state produces.
-        best = text
-        names = self.worker_names
-        for perm in itertools.permutations(names):
-            if perm == names:
-                continue
-            mapping = dict(zip(names, perm))
-            best = min(best, _key_text(_rename(state, mapping, names), self._config_text))
-        return best
+        # batch's slots stand behind a digest that hashes the names.
+        return frozenset([key, *(self._renamed_key(state, perm) for perm in self._renamings)])
+
+    def _renamed_key(self, state: Explored, perm: tuple[str, ...]) -> tuple:
+        """`_key` of `state` with its workers renamed by `perm`. Each part is renamed once per
+        object (`IdentityMemo`): search states share their cores, messages and workers."""
+        world = state.world
+        renamed = self._renamed
+        journal = renamed(world.journal, perm, _rename_core) if state.budget.driver_restarts \
+            else None
+        return (renamed(world.core, perm, _rename_core), journal,
+                tuple(sorted(renamed(m, perm, _renamed_message_key) for m in world.network)),
+                world.learner, renamed(world.workers, perm, self._rename_workers), world.store,
+                world.timer, state.budget, world.refused, world.broken)
+
+    def _renamed(self, part: Any, perm: tuple[str, ...], rename: Any) -> Any:
+        known = self._renames.get((part,), perm)
+        if known is None:
+            known = self._renames.put((part,), perm,
+                                      rename(part, dict(zip(self.worker_names, perm))))
+        return known
+
+    def _rename_workers(self, workers: tuple[w.Worker, ...],
+                        mapping: dict[str, str]) -> tuple[w.Worker, ...]:
+        by_name = {mapping[x.name]: replace(x, name=mapping[x.name]) for x in workers}
+        return tuple(by_name[n] for n in self.worker_names)
 
     def format_action(self, action: tuple) -> str:
         kind, arg = action
@@ -486,19 +505,6 @@ def _overtakes_connection(world: World, key: str) -> bool:
         {m.key for m in world.network}
 
 
-def _rename(state: Explored, mapping: dict[str, str], names: tuple[str, ...]) -> Explored:
-    """`state` with its workers renamed by `mapping`, every name-ordered collection re-sorted."""
-    world = state.world
-    by_name = {mapping[x.name]: replace(x, name=mapping[x.name]) for x in world.workers}
-    journal = world.journal
-    if state.budget.driver_restarts:  # only then part of the key (see _key_text)
-        journal = _rename_core(journal, mapping)
-    world = replace(world, core=_rename_core(world.core, mapping), journal=journal,
-                    network=tuple(_rename_message(m, mapping) for m in world.network),
-                    workers=tuple(by_name[n] for n in names))
-    return Explored(world, state.budget)
-
-
 def _rename_core(core: State, mapping: dict[str, str]) -> State:
     workers = tuple(sorted((replace(x, name=mapping[x.name]) for x in core.workers),
                            key=lambda x: x.name))
@@ -509,33 +515,20 @@ def _rename_core(core: State, mapping: dict[str, str]) -> State:
     return replace(core, workers=workers, batches=batches)
 
 
-def _rename_message(msg: Message, mapping: dict[str, str]) -> Message:
+def _renamed_message_key(msg: Message, mapping: dict[str, str]) -> str:
     body = msg.body
     name = getattr(body, "worker", None)
     if name is None:
-        return msg
-    return message(mapping.get(msg.to, msg.to), replace(body, worker=mapping[name]))
+        return msg.key
+    return message(mapping.get(msg.to, msg.to), replace(body, worker=mapping[name])).key
 
 
 def _key(state: Explored) -> tuple:
     """A search state's identity, as values that hash by value (the engine's fast path): the
-    records are shared between states and keep their hashes, so this costs little. Equal to
-    `_key_text`'s equality: the same parts, the network as a multiset, the journal only while
-    a driver restart can still happen."""
+    records are shared between states and keep their hashes, so this costs little. Reprs and
+    equality leave out payloads that stand behind digests; the network is a multiset (sorted
+    keys); what a driver restart would recover counts only while a restart can still happen."""
     world = state.world
     return (world.core, world.journal if state.budget.driver_restarts else None,
             tuple(sorted(m.key for m in world.network)), world.learner, world.workers,
             world.store, world.timer, state.budget, world.refused, world.broken)
-
-
-def _key_text(state: Explored, config_text: str) -> str:
-    """Canonical text of a search state: reprs leave out payloads that stand behind digests,
-    and the configuration (the same in every state); the network is a multiset (sorted keys).
-    What a driver restart would recover counts only while a restart can still happen."""
-    world = state.world
-    journal = repr(world.journal) if state.budget.driver_restarts else ""
-    return "\n".join((
-        repr(world.core).replace(config_text, ""), journal.replace(config_text, ""),
-        "|".join(sorted(m.key for m in world.network)), repr(world.learner),
-        repr(world.workers), repr(world.store), str(world.timer), repr(state.budget),
-        world.refused, world.broken))
