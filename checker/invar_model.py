@@ -320,9 +320,9 @@ class InvarModel(BaseModel[Explored, tuple]):
                 world.timer, state.budget, world.refused, world.broken)
 
     def _renamed(self, part: Any, perm: tuple[str, ...], rename: Any) -> Any:
-        known = self._renames.get((part,), perm)
+        known = self._renames.get(part, None, perm)
         if known is None:
-            known = self._renames.put((part,), perm,
+            known = self._renames.put(part, None, perm,
                                       rename(part, dict(zip(self.worker_names, perm))))
         return known
 
@@ -365,13 +365,15 @@ class InvarModel(BaseModel[Explored, tuple]):
             return True
         if after.world.refused:
             return True  # reported by correct_components_never_refused
-        commands = tuple(m for m in sent if m.to != CORE)
+        commands = [m for m in sent if m.to != CORE]
         # A function of the two cores and the commands sent: remembered for those cores.
-        cores = (before.core, after.world.core)
-        ok = self._transitions.get(cores, commands)
+        sent_keys = tuple(m.key for m in commands)
+        ok = self._transitions.get(before.core, after.world.core, sent_keys)
         if ok is None:
-            ok = self._transitions.put(cores, commands, not transition_violations(
-                before.core, [m.body for m in commands], after.world.core))
+            ok = self._transitions.put(before.core, after.world.core, sent_keys,
+                                       not transition_violations(
+                                           before.core, [m.body for m in commands],
+                                           after.world.core))
         return ok
 
     def _ample(self, state: Explored) -> str | None:
@@ -413,9 +415,9 @@ class _StateInvariants:
 
     def hold(self, name: str, core: State) -> bool:
         if core is not self._core:
-            all_hold = self._known.get((core,))
+            all_hold = self._known.get(core)
             if all_hold is None:
-                all_hold = self._known.put((core,), None, self._incremental.all_hold(core))
+                all_hold = self._known.put(core, None, None, self._incremental.all_hold(core))
             self._core, self._all_hold = core, all_hold
         return self._all_hold or not INVARIANTS[name](core)
 

@@ -14,25 +14,26 @@ from typing import Any
 
 
 class IdentityMemo:
-    """`get(objects, value)` returns what `put(objects, value, answer)` stored for those very
-    objects (compared by identity) and an equal `value` (compared by equality: for arguments
-    that are rebuilt each time, such as a fresh `TimerFired()`), or None. An entry holds its
-    objects, so their ids cannot be reused while it is kept. Bounded: forgotten wholesale when
-    full (a forgotten answer is only computed again)."""
+    """`get(first, second, value)` returns what `put(first, second, value, answer)` stored for
+    those very objects (`first` and `second` compared by identity; `second` may be None) and an
+    equal `value` (compared by equality: for arguments that are rebuilt each time, such as a
+    fresh `TimerFired()`), or None. An entry holds its objects, so their ids cannot be reused
+    while it is kept. Bounded: forgotten wholesale when full (a forgotten answer is only
+    computed again)."""
 
     def __init__(self, kept: int = 1 << 17) -> None:
         self._kept = kept
-        self._entries: dict[tuple[Any, ...], tuple[tuple[Any, ...], Any]] = {}
+        self._entries: dict[tuple[int, int, Hashable], tuple[Any, Any, Any]] = {}
 
-    def get(self, objects: tuple[Any, ...], value: Hashable = None) -> Any:
-        known = self._entries.get((*map(id, objects), value))
-        if known is not None and all(a is b for a, b in zip(known[0], objects)):
-            return known[1]
+    def get(self, first: Any, second: Any = None, value: Hashable = None) -> Any:
+        known = self._entries.get((id(first), id(second), value))
+        if known is not None and known[0] is first and known[1] is second:
+            return known[2]
         return None
 
-    def put(self, objects: tuple[Any, ...], value: Hashable, answer: Any) -> Any:
-        """Remember `answer` for `objects` and `value`; returns it."""
+    def put(self, first: Any, second: Any, value: Hashable, answer: Any) -> Any:
+        """Remember `answer` for `first`, `second` and `value`; returns it."""
         if len(self._entries) >= self._kept:
             self._entries.clear()
-        self._entries[(*map(id, objects), value)] = (objects, answer)
+        self._entries[(id(first), id(second), value)] = (first, second, answer)
         return answer

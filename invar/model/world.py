@@ -396,20 +396,21 @@ def to_core(world: World, event: Event) -> World:
         assert delivery.error is not None
         return replace(world, refused=f"{delivery.error.reason.value}: {delivery.error.detail}")
     journal = delivery.state if delivery.durable else world.journal
-    world = replace(world, core=delivery.state, journal=journal)
-    sent = []
+    sent, timer = [], world.timer
     for command, where, msg in routed:
         if isinstance(command, (RetainVersion, ReleaseVersion)):
             world = _to_store(world, command)  # the driver's own file system: done at once
         elif isinstance(command, LoadWeights) and command.version not in world.store:
             # The driver reads the weights from the store as it sends the load.
-            return replace(world, broken=f"{command.worker} told to load version "
-                                         f"{command.version}, which the store no longer holds")
+            return replace(world, core=delivery.state, journal=journal, timer=timer,
+                           broken=f"{command.worker} told to load version "
+                                  f"{command.version}, which the store no longer holds")
         elif where == TIMER:
-            world = replace(world, timer=True)
+            timer = True
         else:
             sent.append(msg)
-    return replace(world, network=world.network + tuple(sent))
+    return replace(world, core=delivery.state, journal=journal, timer=timer,
+                   network=world.network + tuple(sent))
 
 
 _deliveries = IdentityMemo(1 << 16)
@@ -419,12 +420,12 @@ def _delivered(core: State, event: Event) -> tuple[Delivery, tuple[tuple[Command
     """`shell.deliver(core, event)` with each command's route and message, remembered for the
     very `core` object and an equal event (see `invar.model.memo`: a model checker delivers the
     same event to the same core in many worlds that differ elsewhere)."""
-    known = _deliveries.get((core,), event)
+    known = _deliveries.get(core, None, event)
     if known is None:
         delivery = deliver(core, event)
         routed = tuple((c, where, message(where, c))
                        for c, where in ((c, route(c)) for c in delivery.commands))
-        known = _deliveries.put((core,), event, (delivery, routed))
+        known = _deliveries.put(core, None, event, (delivery, routed))
     return known
 
 
@@ -434,9 +435,9 @@ def _delivered(core: State, event: Event) -> tuple[Delivery, tuple[tuple[Command
 def _to_learner(world: World, command: Command) -> World:
     # The same command reaches the same learner in many worlds: remembered (`memo`).
     value = (world.reproducible_forwards, world.config.optimizer_steps)
-    answer = _learner_answers.get((world.learner, command), value)
+    answer = _learner_answers.get(world.learner, command, value)
     if answer is None:
-        answer = _learner_answers.put((world.learner, command), value,
+        answer = _learner_answers.put(world.learner, command, value,
                                       _learner_answer(world.learner, command, *value))
     learner, reply = answer
     if learner is not world.learner:
@@ -504,20 +505,35 @@ def _to_store(world: World, command: Command) -> World:
 
 
 def _to_worker(world: World, command: LoadWeights | LaunchRequest) -> World:
+    # The same command reaches the same worker in many worlds: remembered (`memo`).
     worker = world.worker(command.worker)
+    answer = _worker_answers.get(worker, command)
+    if answer is None:
+        answer = _worker_answers.put(worker, command, None, _worker_answer(worker, command))
+    after, reply = answer
+    if after is not worker:
+        world = _put_worker(world, after)
+    return _send(world, reply) if reply is not None else world
+
+
+_worker_answers = IdentityMemo(1 << 16)
+
+
+def _worker_answer(worker: Worker, command: LoadWeights | LaunchRequest
+                   ) -> tuple[Worker, Message | None]:
+    """What `worker` does with `command`: its next self and its reply (None: no reply)."""
     if not worker.alive or worker.incarnation != command.incarnation:
-        return world  # a retired incarnation's mail is lost with its connection
+        return worker, None  # a retired incarnation's mail is lost with its connection
     if isinstance(command, LoadWeights):
         if not worker_accepts(worker, command):
-            return world
+            return worker, None
         # The weights travel with the command (read from the store when it was sent).
-        world = _put_worker(world, replace(worker, version=command.version, load=command.load))
-        reply: Event = WeightsLoaded(command.worker, command.incarnation, command.load,
-                                     command.version)
-        return _send(world, message(CORE, reply))
+        loaded = replace(worker, version=command.version, load=command.load)
+        return loaded, message(CORE, WeightsLoaded(command.worker, command.incarnation,
+                                                   command.load, command.version))
     if not worker_accepts(worker, command):
-        return world  # refused: a launch for a version it does not hold
-    return _send(world, message(CORE, sample_reply(command)))
+        return worker, None  # refused: a launch for a version it does not hold
+    return worker, message(CORE, sample_reply(command))
 
 
 def worker_accepts(worker: Worker, command: LoadWeights | LaunchRequest) -> bool:
