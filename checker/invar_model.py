@@ -38,7 +38,7 @@ from invar.model.messages import (
     WorkerLost,
 )
 from invar.model.objective import ObjectiveConfig
-from invar.model.state import Assigned, Sample, State, cached_repr
+from invar.model.state import Assigned, NoOps, Sample, State, cached_repr
 from invar.model.state import evolve as replace
 from invar.model.world import CORE, Message, World, message
 from invar.testing import canonical_run
@@ -154,6 +154,8 @@ class InvarModel(BaseModel[Explored, tuple]):
                            if perm != self.worker_names]
         self._renames = IdentityMemo()
         self._transitions = IdentityMemo()
+        self._shared_cores = IdentityMemo()
+        self._cores_by_value: dict[tuple[State, NoOps], State] = {}
 
     @cached_property
     def canonical_projection(self) -> tuple:
@@ -229,7 +231,28 @@ class InvarModel(BaseModel[Explored, tuple]):
             world = _WHOLE[kind](world)
         else:  # pragma: no cover
             raise ValueError(f"unknown action {action!r}")
+        if world.core is not state.world.core:
+            world = self._share_core(world)
         return Explored(world, budget)
+
+    def _share_core(self, world: World) -> World:
+        """`world` with its core replaced by the one object kept for its value, no-op counts
+        included (equality leaves them out): a core reached along two interleavings is then
+        one object, so the memos keyed by identity (the world's deliveries, the verdicts of the
+        invariants) hit for both. What else equality leaves out stands behind digests it
+        compares (payloads) or is derived from compared fields (the cotangent kept to re-send),
+        so the shared object answers every question as the one it stands for does."""
+        core = world.core
+        shared = self._shared_cores.get(core)
+        if shared is None:
+            if len(self._cores_by_value) >= _CORES_KEPT:
+                self._cores_by_value.clear()
+            shared = self._shared_cores.put(
+                core, None, None, self._cores_by_value.setdefault((core, core.noops), core))
+        if shared is core:
+            return world
+        journal = shared if world.journal is core else world.journal
+        return replace(world, core=shared, journal=journal)
 
     def is_final(self, state: Explored) -> bool:
         return run_complete(state.world.core)
@@ -476,6 +499,7 @@ def _mergeable_pairs(world: World) -> list[tuple[str, str]]:
             if (a != b or replies[a] > 1) and w.mergeable(bodies[a], bodies[b])]
 
 
+_CORES_KEPT = 1 << 17
 _SPENDS = {"drop": "drops", "duplicate": "duplicates", "crash_worker": "worker_crashes",
            "crash_learner": "learner_crashes", "restart_driver": "driver_restarts"}
 _KEYED = {"deliver": w.deliver_message, "drop": w.drop, "duplicate": w.duplicate}
