@@ -155,6 +155,7 @@ class InvarModel(BaseModel[Explored, tuple]):
         self._renames = IdentityMemo()
         self._transitions = IdentityMemo()
         self._shared_cores = IdentityMemo()
+        self._finals = IdentityMemo()
         self._cores_by_value: dict[tuple[State, NoOps], State] = {}
 
     @cached_property
@@ -255,7 +256,11 @@ class InvarModel(BaseModel[Explored, tuple]):
         return replace(world, core=shared, journal=journal)
 
     def is_final(self, state: Explored) -> bool:
-        return run_complete(state.world.core)
+        core = state.world.core
+        final = self._finals.get(core)
+        if final is None:
+            final = self._finals.put(core, None, None, run_complete(core))
+        return final
 
     def properties(self) -> list[Property]:
         props = [
@@ -265,8 +270,7 @@ class InvarModel(BaseModel[Explored, tuple]):
         ]
         checks = _StateInvariants()
         for name in INVARIANTS:
-            props.append(Property.always(name, lambda s, name=name: checks.hold(name,
-                                                                                 s.world.core)))
+            props.append(Property.always(name, checks.predicate(name)))
         props.append(Property.transition("transition_invariants", self._transition_ok))
         if self.bounds.forgeries:
             props.append(Property.always("forged_events_are_refused",
@@ -436,13 +440,20 @@ class _StateInvariants:
         self._all_hold = False
         self._known = IdentityMemo()
 
-    def hold(self, name: str, core: State) -> bool:
-        if core is not self._core:
-            all_hold = self._known.get(core)
-            if all_hold is None:
-                all_hold = self._known.put(core, None, None, self._incremental.all_hold(core))
-            self._core, self._all_hold = core, all_hold
-        return self._all_hold or not INVARIANTS[name](core)
+    def predicate(self, name: str) -> Any:
+        """The property's predicate over search states: whether invariant `name` holds."""
+        invariant = INVARIANTS[name]
+
+        def holds(state: Explored) -> bool:
+            core = state.world.core
+            if core is not self._core:
+                all_hold = self._known.get(core)
+                if all_hold is None:
+                    all_hold = self._known.put(core, None, None,
+                                               self._incremental.all_hold(core))
+                self._core, self._all_hold = core, all_hold
+            return self._all_hold or not invariant(core)
+        return holds
 
 
 def independent_completion(state: State, event: RequestsCompleted) -> bool:
