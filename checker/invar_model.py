@@ -156,6 +156,7 @@ class InvarModel(BaseModel[Explored, tuple]):
         self._transitions = IdentityMemo()
         self._shared_cores = IdentityMemo()
         self._finals = IdentityMemo()
+        self._refusals = IdentityMemo()
         self._cores_by_value: dict[tuple[State, NoOps], State] = {}
 
     @cached_property
@@ -244,23 +245,19 @@ class InvarModel(BaseModel[Explored, tuple]):
         compares (payloads) or is derived from compared fields (the cotangent kept to re-send),
         so the shared object answers every question as the one it stands for does."""
         core = world.core
-        shared = self._shared_cores.get(core)
-        if shared is None:
-            if len(self._cores_by_value) >= _CORES_KEPT:
-                self._cores_by_value.clear()
-            shared = self._shared_cores.put(
-                core, None, None, self._cores_by_value.setdefault((core, core.noops), core))
+        shared = self._shared_cores.of(core, self._core_of_value)
         if shared is core:
             return world
         journal = shared if world.journal is core else world.journal
         return replace(world, core=shared, journal=journal)
 
+    def _core_of_value(self, core: State) -> State:
+        if len(self._cores_by_value) >= _CORES_KEPT:
+            self._cores_by_value.clear()
+        return self._cores_by_value.setdefault((core, core.noops), core)
+
     def is_final(self, state: Explored) -> bool:
-        core = state.world.core
-        final = self._finals.get(core)
-        if final is None:
-            final = self._finals.put(core, None, None, run_complete(core))
-        return final
+        return self._finals.of(state.world.core, run_complete)
 
     def properties(self) -> list[Property]:
         props = [
@@ -273,8 +270,7 @@ class InvarModel(BaseModel[Explored, tuple]):
             props.append(Property.always(name, checks.predicate(name)))
         props.append(Property.transition("transition_invariants", self._transition_ok))
         if self.bounds.forgeries:
-            props.append(Property.always("forged_events_are_refused",
-                                         lambda s: not w.unrefused_forgery(s.world.core)))
+            props.append(Property.always("forged_events_are_refused", self._forgeries_refused))
         props.append(Property.final("completed_run_matches_canonical_schedule",
                                     self._matches_canonical))
         props.append(Property.sometimes("run_completes", self.is_final))
@@ -381,6 +377,10 @@ class InvarModel(BaseModel[Explored, tuple]):
         # what was consumed, in which steps over which positions, must still be the same.
         return _schedule_part(projection) == _schedule_part(self.canonical_projection)
 
+    def _forgeries_refused(self, state: Explored) -> bool:
+        # A function of the core alone: remembered per core object.
+        return self._refusals.of(state.world.core, lambda core: not w.unrefused_forgery(core))
+
     def _transition_ok(self, state: Explored, action: tuple, after: Explored) -> bool:
         kind, arg = action
         before = state.world
@@ -447,11 +447,7 @@ class _StateInvariants:
         def holds(state: Explored) -> bool:
             core = state.world.core
             if core is not self._core:
-                all_hold = self._known.get(core)
-                if all_hold is None:
-                    all_hold = self._known.put(core, None, None,
-                                               self._incremental.all_hold(core))
-                self._core, self._all_hold = core, all_hold
+                self._core, self._all_hold = core, self._known.of(core, self._incremental.all_hold)
             return self._all_hold or not invariant(core)
         return holds
 

@@ -37,3 +37,10 @@ class IdentityMemo:
             self._entries.clear()
         self._entries[(id(first), id(second), value)] = (first, second, answer)
         return answer
+
+    def of(self, first: Any, compute: Any) -> Any:
+        """`compute(first)`, computed once for this very object (the answer must not be None)."""
+        known = self.get(first)
+        if known is None:
+            known = self.put(first, None, None, compute(first))
+        return known

@@ -37,8 +37,8 @@ from typing import Any
 
 from invar.model import schedule
 from invar.model.config import RunConfig
-from invar.model.memo import IdentityMemo
 from invar.model.core import outstanding_commands, run_complete
+from invar.model.memo import IdentityMemo
 from invar.model.messages import (
     ApplyCotangent,
     Checkpoint,
@@ -416,7 +416,8 @@ def to_core(world: World, event: Event) -> World:
 _deliveries = IdentityMemo(1 << 16)
 
 
-def _delivered(core: State, event: Event) -> tuple[Delivery, tuple[tuple[Command, str, Message], ...]]:
+def _delivered(core: State,
+               event: Event) -> tuple[Delivery, tuple[tuple[Command, str, Message], ...]]:
     """`shell.deliver(core, event)` with each command's route and message, remembered for the
     very `core` object and an equal event (see `invar.model.memo`: a model checker delivers the
     same event to the same core in many worlds that differ elsewhere)."""
@@ -440,9 +441,9 @@ def _to_learner(world: World, command: Command) -> World:
         answer = _learner_answers.put(world.learner, command, value,
                                       _learner_answer(world.learner, command, *value))
     learner, reply = answer
-    if learner is not world.learner:
-        world = replace(world, learner=learner)
-    return _send(world, reply) if reply is not None else world
+    if reply is not None:
+        return replace(world, learner=learner, network=world.network + (reply,))
+    return world if learner is world.learner else replace(world, learner=learner)
 
 
 _learner_answers = IdentityMemo(1 << 16)
