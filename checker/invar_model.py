@@ -157,6 +157,7 @@ class InvarModel(BaseModel[Explored, tuple]):
         self._shared_cores = IdentityMemo()
         self._finals = IdentityMemo()
         self._refusals = IdentityMemo()
+        self._kinds: dict[tuple, str] = {}
         self._cores_by_value: dict[tuple[State, NoOps], State] = {}
 
     @cached_property
@@ -175,10 +176,7 @@ class InvarModel(BaseModel[Explored, tuple]):
         world, budget = state.world, state.budget
         if world.refused or world.broken:
             return
-        distinct = sorted(dict.fromkeys(m.key for m in world.network))
-        # Connections, losses and restarts are the driver's own observations, not messages
-        # on the wire: they may be delayed behind others, never dropped or duplicated.
-        wire = [k for k in distinct if not k.startswith(_LOCAL_FACTS)]
+        distinct = sorted({m.key for m in world.network})
         ample = self._ample(state) if self.reduction else None
         if ample is not None:
             yield ("deliver", ample)
@@ -190,6 +188,10 @@ class InvarModel(BaseModel[Explored, tuple]):
         for key in distinct:
             if not _overtakes_connection(world, key):
                 yield ("deliver", key)
+        # Connections, losses and restarts are the driver's own observations, not messages
+        # on the wire: they may be delayed behind others, never dropped or duplicated.
+        wire = [k for k in distinct if not k.startswith(_LOCAL_FACTS)] \
+            if budget.drops or budget.duplicates else []
         if budget.drops:
             for key in wire:
                 yield ("drop", key)
@@ -361,11 +363,15 @@ class InvarModel(BaseModel[Explored, tuple]):
         return kind if arg is None else f"{kind} {arg}"
 
     def action_kind(self, action: tuple) -> str:
-        kind, arg = action
-        if kind in ("deliver", "drop", "duplicate") and isinstance(arg, str):
-            body = arg.split("|", 1)[1]
-            return f"{kind}:{body.split('(', 1)[0]}"
-        return kind
+        known = self._kinds.get(action)  # asked once per transition, of few distinct actions
+        if known is None:
+            kind, arg = action
+            known = kind
+            if kind in ("deliver", "drop", "duplicate") and isinstance(arg, str):
+                body = arg.split("|", 1)[1]
+                known = f"{kind}:{body.split('(', 1)[0]}"
+            self._kinds[action] = known
+        return known
 
     # -- properties over the world ----------------------------------------------------------
 
@@ -386,7 +392,7 @@ class InvarModel(BaseModel[Explored, tuple]):
         before = state.world
         if kind == "timer":
             sent = after.world.network[len(before.network):]
-        elif kind == "deliver" and arg.startswith(f"{CORE}|"):
+        elif kind == "deliver" and arg.startswith(_TO_CORE):
             sent = after.world.network[len(before.network) - 1:]
         else:
             return True
@@ -514,6 +520,7 @@ _NAMED = {"crash_worker": w.crash_worker, "restart_worker": w.restart_worker}
 _WHOLE = {"crash_learner": w.crash_learner, "restart_learner": w.restart_learner,
           "restart_driver": w.restart_driver}
 
+_TO_CORE = f"{CORE}|"
 _LOCAL_FACTS = tuple(f"{CORE}|{t.__name__}(" for t in (WorkerConnected, WorkerLost, LearnerStarted,
                                                         TimerFired))
 
