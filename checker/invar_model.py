@@ -29,6 +29,7 @@ from invar.model.config import RunConfig
 from invar.model.core import logical_projection, run_complete
 from invar.model.errors import ConfigError
 from invar.model.invariants import INVARIANTS, IncrementalInvariants, transition_violations
+from invar.model.memo import IdentityMemo
 from invar.model.messages import (
     LearnerStarted,
     RequestsCompleted,
@@ -37,7 +38,7 @@ from invar.model.messages import (
     WorkerLost,
 )
 from invar.model.objective import ObjectiveConfig
-from invar.model.state import Assigned, Sample, State, cached_repr
+from invar.model.state import Assigned, NoOps, Sample, State, cached_repr
 from invar.model.state import evolve as replace
 from invar.model.world import CORE, Message, World, message
 from invar.testing import canonical_run
@@ -155,7 +156,15 @@ class InvarModel(BaseModel[Explored, tuple]):
         self.worker_names = tuple(f"wkr{i}" for i in range(bounds.workers))
         self.symmetry = symmetry and bounds.workers > 1
         self.reduction = reduction
-        self._config_text = repr(self.config)
+        self._renamings = [perm for perm in itertools.permutations(self.worker_names)
+                           if perm != self.worker_names]
+        self._renames = IdentityMemo()
+        self._transitions = IdentityMemo()
+        self._shared_cores = IdentityMemo()
+        self._finals = IdentityMemo()
+        self._refusals = IdentityMemo()
+        self._kinds: dict[tuple, str] = {}
+        self._cores_by_value: dict[tuple[State, NoOps], State] = {}
 
     @cached_property
     def canonical_projection(self) -> tuple:
@@ -173,10 +182,7 @@ class InvarModel(BaseModel[Explored, tuple]):
         world, budget = state.world, state.budget
         if world.refused or world.broken:
             return
-        distinct = sorted(dict.fromkeys(m.key for m in world.network))
-        # Connections, losses and restarts are the driver's own observations, not messages
-        # on the wire: they may be delayed behind others, never dropped or duplicated.
-        wire = [k for k in distinct if not k.startswith(_LOCAL_FACTS)]
+        distinct = sorted({m.key for m in world.network})
         ample = self._ample(state) if self.reduction else None
         if ample is not None:
             yield ("deliver", ample)
@@ -188,6 +194,10 @@ class InvarModel(BaseModel[Explored, tuple]):
         for key in distinct:
             if not _overtakes_connection(world, key):
                 yield ("deliver", key)
+        # Connections, losses and restarts are the driver's own observations, not messages
+        # on the wire: they may be delayed behind others, never dropped or duplicated.
+        wire = [k for k in distinct if not k.startswith(_LOCAL_FACTS)] \
+            if budget.drops or budget.duplicates else []
         if budget.drops:
             for key in wire:
                 yield ("drop", key)
@@ -231,10 +241,31 @@ class InvarModel(BaseModel[Explored, tuple]):
             world = _WHOLE[kind](world)
         else:  # pragma: no cover
             raise ValueError(f"unknown action {action!r}")
+        if world.core is not state.world.core:
+            world = self._share_core(world)
         return Explored(world, budget)
 
+    def _share_core(self, world: World) -> World:
+        """`world` with its core replaced by the one object kept for its value, no-op counts
+        included (equality leaves them out): a core reached along two interleavings is then
+        one object, so the memos keyed by identity (the world's deliveries, the verdicts of the
+        invariants) hit for both. What else equality leaves out stands behind digests it
+        compares (payloads) or is derived from compared fields (the cotangent kept to re-send),
+        so the shared object answers every question as the one it stands for does."""
+        core = world.core
+        shared = self._shared_cores.of(core, self._core_of_value)
+        if shared is core:
+            return world
+        journal = shared if world.journal is core else world.journal
+        return replace(world, core=shared, journal=journal)
+
+    def _core_of_value(self, core: State) -> State:
+        if len(self._cores_by_value) >= _CORES_KEPT:
+            self._cores_by_value.clear()
+        return self._cores_by_value.setdefault((core, core.noops), core)
+
     def is_final(self, state: Explored) -> bool:
-        return run_complete(state.world.core)
+        return self._finals.of(state.world.core, run_complete)
 
     def properties(self) -> list[Property]:
         props = [
@@ -244,12 +275,10 @@ class InvarModel(BaseModel[Explored, tuple]):
         ]
         checks = _StateInvariants()
         for name in INVARIANTS:
-            props.append(Property.always(name, lambda s, name=name: checks.hold(name,
-                                                                                 s.world.core)))
+            props.append(Property.always(name, checks.predicate(name)))
         props.append(Property.transition("transition_invariants", self._transition_ok))
         if self.bounds.forgeries:
-            props.append(Property.always("forged_events_are_refused",
-                                         lambda s: not w.unrefused_forgery(s.world.core)))
+            props.append(Property.always("forged_events_are_refused", self._forgeries_refused))
         props.append(Property.final("completed_run_matches_canonical_schedule",
                                     self._matches_canonical))
         props.append(Property.sometimes("run_completes", self.is_final))
@@ -303,22 +332,39 @@ class InvarModel(BaseModel[Explored, tuple]):
         return props
 
     def fingerprint_key(self, state: Explored) -> Any:
+        key = _key(state)
         if not self.symmetry:
-            return _key(state)
-        text = _key_text(state, self._config_text)
-        # Interchangeable workers: the representative is the least text over every renaming
-        # of the world. The renaming is done on the objects, not on the text: collections
+            return key
+        # Interchangeable workers: a state stands for every renaming of its world, so its key
+        # is the set of the keys of all of them: the same set for every state of one orbit,
+        # disjoint sets for two orbits. The renaming is done on the objects: collections
         # ordered by name (the core's workers, the world's workers) must be re-sorted, and a
-        # batch's slots stand behind a digest that hashes the names, so a textual replace
-        # would map most states to a text no mirror state produces.
-        best = text
-        names = self.worker_names
-        for perm in itertools.permutations(names):
-            if perm == names:
-                continue
-            mapping = dict(zip(names, perm))
-            best = min(best, _key_text(_rename(state, mapping, names), self._config_text))
-        return best
+        # batch's slots stand behind a digest that hashes the names.
+        return frozenset([key, *(self._renamed_key(state, perm) for perm in self._renamings)])
+
+    def _renamed_key(self, state: Explored, perm: tuple[str, ...]) -> tuple:
+        """`_key` of `state` with its workers renamed by `perm`. Each part is renamed once per
+        object (`IdentityMemo`): search states share their cores, messages and workers."""
+        world = state.world
+        renamed = self._renamed
+        journal = renamed(world.journal, perm, _rename_core) if state.budget.driver_restarts \
+            else None
+        return (renamed(world.core, perm, _rename_core), journal,
+                tuple(sorted(renamed(m, perm, _renamed_message_key) for m in world.network)),
+                world.learner, renamed(world.workers, perm, self._rename_workers), world.store,
+                world.timer, state.budget, world.refused, world.broken)
+
+    def _renamed(self, part: Any, perm: tuple[str, ...], rename: Any) -> Any:
+        known = self._renames.get(part, None, perm)
+        if known is None:
+            known = self._renames.put(part, None, perm,
+                                      rename(part, dict(zip(self.worker_names, perm))))
+        return known
+
+    def _rename_workers(self, workers: tuple[w.Worker, ...],
+                        mapping: dict[str, str]) -> tuple[w.Worker, ...]:
+        by_name = {mapping[x.name]: replace(x, name=mapping[x.name]) for x in workers}
+        return tuple(by_name[n] for n in self.worker_names)
 
     def format_action(self, action: tuple) -> str:
         kind, arg = action
@@ -327,11 +373,15 @@ class InvarModel(BaseModel[Explored, tuple]):
         return kind if arg is None else f"{kind} {arg}"
 
     def action_kind(self, action: tuple) -> str:
-        kind, arg = action
-        if kind in ("deliver", "drop", "duplicate") and isinstance(arg, str):
-            body = arg.split("|", 1)[1]
-            return f"{kind}:{body.split('(', 1)[0]}"
-        return kind
+        known = self._kinds.get(action)  # asked once per transition, of few distinct actions
+        if known is None:
+            kind, arg = action
+            known = kind
+            if kind in ("deliver", "drop", "duplicate") and isinstance(arg, str):
+                body = arg.split("|", 1)[1]
+                known = f"{kind}:{body.split('(', 1)[0]}"
+            self._kinds[action] = known
+        return known
 
     # -- properties over the world ----------------------------------------------------------
 
@@ -343,19 +393,31 @@ class InvarModel(BaseModel[Explored, tuple]):
         # what was consumed, in which steps over which positions, must still be the same.
         return _schedule_part(projection) == _schedule_part(self.canonical_projection)
 
+    def _forgeries_refused(self, state: Explored) -> bool:
+        # A function of the core alone: remembered per core object.
+        return self._refusals.of(state.world.core, lambda core: not w.unrefused_forgery(core))
+
     def _transition_ok(self, state: Explored, action: tuple, after: Explored) -> bool:
         kind, arg = action
         before = state.world
         if kind == "timer":
             sent = after.world.network[len(before.network):]
-        elif kind == "deliver" and arg.startswith(f"{CORE}|"):
+        elif kind == "deliver" and arg.startswith(_TO_CORE):
             sent = after.world.network[len(before.network) - 1:]
         else:
             return True
         if after.world.refused:
             return True  # reported by correct_components_never_refused
-        commands = [m.body for m in sent if m.to != CORE]
-        return not transition_violations(before.core, commands, after.world.core)
+        commands = [m for m in sent if m.to != CORE]
+        # A function of the two cores and the commands sent: remembered for those cores.
+        sent_keys = tuple(m.key for m in commands)
+        ok = self._transitions.get(before.core, after.world.core, sent_keys)
+        if ok is None:
+            ok = self._transitions.put(before.core, after.world.core, sent_keys,
+                                       not transition_violations(
+                                           before.core, [m.body for m in commands],
+                                           after.world.core))
+        return ok
 
     def _ample(self, state: Explored) -> str | None:
         """Partial-order reduction: one worker reply stands for all orders of its kind.
@@ -382,17 +444,28 @@ class _StateInvariants:
     """The state invariants of a core state, decided together: the engine asks for each one in
     turn on the same state, and `IncrementalInvariants.all_hold` settles the usual case (every
     one holds) at once, from what changed since the state it saw last; only when it cannot is
-    the invariant asked for computed on its own."""
+    the invariant asked for computed on its own.
+
+    The answer is remembered per core object: many search states share one (the world's
+    deliveries hand out the same successor object for the same core and event), and an
+    invariant is a function of the core alone."""
 
     def __init__(self) -> None:
         self._incremental = IncrementalInvariants()
         self._core: State | None = None
         self._all_hold = False
+        self._known = IdentityMemo()
 
-    def hold(self, name: str, core: State) -> bool:
-        if core is not self._core:
-            self._core, self._all_hold = core, self._incremental.all_hold(core)
-        return self._all_hold or not INVARIANTS[name](core)
+    def predicate(self, name: str) -> Any:
+        """The property's predicate over search states: whether invariant `name` holds."""
+        invariant = INVARIANTS[name]
+
+        def holds(state: Explored) -> bool:
+            core = state.world.core
+            if core is not self._core:
+                self._core, self._all_hold = core, self._known.of(core, self._incremental.all_hold)
+            return self._all_hold or not invariant(core)
+        return holds
 
 
 def independent_completion(state: State, event: RequestsCompleted) -> bool:
@@ -449,6 +522,7 @@ def _mergeable_pairs(world: World) -> list[tuple[str, str]]:
             if (a != b or replies[a] > 1) and w.mergeable(bodies[a], bodies[b])]
 
 
+_CORES_KEPT = 1 << 17
 _SPENDS = {"drop": "drops", "duplicate": "duplicates", "crash_worker": "worker_crashes",
            "crash_learner": "learner_crashes", "restart_driver": "driver_restarts"}
 _KEYED = {"deliver": w.deliver_message, "drop": w.drop, "duplicate": w.duplicate}
@@ -456,6 +530,7 @@ _NAMED = {"crash_worker": w.crash_worker, "restart_worker": w.restart_worker}
 _WHOLE = {"crash_learner": w.crash_learner, "restart_learner": w.restart_learner,
           "restart_driver": w.restart_driver}
 
+_TO_CORE = f"{CORE}|"
 _LOCAL_FACTS = tuple(f"{CORE}|{t.__name__}(" for t in (WorkerConnected, WorkerLost, LearnerStarted,
                                                         TimerFired))
 
@@ -480,19 +555,6 @@ def _overtakes_connection(world: World, key: str) -> bool:
         {m.key for m in world.network}
 
 
-def _rename(state: Explored, mapping: dict[str, str], names: tuple[str, ...]) -> Explored:
-    """`state` with its workers renamed by `mapping`, every name-ordered collection re-sorted."""
-    world = state.world
-    by_name = {mapping[x.name]: replace(x, name=mapping[x.name]) for x in world.workers}
-    journal = world.journal
-    if state.budget.driver_restarts:  # only then part of the key (see _key_text)
-        journal = _rename_core(journal, mapping)
-    world = replace(world, core=_rename_core(world.core, mapping), journal=journal,
-                    network=tuple(_rename_message(m, mapping) for m in world.network),
-                    workers=tuple(by_name[n] for n in names))
-    return Explored(world, state.budget)
-
-
 def _rename_core(core: State, mapping: dict[str, str]) -> State:
     workers = tuple(sorted((replace(x, name=mapping[x.name]) for x in core.workers),
                            key=lambda x: x.name))
@@ -503,33 +565,20 @@ def _rename_core(core: State, mapping: dict[str, str]) -> State:
     return replace(core, workers=workers, batches=batches)
 
 
-def _rename_message(msg: Message, mapping: dict[str, str]) -> Message:
+def _renamed_message_key(msg: Message, mapping: dict[str, str]) -> str:
     body = msg.body
     name = getattr(body, "worker", None)
     if name is None:
-        return msg
-    return message(mapping.get(msg.to, msg.to), replace(body, worker=mapping[name]))
+        return msg.key
+    return message(mapping.get(msg.to, msg.to), replace(body, worker=mapping[name])).key
 
 
 def _key(state: Explored) -> tuple:
     """A search state's identity, as values that hash by value (the engine's fast path): the
-    records are shared between states and keep their hashes, so this costs little. Equal to
-    `_key_text`'s equality: the same parts, the network as a multiset, the journal only while
-    a driver restart can still happen."""
+    records are shared between states and keep their hashes, so this costs little. Reprs and
+    equality leave out payloads that stand behind digests; the network is a multiset (sorted
+    keys); what a driver restart would recover counts only while a restart can still happen."""
     world = state.world
     return (world.core, world.journal if state.budget.driver_restarts else None,
             tuple(sorted(m.key for m in world.network)), world.learner, world.workers,
             world.store, world.timer, state.budget, world.refused, world.broken)
-
-
-def _key_text(state: Explored, config_text: str) -> str:
-    """Canonical text of a search state: reprs leave out payloads that stand behind digests,
-    and the configuration (the same in every state); the network is a multiset (sorted keys).
-    What a driver restart would recover counts only while a restart can still happen."""
-    world = state.world
-    journal = repr(world.journal) if state.budget.driver_restarts else ""
-    return "\n".join((
-        repr(world.core).replace(config_text, ""), journal.replace(config_text, ""),
-        "|".join(sorted(m.key for m in world.network)), repr(world.learner),
-        repr(world.workers), repr(world.store), str(world.timer), repr(state.budget),
-        world.refused, world.broken))

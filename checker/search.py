@@ -404,6 +404,38 @@ class Outcome:
     notes: list[str] = field(default_factory=list)
 
 
+class _GraphRecorder:
+    """An unlabelled state graph as it is explored: the nodes (in the order met, with their
+    init and final flags) and the edges (in the order taken) as fingerprint pairs. `digraph`
+    builds the networkx graph the per-transition `add_edge` calls would have built, the same
+    nodes and edges in the same order, so the livelock check walks it alike."""
+
+    def __init__(self) -> None:
+        self._nodes: dict[int, bool] = {}
+        self._finals: list[int] = []
+        self._edges: list[tuple[int, int]] = []
+
+    def node(self, state: Any, g: int, init: bool = False) -> None:
+        self._nodes[g] = init
+
+    def edge(self, f: int, g: int, action: Any) -> None:
+        # A new target's `node` follows at once: where `add_edge` would have added it.
+        self._edges.append((f, g))
+
+    def final(self, f: int) -> None:
+        self._finals.append(f)
+
+    def digraph(self) -> Any:
+        import networkx as nx
+
+        graph = nx.DiGraph()
+        graph.add_nodes_from((g, {"init": init, "final": False}) for g, init in self._nodes.items())
+        graph.add_edges_from(self._edges)
+        for f in self._finals:
+            graph.nodes[f]["final"] = True
+        return graph
+
+
 class Checker(Generic[S, A]):
     """Explicit-state model checker for a `Model` (see the module docstring for semantics).
 
@@ -585,11 +617,13 @@ class Checker(Generic[S, A]):
         start = time.perf_counter()
         elapsed_before = 0.0
         base_cov: dict[str, int] = {}
-        graph = None
+        graph: Any = None
         if self.record_graph:
             import networkx as nx
 
-            graph = nx.DiGraph()
+            # Unlabelled (a livelock check's), the graph is recorded as plain lists and built
+            # once at the end: an append per transition instead of an `add_edge` call.
+            graph = nx.DiGraph() if self._labelled else _GraphRecorder()
         visited: dict[int, int] = {}
         generated = 0
         if self.resume_from is not None:
@@ -633,7 +667,9 @@ class Checker(Generic[S, A]):
 
         cov = Coverage(ctx, self.coverage)
         env = ctx.expand_env(visited, nxt.append, cov, props)
-        if graph is not None:
+        if isinstance(graph, _GraphRecorder):
+            env.graph_edge, env.graph_node, env.graph_final = graph.edge, graph.node, graph.final
+        elif graph is not None:
             env.graph_edge = lambda f, g, a: self._graph_edge(graph, ctx, f, g, a)
             env.graph_node = lambda t, g: self._graph_node(graph, ctx, t, g)
             env.graph_final = lambda f: graph.nodes[f].__setitem__("final", True)
@@ -728,6 +764,8 @@ class Checker(Generic[S, A]):
                     self.checkpoints_written += 1
                 next_ck = now + ck_interval if (ck_interval is not None and self.checkpoint_path) else float("inf")
 
+        if isinstance(graph, _GraphRecorder):
+            graph = graph.digraph()
         elapsed = elapsed_before + time.perf_counter() - start
         if not complete and self.checkpoint_path and stop_reason in ("max_states", "stop_requested"):
             save_checkpoint(self.checkpoint_path, snapshot())
@@ -750,6 +788,9 @@ class Checker(Generic[S, A]):
 
     def _graph_node(self, graph: Any, ctx: ModelContext, state: Any, g: int,
                     init: bool = False) -> None:
+        if isinstance(graph, _GraphRecorder):
+            graph.node(state, g, init)
+            return
         if not self._labelled:
             graph.add_node(g, init=init, final=False)
             return

@@ -39,6 +39,7 @@ from typing import Any
 from invar.model import schedule
 from invar.model.config import RunConfig
 from invar.model.core import outstanding_commands, run_complete
+from invar.model.memo import IdentityMemo
 from invar.model.messages import (
     ApplyCotangent,
     Checkpoint,
@@ -70,7 +71,7 @@ from invar.model.messages import (
     WorkerLost,
     matrix_digest,
 )
-from invar.model.shell import LEARNER, STORE, TIMER, Verdict, deliver, route
+from invar.model.shell import LEARNER, STORE, TIMER, Delivery, Verdict, deliver, route
 from invar.model.state import LearnerPhase, State, WorkerPhase, cached_repr
 from invar.model.state import evolve as replace
 
@@ -391,51 +392,84 @@ def fire_timer(world: World) -> World:
 
 def to_core(world: World, event: Event) -> World:
     """The driver applies an event: `shell.deliver`, the journal, then the commands' routes."""
-    delivery = deliver(world.core, event)
+    delivery, routed = _delivered(world.core, event)
     if delivery.verdict is Verdict.REFUSED:
         assert delivery.error is not None
         return replace(world, refused=f"{delivery.error.reason.value}: {delivery.error.detail}")
     journal = delivery.state if delivery.durable else world.journal
-    world = replace(world, core=delivery.state, journal=journal)
-    sent = []
-    for command in delivery.commands:
-        where = route(command)
+    sent, timer = [], world.timer
+    for command, where, msg in routed:
         if isinstance(command, (RetainVersion, ReleaseVersion)):
             world = _to_store(world, command)  # the driver's own file system: done at once
         elif isinstance(command, LoadWeights) and command.version not in world.store:
             # The driver reads the weights from the store as it sends the load.
-            return replace(world, broken=f"{command.worker} told to load version "
-                                         f"{command.version}, which the store no longer holds")
+            return replace(world, core=delivery.state, journal=journal, timer=timer,
+                           broken=f"{command.worker} told to load version "
+                                  f"{command.version}, which the store no longer holds")
         elif where == TIMER:
-            world = replace(world, timer=True)
+            timer = True
         else:
-            sent.append(message(where, command))
-    return replace(world, network=world.network + tuple(sent))
+            sent.append(msg)
+    return replace(world, core=delivery.state, journal=journal, timer=timer,
+                   network=world.network + tuple(sent))
+
+
+_deliveries = IdentityMemo(1 << 16)
+
+
+def _delivered(core: State,
+               event: Event) -> tuple[Delivery, tuple[tuple[Command, str, Message], ...]]:
+    """`shell.deliver(core, event)` with each command's route and message, remembered for the
+    very `core` object and an equal event (see `invar.model.memo`: a model checker delivers the
+    same event to the same core in many worlds that differ elsewhere)."""
+    known = _deliveries.get(core, None, event)
+    if known is None:
+        delivery = deliver(core, event)
+        routed = tuple((c, where, message(where, c))
+                       for c, where in ((c, route(c)) for c in delivery.commands))
+        known = _deliveries.put(core, None, event, (delivery, routed))
+    return known
 
 
 # -- components -------------------------------------------------------------------------------
 
 
 def _to_learner(world: World, command: Command) -> World:
-    learner = world.learner
+    # The same command reaches the same learner in many worlds: remembered (`memo`).
+    value = (world.reproducible_forwards, world.config.optimizer_steps)
+    answer = _learner_answers.get(world.learner, command, value)
+    if answer is None:
+        answer = _learner_answers.put(world.learner, command, value,
+                                      _learner_answer(world.learner, command, *value))
+    learner, reply = answer
+    if reply is not None:
+        return replace(world, learner=learner, network=world.network + (reply,))
+    return world if learner is world.learner else replace(world, learner=learner)
+
+
+_learner_answers = IdentityMemo(1 << 16)
+
+
+def _learner_answer(learner: Learner, command: Command, reproducible_forwards: bool,
+                    k: int) -> tuple[Learner, Message | None]:
+    """What `learner` does with `command`: its next self and its reply (None: no reply)."""
     if not learner.alive:
-        return world
+        return learner, None
     if isinstance(command, Checkpoint) and command.version in learner.checkpoints:
         # The file is there (written atomically, so whole): answer again.
-        return _send(world, message(CORE, CheckpointWritten(
-            command.version, learner.commits[command.version])))
+        return learner, message(CORE, CheckpointWritten(command.version,
+                                                        learner.commits[command.version]))
     rules = learner.rules
     decision = rules.decide(command)
     if decision in (Decision.IGNORE, Decision.REFUSE):
-        return world
-    k = world.config.optimizer_steps
+        return learner, None
     reply: Event | None = None
     if isinstance(command, ScoreProbabilities):
         reply = scores_reply(command)
     elif isinstance(command, RunForward):
         # Non-reproducible kernels: each attempt's forwards give other log-probs. (Within an
         # attempt a forward is never re-run: a re-sent one is answered from memory.)
-        noise = 0 if world.reproducible_forwards else rules.attempt + 1
+        noise = 0 if reproducible_forwards else rules.attempt + 1
         reply = forward_reply(command, k, noise)
         if decision is Decision.RUN:
             learner = replace(learner, rules=rules.forwarded(command, reply))
@@ -457,8 +491,7 @@ def _to_learner(world: World, command: Command) -> World:
     elif isinstance(command, Checkpoint):
         learner = replace(learner, checkpoints=learner.checkpoints + (command.version,))
         reply = CheckpointWritten(command.version, learner.commits[command.version])
-    world = replace(world, learner=learner)
-    return _send(world, message(CORE, reply)) if reply is not None else world
+    return learner, (message(CORE, reply) if reply is not None else None)
 
 
 def _to_store(world: World, command: Command) -> World:
@@ -474,20 +507,35 @@ def _to_store(world: World, command: Command) -> World:
 
 
 def _to_worker(world: World, command: LoadWeights | LaunchRequest) -> World:
+    # The same command reaches the same worker in many worlds: remembered (`memo`).
     worker = world.worker(command.worker)
+    answer = _worker_answers.get(worker, command)
+    if answer is None:
+        answer = _worker_answers.put(worker, command, None, _worker_answer(worker, command))
+    after, reply = answer
+    if after is not worker:
+        world = _put_worker(world, after)
+    return _send(world, reply) if reply is not None else world
+
+
+_worker_answers = IdentityMemo(1 << 16)
+
+
+def _worker_answer(worker: Worker, command: LoadWeights | LaunchRequest
+                   ) -> tuple[Worker, Message | None]:
+    """What `worker` does with `command`: its next self and its reply (None: no reply)."""
     if not worker.alive or worker.incarnation != command.incarnation:
-        return world  # a retired incarnation's mail is lost with its connection
+        return worker, None  # a retired incarnation's mail is lost with its connection
     if isinstance(command, LoadWeights):
         if not worker_accepts(worker, command):
-            return world
+            return worker, None
         # The weights travel with the command (read from the store when it was sent).
-        world = _put_worker(world, replace(worker, version=command.version, load=command.load))
-        reply: Event = WeightsLoaded(command.worker, command.incarnation, command.load,
-                                     command.version)
-        return _send(world, message(CORE, reply))
+        loaded = replace(worker, version=command.version, load=command.load)
+        return loaded, message(CORE, WeightsLoaded(command.worker, command.incarnation,
+                                                   command.load, command.version))
     if not worker_accepts(worker, command):
-        return world  # refused: a launch for a version it does not hold
-    return _send(world, message(CORE, sample_reply(command)))
+        return worker, None  # refused: a launch for a version it does not hold
+    return worker, message(CORE, sample_reply(command))
 
 
 def worker_accepts(worker: Worker, command: LoadWeights | LaunchRequest) -> bool:
