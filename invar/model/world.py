@@ -422,7 +422,8 @@ def _delivered(core: State,
     """`shell.deliver(core, event)` with each command's route and message, remembered for the
     very `core` object and an equal event (see `invar.model.memo`: a model checker delivers the
     same event to the same core in many worlds that differ elsewhere)."""
-    known = _deliveries.get(core, None, event)
+    known: tuple[Delivery, tuple[tuple[Command, str, Message], ...]] | None = \
+        _deliveries.get(core, None, event)
     if known is None:
         delivery = deliver(core, event)
         routed = tuple((c, where, message(where, c))
