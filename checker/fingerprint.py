@@ -7,9 +7,10 @@ search skip a state, so every result reports the probability of one (`collision_
 
 **Fast** (`fast_fingerprint`): ``hash(key)``, Python's own hash, computed in C (~80 ns for a
 named tuple of a tuple of strings, a string and two frozensets; strings and frozensets cache
-theirs), a signed 64-bit int on 64-bit builds.  It is the engine's default for ordinary states (`hashes_by_value` says which),
-and is valid *within one process and its forks* only: ``str``/``bytes`` hashes are salted per
-interpreter (``PYTHONHASHSEED``), ``None``'s is its address before Python 3.12.  Forked BFS
+theirs), a signed 64-bit int on 64-bit builds.  It is the engine's default for ordinary states
+(`hashes_by_value` says which), and is valid *within one process and its forks* only:
+``str``/``bytes`` hashes are salted per interpreter (``PYTHONHASHSEED``), ``None``'s is its
+address before Python 3.12.  Forked BFS
 workers share the hash secret of the process that forked them, so they can route states by it.
 Python's hash is not a fingerprint function by design: unequal values of these types collide
 *structurally* in a few documented cases, which the random-fingerprint estimate does not cover:
@@ -39,9 +40,9 @@ fingerprinted (measured on CPython 3.11, this machine, ns per call):
   first, which rewrites them to a marshal-able tree of tagged nodes: sets and dicts sorted by
   the encoding of their elements, dataclasses as (class name, the values of the fields that
   take part in equality), enums as (class name, member name); unknown objects fall back to a
-  memo-free pickle.  Sets are detected by
-  their marshal type codes (a byte scan; a false alarm costs a structural check); dicts too.  The two
-  paths' encodings are disjoint (the canonical one is prefixed with 0xFF).
+  memo-free pickle.  Sets are detected by their marshal type codes (a byte scan; a false alarm
+  costs a structural check); dicts too.  The two paths' encodings are disjoint (the canonical
+  one is prefixed with 0xFF).
 
 Whole-pipeline figures of the stable kind (``fingerprint(key)``, this machine): int ~80 ns;
 6-tuple of ints/strs ~0.9-1.1 µs; a tuple holding a frozenset ~4 µs; a small frozen dataclass
@@ -125,14 +126,15 @@ def canonical(obj: Any) -> Any:
     if cls is frozenset or cls is set:
         return ("set", *sorted((canonical(x) for x in obj), key=_sort_key))
     if cls is dict:
-        return ("dict", *sorted((("kv", canonical(k), canonical(v)) for k, v in obj.items()), key=_sort_key))
+        items = (("kv", canonical(k), canonical(v)) for k, v in obj.items())
+        return ("dict", *sorted(items, key=_sort_key))
     if cls is list:
         return ("list", *[canonical(x) for x in obj])
     name = cls.__module__ + "." + cls.__qualname__
     if isinstance(obj, enum.Enum):
         return ("enum", name, obj.name)
     names = _field_names.get(cls)
-    if names is None and dataclasses.is_dataclass(cls):
+    if names is None and isinstance(cls, type) and dataclasses.is_dataclass(cls):
         # The fields that take part in equality only: equal states, one fingerprint.
         names = tuple(f.name for f in dataclasses.fields(cls) if f.compare)
         _field_names[cls] = names
@@ -153,7 +155,7 @@ _CANON_PREFIX = b"\xff"
 def encode_key(key: Hashable) -> bytes:
     """The canonical byte encoding of a fingerprint key (what `fingerprint` hashes)."""
     try:
-        data = _dumps(key, 2)
+        data = _dumps(key, 2)  # type: ignore[arg-type]  # a ValueError when not marshallable
     except ValueError:
         return _CANON_PREFIX + _dumps(canonical(key), 2)
     # The set/dict type codes may also be plain payload bytes: only real ones need sorting.
@@ -165,9 +167,9 @@ def encode_key(key: Hashable) -> bytes:
 def fingerprint(key: Hashable) -> int:
     """A stable 64-bit fingerprint of `key` (see the module docstring)."""
     if key.__class__ is int and 0 <= key <= MASK64:
-        return key  # type: ignore[return-value]
+        return key
     try:
-        data = _dumps(key, 2)
+        data = _dumps(key, 2)  # type: ignore[arg-type]  # a ValueError when not marshallable
     except ValueError:
         data = _CANON_PREFIX + _dumps(canonical(key), 2)
     else:
@@ -222,7 +224,7 @@ _REASON_PREFIX = "!"  # reasons are stored with this prefix, kinds never start w
 
 
 def _classify(cls: type, obj: Any) -> str | tuple[str, ...]:
-    h = cls.__hash__  # type: ignore[attr-defined]
+    h: Any = cls.__hash__
     name = f"{cls.__module__}.{cls.__qualname__}"
     if h is None:
         return f"{_REASON_PREFIX}{name} is not hashable"

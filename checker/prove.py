@@ -41,8 +41,9 @@ from __future__ import annotations
 
 import textwrap
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, replace
-from typing import Callable, NamedTuple
+from typing import Any, NamedTuple
 
 import z3
 
@@ -169,13 +170,13 @@ class _Encoding:
 
     def published(self, cfg: _Config, v: z3.ArithRef) -> z3.BoolRef:
         """v ∈ Pub: 0 <= v <= N and (v mod P = 0, or v is a hard boundary)."""
-        return z3.And(0 <= v, v <= cfg.N, z3.Or(self.multiple(v, cfg.P), v == 0, v == cfg.N,
+        return z3.And(v >= 0, v <= cfg.N, z3.Or(self.multiple(v, cfg.P), v == 0, v == cfg.N,
                                                 self.multiple(v, cfg.E),
                                                 self.multiple(v, cfg.C)))
 
     def boundary(self, cfg: _Config, v: z3.ArithRef) -> z3.BoolRef:
         """v is a hard boundary: 0, N, or a multiple of eval_every / checkpoint_every <= N."""
-        return z3.And(0 <= v, v <= cfg.N, z3.Or(v == 0, v == cfg.N, self.multiple(v, cfg.E),
+        return z3.And(v >= 0, v <= cfg.N, z3.Or(v == 0, v == cfg.N, self.multiple(v, cfg.E),
                                                 self.multiple(v, cfg.C)))
 
     # -- sets, shown (through named witnesses: each term is divisor*q by construction)
@@ -183,13 +184,13 @@ class _Encoding:
     @staticmethod
     def in_pub(cfg: _Config, v: z3.ArithRef,
                witnesses: tuple[tuple[z3.ArithRef, z3.ArithRef], ...]) -> z3.BoolRef:
-        return z3.And(0 <= v, v <= cfg.N, z3.Or(
+        return z3.And(v >= 0, v <= cfg.N, z3.Or(
             v == 0, v == cfg.N, *[z3.And(d > 0, v == t) for t, d in witnesses]))
 
     @staticmethod
     def in_boundaries(cfg: _Config, v: z3.ArithRef,
                       witnesses: tuple[tuple[z3.ArithRef, z3.ArithRef], ...]) -> z3.BoolRef:
-        return z3.And(0 <= v, v <= cfg.N, z3.Or(
+        return z3.And(v >= 0, v <= cfg.N, z3.Or(
             v == 0, v == cfg.N,
             *[z3.And(d > 0, v == t) for t, d in witnesses if not d.eq(cfg.P)]))
 
@@ -262,7 +263,8 @@ class _Obligation(NamedTuple):
 
 
 def _value(model: z3.ModelRef, term: z3.ExprRef) -> int:
-    return model.eval(term, model_completion=True).as_long()
+    value: int = model.eval(term, model_completion=True).as_long()
+    return value
 
 
 def _discharge(ob: _Obligation) -> LemmaResult:
@@ -340,10 +342,11 @@ def _python_gen_version(model: z3.ModelRef, cfg: _Config, batch: z3.ArithRef,
 # The lemmas
 
 
-def _setup(assume_valid: bool, *batches: str) -> tuple[_Encoding, _Config, list, list]:
+def _setup(assume_valid: bool,
+           *batches: str) -> tuple[_Encoding, _Config, list[Any], list[Any]]:
     cfg = _Config.symbolic()
     bs = [z3.Int(name) for name in batches]
-    hyps = cfg.preconditions(assume_valid) + [z3.And(0 <= b, b < cfg.N) for b in bs]
+    hyps = cfg.preconditions(assume_valid) + [z3.And(b >= 0, b < cfg.N) for b in bs]
     return _Encoding(), cfg, bs, hyps
 
 
@@ -353,7 +356,7 @@ def _shown(cfg: _Config, **extra: z3.ArithRef) -> dict[str, z3.ArithRef]:
     return out
 
 
-def _explain_batch(cfg: _Config, b: z3.ArithRef, gv: _GenVersion, shown: dict
+def _explain_batch(cfg: _Config, b: z3.ArithRef, gv: _GenVersion, shown: dict[str, Any]
                    ) -> Callable[[z3.ModelRef], str]:
     def explain(model: z3.ModelRef) -> str:
         bv, g, lo = _value(model, b), _value(model, gv.value), _value(model, gv.lowest)
@@ -375,7 +378,7 @@ def staleness_within_budget(assume_valid: bool = True) -> LemmaResult:
     return _discharge(_Obligation(
         "staleness_within_budget",
         "0 ≤ staleness(b) = b − gen_version(b) ≤ max_staleness for every batch b < N",
-        enc, hyps, z3.And(0 <= b - gv.value, b - gv.value <= cfg.S), shown,
+        enc, hyps, z3.And(b - gv.value >= 0, b - gv.value <= cfg.S), shown,
         _explain_batch(cfg, b, gv, shown)))
 
 
@@ -437,7 +440,7 @@ def sync_period_is_P(assume_valid: bool = True) -> LemmaResult:
 
     def explain(model: z3.ModelRef) -> str:
         def holds(formula: z3.BoolRef) -> bool:
-            return z3.is_true(model.eval(formula, model_completion=True))
+            return bool(z3.is_true(model.eval(formula, model_completion=True)))
         if not holds(same):
             what = "gen_version differs between two values of optimizer_steps"
         elif not holds(gap):
@@ -568,8 +571,8 @@ def gen_version_z3(max_staleness: int, sync_period: int, eval_every: int,
     gv = enc.gen_version(cfg, b)
     solver = z3.Solver()
     solver.set(timeout=_TIMEOUT_MS)
-    solver.add(cfg.S == max_staleness, cfg.P == sync_period, cfg.E == eval_every,
-               cfg.C == checkpoint_every, cfg.N == total_updates, b == batch,
+    solver.add(max_staleness == cfg.S, sync_period == cfg.P, eval_every == cfg.E,
+               checkpoint_every == cfg.C, total_updates == cfg.N, b == batch,
                *enc.side, *enc.real_products())
     if solver.check() != z3.sat:
         raise ValueError("the z3 definition of gen_version has no solution here")
@@ -587,11 +590,11 @@ def published_z3(max_staleness: int, sync_period: int, eval_every: int, checkpoi
     cfg = _Config.symbolic()
     v = z3.Int("v")
     solver = z3.Solver()
-    solver.add(cfg.S == max_staleness, cfg.P == sync_period, cfg.E == eval_every,
-               cfg.C == checkpoint_every, cfg.N == total_updates, v == version,
+    solver.add(max_staleness == cfg.S, sync_period == cfg.P, eval_every == cfg.E,
+               checkpoint_every == cfg.C, total_updates == cfg.N, v == version,
                enc.published(cfg, v))
     solver.add(*enc.real_products())
-    return solver.check() == z3.sat
+    return bool(solver.check() == z3.sat)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -105,7 +105,8 @@ def diff_states(a: Any, b: Any, path: str = "") -> list[str]:
         out: list[str] = []
         for f in dataclasses.fields(a):
             out.extend(
-                diff_states(getattr(a, f.name), getattr(b, f.name), f"{path}.{f.name}" if path else f.name)
+                diff_states(getattr(a, f.name), getattr(b, f.name),
+                            f"{path}.{f.name}" if path else f.name)
             )
         return out
     if (
@@ -120,12 +121,12 @@ def diff_states(a: Any, b: Any, path: str = "") -> list[str]:
         return out
     if isinstance(a, tuple) and hasattr(a, "_fields") and type(a) is type(b):  # named tuple
         out = []
-        for name, x, y in zip(a._fields, a, b):  # type: ignore[attr-defined]
+        for name, x, y in zip(a._fields, a, b):
             out.extend(diff_states(x, y, f"{path}.{name}" if path else name))
         return out
     if isinstance(a, Mapping) and isinstance(b, Mapping):
         out = []
-        keys = list(a.keys()) + [k for k in b.keys() if k not in a]
+        keys = list(a) + [k for k in b if k not in a]
         for k in keys:
             sub = f"{here}[{k!r}]"
             if k not in b:
@@ -173,7 +174,7 @@ def to_jsonable(x: Any) -> Any:
             out[f.name] = to_jsonable(getattr(x, f.name))
         return out
     if isinstance(x, tuple) and hasattr(x, "_fields"):
-        return {"_type": type(x).__name__, **{k: to_jsonable(v) for k, v in zip(x._fields, x)}}  # type: ignore[attr-defined]
+        return {"_type": type(x).__name__, **{k: to_jsonable(v) for k, v in zip(x._fields, x)}}
     if isinstance(x, (tuple, list)):
         return [to_jsonable(v) for v in x]
     if isinstance(x, (set, frozenset)):
