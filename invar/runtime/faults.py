@@ -66,8 +66,8 @@ class FaultyTransport:
         self.counts: Counter[str] = Counter()
         self._count = count
         self._inbox: asyncio.Queue[Any] = asyncio.Queue()
-        self._pump: asyncio.Task | None = None
-        self._held: set[asyncio.Task] = set()
+        self._pump: asyncio.Task[None] | None = None
+        self._held: set[asyncio.Task[None]] = set()
         self._closed = False
 
     def _fate(self, schedule: FrameSchedule, direction: str, header: dict[str, Any]
@@ -108,7 +108,8 @@ class FaultyTransport:
             if isinstance(item, ConnectionLost):
                 self._inbox.put_nowait(item)  # every later receive says the same
             raise item
-        return item
+        frame: tuple[dict[str, Any], bytes] = item
+        return frame
 
     async def _pump_frames(self) -> None:
         """Reads the worker's frames ahead, deciding each one's fate as it arrives."""

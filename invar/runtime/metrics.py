@@ -10,8 +10,9 @@ import io
 import json
 import time
 from collections import Counter
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any
 
 from invar.runtime.hint import HINT_AFTER
 from invar.runtime.tasks import describe
@@ -57,7 +58,7 @@ class MetricsLog:
         self._jsonl: Any = None
         self._csv_file: Any = None
         self._tensorboard = tensorboard
-        self._tb = None
+        self._tb: Any = None
         self._tracker_names = trackers
         self._trackers: Any = None
 
@@ -112,8 +113,9 @@ class MetricsLog:
         writer.writeheader()
         writer.writerows(self.updates)
         atomic_write(csv_path, table.getvalue().encode())
-        self._jsonl = open(jsonl_path, "a", encoding="utf-8")
-        self._csv_file = open(csv_path, "a", newline="", encoding="utf-8")
+        # Append handles that live as long as the log (closed by `close`).
+        self._jsonl = open(jsonl_path, "a", encoding="utf-8")  # noqa: SIM115
+        self._csv_file = open(csv_path, "a", newline="", encoding="utf-8")  # noqa: SIM115
         self._csv = csv.DictWriter(self._csv_file, fieldnames=UPDATE_FIELDS, extrasaction="ignore")
         if self._tensorboard:
             try:
@@ -206,11 +208,16 @@ class MetricsLog:
         if not enabled:
             yield lambda done, reward, staleness: None
             return
-        from rich.progress import (BarColumn, MofNCompleteColumn, Progress, TextColumn,
-                                   TimeElapsedColumn)
         import sys
 
         from rich.console import Console
+        from rich.progress import (
+            BarColumn,
+            MofNCompleteColumn,
+            Progress,
+            TextColumn,
+            TimeElapsedColumn,
+        )
         piped = not sys.stdout.isatty()  # piped: wide lines, not wrapped at 80 columns
         console = Console(width=160 if piped else None, soft_wrap=piped)
         bar = Progress(TextColumn("[bold]train"), BarColumn(), MofNCompleteColumn(),

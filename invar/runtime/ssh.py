@@ -189,8 +189,9 @@ class SshTransport(StreamTransport):
     """One worker incarnation on a host: its stdin/stdout carry the frames."""
 
     def __init__(self, name: str, host: HostSpec, connection: asyncssh.SSHClientConnection,
-                 process: asyncssh.SSHClientProcess, log_file: Any) -> None:
-        super().__init__(name, process.stdout, process.stdin)
+                 process: asyncssh.SSHClientProcess[bytes], log_file: Any) -> None:
+        # asyncssh's reader and writer offer what StreamTransport uses of asyncio's streams.
+        super().__init__(name, process.stdout, process.stdin)  # type: ignore[arg-type]
         self.host = host
         self.connection = connection
         self.process = process

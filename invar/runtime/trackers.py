@@ -16,6 +16,7 @@ from __future__ import annotations
 import json
 import os
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -26,6 +27,9 @@ STATE_FILE = "trackers.json"
 
 
 class Tracker(Protocol):
+    run_id: str
+    """What names this tracker's run, kept in RUN_DIR so that a resume reattaches to it."""
+
     def log(self, step: int, metrics: dict[str, float]) -> None:
         """Record `metrics` at `step`."""
         ...
@@ -110,7 +114,8 @@ class MlflowTracker:
         self.client.set_terminated(self.run_id, status="FINISHED" if finished else "KILLED")
 
 
-TRACKERS = {"wandb": WandbTracker, "mlflow": MlflowTracker}
+TRACKERS: dict[str, Callable[[Path, Any, str | None], Tracker]] = {
+    "wandb": WandbTracker, "mlflow": MlflowTracker}
 
 
 class TrackerSet:

@@ -78,7 +78,7 @@ def verify(task: Any, job: Job, failure_reward: float) -> Outcome:
 class Pending:
     """The outcomes of submitted jobs, in submission order, once every lane is done."""
 
-    def __init__(self, parts: list[tuple[list[int], Future]]) -> None:
+    def __init__(self, parts: list[tuple[list[int], Future[list[Outcome]]]]) -> None:
         self._parts = parts
 
     def outcomes(self) -> list[Outcome]:
@@ -90,8 +90,8 @@ class Pending:
         return merged
 
 
-def _done(outcomes: list[Outcome]) -> Future:
-    future: Future = Future()
+def _done(outcomes: list[Outcome]) -> Future[list[Outcome]]:
+    future: Future[list[Outcome]] = Future()
     future.set_result(outcomes)
     return future
 
@@ -149,11 +149,11 @@ class _Lane:
         self.timeout_s = float(task_config["verifier_timeout_s"])
         self.failure_reward = float(task_config["failure_reward"])
         self.thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="verifier")
-        self.child: subprocess.Popen | None = None
+        self.child: subprocess.Popen[bytes] | None = None
         """Started with the first jobs (a run that never scores starts none)."""
         self.buffer = b""
 
-    def submit(self, jobs: list[Job]) -> Future:
+    def submit(self, jobs: list[Job]) -> Future[list[Outcome]]:
         return self.thread.submit(self._run, jobs)
 
     def close(self) -> None:

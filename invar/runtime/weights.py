@@ -8,10 +8,12 @@ import os
 import tempfile
 from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
 import torch
 from torch import Tensor
 
+safetensors_torch: Any
 try:
     import safetensors.torch as safetensors_torch
 except ImportError:  # torch.save is the fallback format
@@ -30,7 +32,8 @@ def state_dict_to_bytes(state_dict: Mapping[str, Tensor]) -> bytes:
     """Serialise tensors by name (safetensors when installed, else torch.save)."""
     tensors = _cpu_copies(state_dict)
     if safetensors_torch is not None:
-        return safetensors_torch.save(tensors)
+        encoded: bytes = safetensors_torch.save(tensors)
+        return encoded
     buffer = io.BytesIO()
     torch.save(tensors, buffer)
     return buffer.getvalue()
@@ -39,10 +42,13 @@ def state_dict_to_bytes(state_dict: Mapping[str, Tensor]) -> bytes:
 def state_dict_from_bytes(data: bytes) -> dict[str, Tensor]:
     """Inverse of `state_dict_to_bytes`, accepting either format; tensors land on the CPU."""
     if data.startswith(_ZIP_MAGIC):
-        return torch.load(io.BytesIO(data), map_location="cpu", weights_only=True)
+        loaded: dict[str, Tensor] = torch.load(io.BytesIO(data), map_location="cpu",
+                                               weights_only=True)
+        return loaded
     if safetensors_torch is None:
         raise ValueError("weights are in safetensors format but safetensors is not installed")
-    return safetensors_torch.load(data)
+    tensors: dict[str, Tensor] = safetensors_torch.load(data)
+    return tensors
 
 
 def tensor_bytes(tensor: Tensor) -> bytes:

@@ -85,6 +85,7 @@ class RolloutWorker:
         self.args = args
         self.task = build_task(args.task)
         self.verifier = make_verifier(self.task, args.task)
+        self.policy: Any  # a torch module (built-in or transformers) or an MLX one
         if args.backend == "mlx":
             from invar.runtime.mlx_policy import MLXPolicy
             self.policy = MLXPolicy(PolicyConfig(**args.policy))
@@ -99,8 +100,8 @@ class RolloutWorker:
         self.version: int | None = None
         self.load_serial = -1
         """The serial of the last load carried out (`LoadWeights.load`)."""
-        self.replies: OrderedDict[tuple, Completion] = OrderedDict()
-        self.verifier_status: dict[tuple, str] = {}
+        self.replies: OrderedDict[tuple[int, ...], Completion] = OrderedDict()
+        self.verifier_status: dict[tuple[int, ...], str] = {}
         """FAILED or TIMEOUT, for each request in `replies` whose verifier did not succeed."""
         self.faults = set(args.faults)
         self.sent = 0
@@ -183,6 +184,8 @@ class RolloutWorker:
             row = (command.request.prompt - first_prompt) * g + command.request.sample
             prompt_of_row[row] = self._prompt(command.prompt_index)
             seeds[row] = command.seed
+        tokens: Any  # rows of token ids and log-probs: numpy arrays (MLX) or tensors (torch)
+        logprobs: Any
         if self.args.backend == "mlx":
             from invar.runtime.mlx_sampler import generate as mlx_generate
             tokens, logprobs = mlx_generate(
