@@ -43,7 +43,6 @@ from mlx.utils import tree_flatten, tree_unflatten
 
 from invar.runtime.policy import PolicyConfig
 
-
 # Eigen's / XLA's float32 erf: an odd rational function on [-4, 4] (erf is +-1 beyond).
 _ERF_NUMERATOR = (-2.72614225801306e-10, 2.77068142495902e-08, -2.10102402082508e-06,
                   -5.69250639462346e-05, -7.34990630326855e-04, -2.95459980854025e-03,
@@ -288,7 +287,8 @@ def numpy_to_parameters(state: Mapping[str, np.ndarray], like: nn.Module) -> dic
     given = dict(state)
     if getattr(like, "config", None) is not None and like.config.tie_head:
         head = given.pop("head.weight", None)
-        if head is not None and not np.array_equal(head, given.get("token_embedding.weight")):
+        embedding = given.get("token_embedding.weight")
+        if head is not None and (embedding is None or not np.array_equal(head, embedding)):
             raise ValueError("tied head: head.weight differs from token_embedding.weight")
     missing = sorted(set(expected) - set(given))
     unexpected = sorted(set(given) - set(expected))
