@@ -93,7 +93,9 @@ def main(argv: list[str] | None = None) -> int:
     schedule = report(config.protocol)
     for note in schedule.notes:
         print(f"note: {note}", file=sys.stderr)
-    from invar.runtime.driver import ResumeError, RunStopped  # torch from here on
+    # The first import of torch (through the driver and the learner backends): parsing the
+    # command line and checking the configuration did without it.
+    from invar.runtime.driver import ResumeError, RunStopped
     from invar.runtime.journal import JournalError
     from invar.runtime.torch_learner import CommitError
     from invar.runtime.transport import TransportRefused

@@ -37,6 +37,7 @@ import torch
 from torch import Tensor
 
 from invar.model.schedule import derive_seed
+from invar.runtime.config import OptimConfig
 from invar.runtime.policy import PolicyConfig, build_policy, sequence_logprobs
 from invar.runtime.sampler import generate
 from invar.runtime.weights import (
@@ -80,22 +81,6 @@ class BindingError(ValueError):
         self.fields = tuple(fields)
         self.detail = detail
         super().__init__(f"cotangent refused ({', '.join(self.fields)}): {detail}")
-
-
-@dataclass(frozen=True)
-class OptimConfig:
-    """AdamW and gradient clipping."""
-
-    lr: float = 1e-3
-    """Learning rate."""
-    betas: tuple[float, float] = (0.9, 0.999)
-    """Decay rates of the first and second moment estimates."""
-    eps: float = 1e-8
-    """Added to the second-moment root for numerical stability."""
-    weight_decay: float = 0.0
-    """Decoupled weight decay."""
-    grad_clip: float = 1.0
-    """Clip the global gradient norm to this value; 0 disables clipping."""
 
 
 @dataclass(frozen=True)
