@@ -15,11 +15,12 @@ from typing import Any
 
 from invar.model.errors import ConfigError
 from invar.model.schedule import report
+from invar.runtime.backend import LearnerBackend
 from invar.runtime.config import (OPERATIONAL, ROUNDING, TrainConfig, changed_keys,
                                   describe_bad_byte, load_config, to_dict)
 
 
-def make_learner(config: TrainConfig) -> Any:
+def make_learner(config: TrainConfig) -> LearnerBackend:
     """The learner backend the configuration names."""
     commit_dir = Path(config.output.run_dir) / "commits"
     if config.learner.backend == "mlx":
@@ -95,9 +96,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"note: {note}", file=sys.stderr)
     # The first import of torch (through the driver and the learner backends): parsing the
     # command line and checking the configuration did without it.
+    from invar.runtime.commits import CommitError
     from invar.runtime.driver import ResumeError, RunStopped
     from invar.runtime.journal import JournalError
-    from invar.runtime.torch_learner import CommitError
     from invar.runtime.transport import TransportRefused
     try:
         summary = train(config, resume=bool(args.resume), serial=args.serial,

@@ -67,11 +67,12 @@ from invar.model.shell import LEARNER, STORE, TIMER, Delivery, Verdict, deliver,
 from invar.model.state import Sample, State, WorkerPhase, initial_state, state_digest
 from invar.model.world import Decision, LearnerRules
 from invar.runtime import journal as journal_io
+from invar.runtime.backend import LearnerBackend
+from invar.runtime.commits import commit_path
 from invar.runtime.config import TrainConfig, split_fault, to_dict, worker_names
 from invar.runtime.faults import with_frame_faults
 from invar.runtime.metrics import MetricsLog
 from invar.runtime.tasks import Task, build_task, heldout_count, prompt_rows
-from invar.runtime.torch_learner import commit_path
 from invar.runtime.transport import (
     ConnectionLost,
     FrameError,
@@ -122,7 +123,7 @@ class LearnerExecutor:
     four the last command got.
     """
 
-    def __init__(self, learner: Any, task: Task, heldout: np.ndarray,
+    def __init__(self, learner: LearnerBackend, task: Task, heldout: np.ndarray,
                  run_dir: Path, metrics: MetricsLog, verifier: Any = None) -> None:
         self.learner = learner
         self.task = task
@@ -413,13 +414,14 @@ RECONNECT_BACKOFF_MAX = 10.0
 class Driver:
     """One run (or its resumption) in one process.
 
-    `learner`: a backend (`TorchLearner`, `MLXLearner`, or a fake with the same methods);
+    `learner`: a backend (`TorchLearner`, `MLXLearner`, or a fake: any `LearnerBackend`);
     `spawn_worker(name, incarnation)`: a connected `Transport` to a new worker (default: a
     local process); `learner_inputs`: what the backend gets beside each learner command.
     """
 
-    def __init__(self, config: TrainConfig, learner: Any, spawn_worker: SpawnWorker | None = None,
-                 resume: bool = False, learner_inputs: LearnerInputs = learner_inputs,
+    def __init__(self, config: TrainConfig, learner: LearnerBackend,
+                 spawn_worker: SpawnWorker | None = None, resume: bool = False,
+                 learner_inputs: LearnerInputs = learner_inputs,
                  restored: tuple[Any, State, int] | None = None) -> None:
         self.config = config
         self.run_dir = Path(config.output.run_dir)
@@ -909,7 +911,7 @@ def _policy_dict(config: TrainConfig) -> dict[str, Any]:
 # The serial reference execution.
 
 
-def run_serial(config: TrainConfig, learner: Any) -> State:
+def run_serial(config: TrainConfig, learner: LearnerBackend) -> State:
     """The same schedule, one command at a time in FIFO order, every component in-process:
     events through `shell.deliver`, commands where `shell.route` says (nothing is lost, so
     the retry timer never fires). Like any run it journals every accepted event (with the
