@@ -40,7 +40,8 @@ def train(config: TrainConfig, resume: bool = False, serial: bool = False,
           restored: Any = None) -> dict[str, Any]:
     """Run (or resume) training; returns the run's summary. `restored`: what
     `journal.restore` returned for the run's journal, when the caller checked it already."""
-    from invar.runtime.driver import Driver, pin_current_process, run_serial
+    from invar.runtime.driver import Driver, pin_current_process
+    from invar.runtime.serial import run_serial
     pin_current_process(config.learner.cpus)
     learner = make_learner(config)
     if serial:

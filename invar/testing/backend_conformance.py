@@ -519,7 +519,7 @@ class RulesCheck:
     `invar.model.world`'s learner), evolved on the side from the executor's replies."""
 
     def __init__(self, backend, directory):
-        from invar.runtime.driver import LearnerExecutor
+        from invar.runtime.learner_executor import LearnerExecutor
         from invar.runtime.metrics import MetricsLog
         self.learner = Counted(backend.make(directory / "commits"))
         self.executor = LearnerExecutor(self.learner, TASK, TASK.prompts("heldout", range(4)),
@@ -531,7 +531,7 @@ class RulesCheck:
         self.rules = LearnerRules(attempt, started.weights_digest, started.committed_version)
 
     def send(self, command, expected, inputs=None):
-        from invar.runtime.driver import checkpoint_path
+        from invar.runtime.learner_executor import checkpoint_path
         kept = (isinstance(command, Checkpoint)
                 and checkpoint_path(self.executor.run_dir, command.version).exists())
         # A checkpoint on disk is answered again before any rule (as the world's learner does).

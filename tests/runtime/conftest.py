@@ -87,10 +87,10 @@ def run_driver(config: Any, resume: bool = False, spawn: Any = None) -> Any:
 
 def run_serial(config: Any) -> Any:
     """The in-process reference execution, one command at a time."""
-    from invar.runtime import driver
+    from invar.runtime import serial
     from invar.runtime.cli import make_learner
     with torch_globals_kept():
-        return driver.run_serial(config, make_learner(config))
+        return serial.run_serial(config, make_learner(config))
 
 
 def summary(run_dir: Path) -> dict[str, Any]:

@@ -35,7 +35,7 @@ from invar.model.objective import ObjectiveTerms
 from invar.model.schedule import RequestId
 from invar.model.world import Decision, LearnerRules
 from invar.runtime.commits import read_commit
-from invar.runtime.driver import LearnerExecutor, checkpoint_path
+from invar.runtime.learner_executor import LearnerExecutor, checkpoint_path
 from invar.runtime.metrics import MetricsLog
 from invar.runtime.policy import PolicyConfig
 from invar.runtime.task import DigitReversal
