@@ -271,7 +271,7 @@ def _keepalive_losses(workdir: Path) -> int:
 def same_weights(a: Path, b: Path) -> tuple[bool, str]:
     import torch
 
-    from invar.runtime.torch_learner import list_commits, read_commit
+    from invar.runtime.commits import list_commits, read_commit
     (va, pa), (vb, pb) = list_commits(a / "commits")[-1], list_commits(b / "commits")[-1]
     ma, mb = read_commit(pa)["model"], read_commit(pb)["model"]
     if va != vb or ma.keys() != mb.keys():

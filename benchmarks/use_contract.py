@@ -28,7 +28,10 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "benchmarks"))
-import bench_async as ba  # noqa: E402  (the machinery this study reuses)
+# bench_async's machinery, reused: its runs, its /proc readings and figures, its provenance.
+import async_measure  # noqa: E402
+import async_report  # noqa: E402
+import async_runs  # noqa: E402
 
 OUT = ROOT / "reports" / "use-contract"
 RECORDS = OUT / "runs.jsonl"
@@ -64,10 +67,10 @@ class Cell:
     loss: str
 
     def sets(self) -> dict[str, Any]:
-        placement = (ba.PINNED if self.placement == "pinned"
-                     else COLOCATED_SYNC if self.staleness == 0 else ba.UNPINNED_1)
-        return {**COMMON, **TASKS[self.task]["sets"], **placement, **ba.staleness(self.staleness),
-                "protocol.objective.loss": self.loss}
+        placement = (async_runs.PINNED if self.placement == "pinned"
+                     else COLOCATED_SYNC if self.staleness == 0 else async_runs.UNPINNED_1)
+        return {**COMMON, **TASKS[self.task]["sets"], **placement,
+                **async_runs.staleness(self.staleness), "protocol.objective.loss": self.loss}
 
 
 CELLS = (
@@ -90,9 +93,9 @@ SWEEP_POINTS: dict[str, dict[str, Any]] = {
     "len16": {"task.length": 16, "protocol.optimizer_steps": 1},
 }
 SWEEP_CONFIGS: dict[str, dict[str, Any]] = {
-    "pin-S0": {**ba.PINNED, **ba.staleness(0)},
-    "pin-S1": {**ba.PINNED, **ba.staleness(1)},
-    "col-S0": {**COLOCATED_SYNC, **ba.staleness(0)},
+    "pin-S0": {**async_runs.PINNED, **async_runs.staleness(0)},
+    "pin-S1": {**async_runs.PINNED, **async_runs.staleness(1)},
+    "col-S0": {**COLOCATED_SYNC, **async_runs.staleness(0)},
 }
 SWEEP_BASE: dict[str, Any] = {
     "output.progress": False, "output.tensorboard": False, "protocol.checkpoint_every": 0,
@@ -162,12 +165,12 @@ def execute(entry: dict[str, Any]) -> dict[str, Any]:
     """Run one planned configuration as `invar train` and return its record."""
     RUNS.mkdir(parents=True, exist_ok=True)
     shutil.rmtree(RUNS / entry["id"], ignore_errors=True)  # a run cut short earlier
-    spec = ba.Spec(entry["id"], entry["kind"], entry["id"], entry["sets"],
+    spec = async_runs.Spec(entry["id"], entry["kind"], entry["id"], entry["sets"],
                    stop_after=entry.get("budget"))
     total = entry["sets"]["protocol.total_updates"]
     window_start = SWEEP_WINDOW if entry["kind"] == "sweep" else total  # main: no CPU window
     started = time.time()
-    result = ba.run(spec, RUNS, {}, total, window_start)
+    result = async_runs.run(spec, RUNS, {}, total, window_start)
     last = max((row["update"] for row in result.updates), default=0)
     if entry["kind"] == "sweep" and result.window is None and last > SWEEP_WINDOW:
         # Stopped by its wall budget before the last update: the steady window runs from
@@ -185,7 +188,7 @@ def execute(entry: dict[str, Any]) -> dict[str, Any]:
         "samples_per_batch": result.samples_per_batch,
         "updates": [{k: row[k] for k in UPDATE_KEYS if k in row} for row in result.updates],
         "evaluations": result.evaluations,
-        "steady": ba.steady(result) if entry["kind"] == "sweep" else None,
+        "steady": async_measure.steady(result) if entry["kind"] == "sweep" else None,
         "run_dir": str(RUNS / entry["id"]),
     })
     return _round(record)
@@ -197,7 +200,7 @@ def run_study(args: argparse.Namespace, console: Any) -> None:
             and entry["kind"] in args.only]
     deadline = (dt.datetime.strptime(args.stop_at, "%H:%M").time() if args.stop_at else None)
     console.print(f"[bold]use contract[/]: {len(records)} runs recorded, {len(todo)} to run; "
-                  f"load {ba.loadavg()}")
+                  f"load {async_measure.loadavg()}")
     OUT.mkdir(parents=True, exist_ok=True)
     for entry in todo:
         now = dt.datetime.now(dt.UTC)
@@ -621,7 +624,7 @@ def write_results(records: dict[str, dict[str, Any]], out: Path, console: Any) -
     made = plots(out, records, result)
     result["generated_utc"] = dt.datetime.now(dt.UTC).strftime("%Y-%m-%d %H:%M:%S")
     result["machine"] = {"cpus": os.cpu_count(), "python": platform.python_version(),
-                         "torch": torch.__version__, "commit": ba._git_head()}
+                         "torch": torch.__version__, "commit": async_report._git_head()}
     result["deviations_declared"] = list(DEVIATIONS)
     (out / "results.json").write_text(json.dumps(result, indent=1, default=str,
                                                  allow_nan=True))

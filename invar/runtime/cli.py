@@ -15,11 +15,12 @@ from typing import Any
 
 from invar.model.errors import ConfigError
 from invar.model.schedule import report
+from invar.runtime.backend import LearnerBackend
 from invar.runtime.config import (OPERATIONAL, ROUNDING, TrainConfig, changed_keys,
                                   describe_bad_byte, load_config, to_dict)
 
 
-def make_learner(config: TrainConfig) -> Any:
+def make_learner(config: TrainConfig) -> LearnerBackend:
     """The learner backend the configuration names."""
     commit_dir = Path(config.output.run_dir) / "commits"
     if config.learner.backend == "mlx":
@@ -39,7 +40,8 @@ def train(config: TrainConfig, resume: bool = False, serial: bool = False,
           restored: Any = None) -> dict[str, Any]:
     """Run (or resume) training; returns the run's summary. `restored`: what
     `journal.restore` returned for the run's journal, when the caller checked it already."""
-    from invar.runtime.driver import Driver, pin_current_process, run_serial
+    from invar.runtime.driver import Driver, pin_current_process
+    from invar.runtime.serial import run_serial
     pin_current_process(config.learner.cpus)
     learner = make_learner(config)
     if serial:
@@ -93,9 +95,11 @@ def main(argv: list[str] | None = None) -> int:
     schedule = report(config.protocol)
     for note in schedule.notes:
         print(f"note: {note}", file=sys.stderr)
-    from invar.runtime.driver import ResumeError, RunStopped  # torch from here on
+    # The first import of torch (through the driver and the learner backends): parsing the
+    # command line and checking the configuration did without it.
+    from invar.runtime.commits import CommitError
+    from invar.runtime.driver import ResumeError, RunStopped
     from invar.runtime.journal import JournalError
-    from invar.runtime.torch_learner import CommitError
     from invar.runtime.transport import TransportRefused
     try:
         summary = train(config, resume=bool(args.resume), serial=args.serial,

@@ -21,9 +21,8 @@ from typing import Any, Union
 from invar.model.config import RunConfig
 from invar.model.errors import ConfigError
 from invar.model.objective import ObjectiveConfig
-from invar.runtime.policy import PolicyConfig
+from invar.runtime.policy_config import PolicyConfig
 from invar.runtime.tasks import build_task
-from invar.runtime.torch_learner import OptimConfig
 
 
 @dataclass(frozen=True)
@@ -72,6 +71,22 @@ KIND_KEYS = {"jsonl": ("path", "verifier", "tokenizer", "prompt_length", "respon
              "module": ("module", "options")}
 """Task settings only one kind reads: set with another kind they are refused, not ignored
 (a `task.path` without `task.name = "jsonl"` would train on the default task)."""
+
+
+@dataclass(frozen=True)
+class OptimConfig:
+    """AdamW and gradient clipping."""
+
+    lr: float = 1e-3
+    """Learning rate."""
+    betas: tuple[float, float] = (0.9, 0.999)
+    """Decay rates of the first and second moment estimates."""
+    eps: float = 1e-8
+    """Added to the second-moment root for numerical stability."""
+    weight_decay: float = 0.0
+    """Decoupled weight decay."""
+    grad_clip: float = 1.0
+    """Clip the global gradient norm to this value; 0 disables clipping."""
 
 
 @dataclass(frozen=True)

@@ -11,47 +11,37 @@ counted, neither is fatal. Rollout workers are processes behind a `Transport`; t
 in a thread of this process (`LearnerExecutor`, keeping `LearnerRules`), so rollout and
 learning overlap when the schedule allows it.
 
-`run_serial` executes the same schedule with the same components one command at a time, in
-one process: the reference an asynchronous run is compared with.
+The learner's commands are executed by `invar.runtime.learner_executor`, the weights workers
+load kept by `invar.runtime.store`; `invar.runtime.serial.run_serial` executes the same
+schedule with the same components one command at a time, in one process: the reference an
+asynchronous run is compared with.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import functools
 import json
 import logging
 import os
 import time
-from collections import deque
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Awaitable, Callable, Iterator
+from typing import Any, Awaitable, Callable
 
 import numpy as np
 
 from invar.model import schedule
 from invar.model.core import run_complete
 from invar.model.messages import (
-    ApplyCotangent,
-    Checkpoint,
-    CheckpointWritten,
     Command,
-    Commit,
     DecodeError,
-    Evaluate,
     Event,
-    ForwardObserved,
     LaunchRequest,
     LearnerStarted,
     LoadWeights,
-    ProbabilitiesReported,
     Publish,
     ReleaseVersion,
     RequestsCompleted,
-    RunForward,
-    ScoreProbabilities,
     StepFinished,
     TimerFired,
     UpdateCommitted,
@@ -65,13 +55,19 @@ from invar.model.messages import (
 )
 from invar.model.shell import LEARNER, STORE, TIMER, Delivery, Verdict, deliver, route
 from invar.model.state import Sample, State, WorkerPhase, initial_state, state_digest
-from invar.model.world import Decision, LearnerRules
 from invar.runtime import journal as journal_io
-from invar.runtime.config import TrainConfig, split_fault, to_dict, worker_names
+from invar.runtime.backend import LearnerBackend
+from invar.runtime.config import TrainConfig, to_dict, worker_names
 from invar.runtime.faults import with_frame_faults
+from invar.runtime.learner_executor import (
+    LearnerExecutor,
+    LearnerInputs,
+    learner_inputs,
+)
 from invar.runtime.metrics import MetricsLog
-from invar.runtime.tasks import Task, build_task, heldout_count, prompt_rows
-from invar.runtime.torch_learner import commit_path
+from invar.runtime.run_stats import Stats, VerifierFailures
+from invar.runtime.store import WeightsStore, publish
+from invar.runtime.tasks import build_task, heldout_count, prompt_rows
 from invar.runtime.transport import (
     ConnectionLost,
     FrameError,
@@ -79,295 +75,13 @@ from invar.runtime.transport import (
     Transport,
     TransportRefused,
 )
-from invar.runtime.verifier import FAILED, TIMEOUT, InlineVerifier, Job, make_verifier
+from invar.runtime.verifier import make_verifier
 from invar.runtime.weights import atomic_write
-from invar.runtime.worker import RolloutWorker, WorkerArgs
+from invar.runtime.worker_args import worker_args
 
 log = logging.getLogger("invar.driver")
 
 SpawnWorker = Callable[[str, int], Awaitable[Transport]]
-LearnerInputs = Callable[[State, Task, Command], "np.ndarray | None"]
-"""What the learner backend gets beside a command: `learner_inputs` (token rows) for the real
-backends; a fake backend may take something else (its numerics need no tokens)."""
-
-
-# ---------------------------------------------------------------------------------------------
-# Executing learner commands: shared by the asynchronous driver and the serial runner.
-
-
-def checkpoint_path(run_dir: Path, version: int) -> Path:
-    """Where the checkpoint of `version` is kept: a copy of its commit file (same format)."""
-    return commit_path(Path(run_dir) / "checkpoints", version)
-
-
-class LearnerExecutor:
-    """Carries out learner commands against a backend, keeping the learner's rules.
-
-    Every command goes through `LearnerRules.decide` (`invar.model.world`), the rules the
-    model checker's learner keeps, and the executor does exactly what the decision says:
-
-    * RUN: the backend carries it out and the rules record it (the pending forward with the
-      `matrix_digest` of the log-probs returned, the step applied, the commit written);
-    * REPEAT: the reply already given is given again, nothing is done twice (a re-sent
-      pending forward, an applied cotangent, a repeated commit);
-    * IGNORE: another attempt's command, an older forward re-sent after a newer one (running
-      it would replace the binding the core's cotangent is for), or an evaluation or
-      checkpoint of weights other than exactly that commit's: no reply;
-    * REFUSE: a cotangent whose observation, pre-step digest or forward digest is not the
-      pending forward's (or that the backend refuses), a commit of another state: no reply,
-      nothing changes, logged and counted.
-
-    A checkpoint already on disk is answered again whatever the rules say (it is kept
-    whole: written atomically, its digest beside it last). `last_decision` tells which of the
-    four the last command got.
-    """
-
-    def __init__(self, learner: Any, task: Task, heldout: np.ndarray,
-                 run_dir: Path, metrics: MetricsLog, verifier: Any = None) -> None:
-        self.learner = learner
-        self.task = task
-        self.heldout = heldout
-        self.scoring = HeldoutScoring(task, verifier or InlineVerifier(task, 0.0), metrics)
-        self.run_dir = Path(run_dir)
-        self.metrics = metrics
-        self.rules: LearnerRules | None = None
-        self.last_decision = ""
-        self._forward: ForwardObserved | None = None
-        """The reply to the pending forward (answered again on a re-send)."""
-        self.busy_seconds = 0.0
-
-    def start(self, attempt: int) -> LearnerStarted:
-        """(Re)start the backend from its newest commit as `attempt`: the rules start afresh,
-        with the restored weights and nothing pending."""
-        version, digest = self.learner.start()
-        self.rules = LearnerRules(attempt=attempt, weights=digest, version=version)
-        self._forward = None
-        return LearnerStarted(attempt, version, digest)
-
-    def execute(self, command: Command, inputs: np.ndarray | None) -> Event | None:
-        """The reply to `command` (None: no reply), per the rules."""
-        began = time.perf_counter()
-        try:
-            return self._execute(command, inputs)
-        finally:
-            self.busy_seconds += time.perf_counter() - began
-
-    def _execute(self, command: Command, inputs: np.ndarray | None) -> Event | None:
-        if self.rules is None:
-            raise RuntimeError("the learner executor has not started: call start() first")
-        if isinstance(command, Checkpoint):
-            kept = self._kept_checkpoint(command.version)
-            if kept is not None:
-                self.last_decision = Decision.REPEAT
-                return CheckpointWritten(command.version, kept)
-        decision = self.rules.decide(command)
-        self.last_decision = decision
-        if decision == Decision.RUN:
-            return self._run(command, inputs)
-        if decision == Decision.REPEAT:
-            self.metrics.count("learner_repeated")
-            return self._repeat(command)
-        if decision == Decision.REFUSE:
-            self._refused(command, "not bound to the learner's pending forward or state")
-        else:
-            self.metrics.count("learner_ignored")
-            log.info("ignored %s %s (learner attempt %d, version %d)", type(command).__name__,
-                     _identity(command), self.rules.attempt, self.rules.version)
-        return None
-
-    def _refused(self, command: Command, why: str) -> None:
-        self.last_decision = Decision.REFUSE
-        self.metrics.count("learner_refused")
-        log.warning("refused %s %s: %s", type(command).__name__, _identity(command), why)
-
-    def _repeat(self, command: Command) -> Event:
-        rules = self.rules
-        assert rules is not None
-        if isinstance(command, RunForward):
-            assert self._forward is not None
-            return self._forward
-        if isinstance(command, ApplyCotangent):
-            assert rules.applied is not None
-            return StepFinished(command.observation, command.attempt, rules.applied[1])
-        assert isinstance(command, Commit)
-        return UpdateCommitted(command.update, rules.weights)
-
-    def _run(self, command: Command, inputs: np.ndarray | None) -> Event | None:
-        rules = self.rules
-        assert rules is not None
-        start = self.task.prompt_length
-        if isinstance(command, ScoreProbabilities):
-            proximal, reference = self.learner.score(inputs, start, command.reference)
-            return ProbabilitiesReported(command.update, command.attempt, _rows(proximal),
-                                         None if reference is None else _rows(reference))
-        if isinstance(command, RunForward):
-            obs = command.observation
-            digest, current = self.learner.forward(obs.update, obs.step, obs.serial, inputs, start)
-            reply = ForwardObserved(obs, command.attempt, digest, _rows(current))
-            self.rules = rules.forwarded(command, reply)
-            self._forward = reply
-            return reply
-        if isinstance(command, ApplyCotangent):
-            obs = command.observation
-            try:
-                digest = self.learner.apply_cotangent(obs.update, obs.step, obs.serial,
-                                                      command.pre_step_digest,
-                                                      np.array(_padded(command.cotangent)))
-            except ValueError as error:  # BindingError is a ValueError; the forward stays
-                self._refused(command, str(error))
-                return None
-            self.rules = rules.stepped_to(command, digest)
-            self._forward = None
-            return StepFinished(obs, command.attempt, digest)
-        if isinstance(command, Commit):
-            version = command.update + 1
-            digest = self.learner.commit(version)
-            self.rules = rules.committed(version, digest)
-            return UpdateCommitted(command.update, digest)
-        if isinstance(command, Evaluate):
-            return VersionEvaluated(command.version,
-                                    self.learner.evaluate_greedy(self.scoring, self.heldout))
-        if isinstance(command, Checkpoint):
-            return self._write_checkpoint(command.version, rules.weights)
-        raise TypeError(f"not a learner command: {command!r}")  # pragma: no cover
-
-    def _kept_checkpoint(self, version: int) -> str | None:
-        """The digest of the checkpoint of `version` if it is on disk, whole."""
-        digest = checkpoint_path(self.run_dir, version).with_suffix(".digest")
-        return digest.read_text() if digest.exists() else None
-
-    def _write_checkpoint(self, version: int, digest: str) -> CheckpointWritten | None:
-        """Copy commit `version` (the weights in memory, exactly) to the checkpoints, each
-        file atomically: a crash leaves the old state or the new, never a truncated file. The
-        digest is written last: a checkpoint counts as kept once its digest is there."""
-        source = self.learner.commit_file(version)
-        if source is None:
-            log.error("checkpoint of version %d: its commit file is gone", version)
-            return None
-        target = checkpoint_path(self.run_dir, version)
-        target.parent.mkdir(exist_ok=True)
-        atomic_write(target, source.read_bytes())
-        atomic_write(target.with_suffix(".digest"), digest.encode())
-        return CheckpointWritten(version, digest)
-
-
-class HeldoutScoring:
-    """What a learner's `evaluate_greedy(task, prompts)` asks of the task, for the held-out
-    prompts (row i is held-out prompt i): the response length, and the rewards of the greedy
-    answers, given by the task's verifier with its time limit. A failed or timed-out call is
-    counted (`heldout_verifier_failed`, `heldout_verifier_timeout`)."""
-
-    def __init__(self, task: Task, verifier: Any, metrics: MetricsLog) -> None:
-        self.response_length = task.response_length
-        self.verifier = verifier
-        self.metrics = metrics
-
-    def rewards(self, prompts: np.ndarray, responses: np.ndarray) -> np.ndarray:
-        jobs = [Job("heldout", index, tuple(int(t) for t in response))
-                for index, response in enumerate(np.asarray(responses).tolist())]
-        outcomes = self.verifier.submit(jobs).outcomes()
-        for outcome in outcomes:
-            if outcome.status in (FAILED, TIMEOUT):
-                self.metrics.count(f"heldout_verifier_{outcome.status}")
-        return np.array([outcome.reward for outcome in outcomes], dtype=np.float64)
-
-
-class VerifierFailures:
-    """The requests whose verifier failed or timed out, by batch, from the reply frames'
-    headers (`RolloutWorker.verifier_failures`): a set per batch, so a frame delivered twice
-    or a request answered by two workers counts once. `take(u)` gives batch u's counts for
-    update u's metrics row."""
-
-    def __init__(self) -> None:
-        self.by_batch: dict[int, dict[str, set[tuple[int, ...]]]] = {}
-
-    def add(self, header: dict[str, Any]) -> None:
-        for status in (FAILED, TIMEOUT):
-            for request in header.get(f"verifier_{status}", ()):
-                request = tuple(int(part) for part in request)
-                self.by_batch.setdefault(request[0], {}).setdefault(status, set()).add(request)
-
-    def take(self, batch: int) -> dict[str, int]:
-        found = self.by_batch.pop(batch, {})
-        return {"verifier_failures": len(found.get(FAILED, ())),
-                "verifier_timeouts": len(found.get(TIMEOUT, ()))}
-
-
-def _identity(command: Command) -> str:
-    """What names a learner command in a log line (not its payload)."""
-    for name in ("observation", "update", "version"):
-        value = getattr(command, name, None)
-        if value is not None:
-            return f"{name}={value}"
-    return ""
-
-
-def _rows(matrix: np.ndarray) -> tuple[tuple[float, ...], ...]:
-    return tuple(tuple(row) for row in np.asarray(matrix, dtype=np.float64).tolist())
-
-
-def _padded(rows: tuple[tuple[float, ...], ...]) -> list[list[float]]:
-    width = max(len(r) for r in rows)
-    return [list(r) + [0.0] * (width - len(r)) for r in rows]
-
-
-def learner_inputs(state: State, task: Task, command: Command) -> np.ndarray | None:
-    """The token sequences (prompt + response) a learner command works on, from the state."""
-    if isinstance(command, ScoreProbabilities):
-        requests = command.requests
-    elif isinstance(command, RunForward):
-        requests = command.requests
-    else:
-        return None
-    config = state.config
-    group = config.group_size
-    rows = []
-    batch = None
-    for request in requests:
-        if batch is None or batch.batch != request.batch:  # a command's requests share a batch
-            batch = state.batch(request.batch)
-            if batch is None:
-                return None
-        sample = batch.slots[request.prompt * group + request.sample]
-        assert isinstance(sample, Sample)
-        prompt = _prompt(task, schedule.prompt_index(config, request.batch, request.prompt))
-        rows.append(prompt + sample.tokens)
-    return np.array(rows, dtype=np.int64)
-
-
-@functools.lru_cache(maxsize=8192)
-def _prompt(task: Task, index: int) -> tuple[int, ...]:
-    return tuple(task.prompt(index))
-
-
-class WeightsStore:
-    """The weights workers load: one file per published version, its parameter digest beside
-    it. Publication writes both atomically; a release deletes both."""
-
-    def __init__(self, directory: Path) -> None:
-        self.directory = Path(directory)
-        self.directory.mkdir(parents=True, exist_ok=True)
-
-    def path(self, version: int) -> Path:
-        return self.directory / f"weights-{version:06d}.bin"
-
-    def write(self, version: int, blob: bytes, params_digest: str) -> None:
-        path = self.path(version)
-        atomic_write(path, blob)
-        atomic_write(path.with_suffix(".digest"), params_digest.encode())
-
-    def read(self, version: int) -> tuple[bytes, str]:
-        path = self.path(version)
-        return path.read_bytes(), path.with_suffix(".digest").read_text()
-
-    def delete(self, version: int) -> None:
-        path = self.path(version)
-        path.unlink(missing_ok=True)
-        path.with_suffix(".digest").unlink(missing_ok=True)
-
-
-# ---------------------------------------------------------------------------------------------
-# The asynchronous driver.
 
 
 @dataclass
@@ -375,30 +89,6 @@ class WorkerHandle:
     name: str
     incarnation: int
     transport: Transport
-
-
-@dataclass
-class Stats:
-    events: int = 0
-    refused: int = 0
-    noops: int = 0
-    malformed_frames: int = 0
-    core_seconds: float = 0.0
-    """Wall seconds the event loop spent in the core and the driver's own work (decoding a
-    worker's frames, `deliver`, digests, the journal with its fsyncs, dispatch)."""
-    core_cpu_seconds: float = 0.0
-    """The same, as this thread's CPU time: without the waits for the GIL (the learner's
-    thread) and for the disk."""
-    worker_deaths: int = 0
-    rollout_seconds: float = 0.0
-    """Generation seconds the workers reported in their reply frames (measurement only)."""
-    load_seconds: float = 0.0
-    """Weight-loading seconds the workers reported (measurement only)."""
-    rollout_replies: int = 0
-    """Replies received in frames that reported generation seconds (measurement only)."""
-    started: float = field(default_factory=time.perf_counter)
-    completed_by: dict[str, int] = field(default_factory=dict)
-    """Requests each worker (any incarnation) reported completed."""
 
 
 MAX_RESPAWNS = 5
@@ -413,13 +103,14 @@ RECONNECT_BACKOFF_MAX = 10.0
 class Driver:
     """One run (or its resumption) in one process.
 
-    `learner`: a backend (`TorchLearner`, `MLXLearner`, or a fake with the same methods);
+    `learner`: a backend (`TorchLearner`, `MLXLearner`, or a fake: any `LearnerBackend`);
     `spawn_worker(name, incarnation)`: a connected `Transport` to a new worker (default: a
     local process); `learner_inputs`: what the backend gets beside each learner command.
     """
 
-    def __init__(self, config: TrainConfig, learner: Any, spawn_worker: SpawnWorker | None = None,
-                 resume: bool = False, learner_inputs: LearnerInputs = learner_inputs,
+    def __init__(self, config: TrainConfig, learner: LearnerBackend,
+                 spawn_worker: SpawnWorker | None = None, resume: bool = False,
+                 learner_inputs: LearnerInputs = learner_inputs,
                  restored: tuple[Any, State, int] | None = None) -> None:
         self.config = config
         self.run_dir = Path(config.output.run_dir)
@@ -677,9 +368,7 @@ class Driver:
                 self.events.put_nowait(reply)
 
     async def _publish(self, command: Publish) -> None:
-        blob, params_digest, digest = await asyncio.to_thread(
-            self.learner.published_weights, command.version)
-        await asyncio.to_thread(self.store.write, command.version, blob, params_digest)
+        digest = await asyncio.to_thread(publish, self.learner, self.store, command.version)
         self.events.put_nowait(VersionPublished(command.version, digest))
 
     # -- workers -----------------------------------------------------------------------------
@@ -899,168 +588,6 @@ class RunStopped(RuntimeError):
 @dataclass
 class _Crash:
     error: BaseException
-
-
-def _policy_dict(config: TrainConfig) -> dict[str, Any]:
-    return {k: getattr(config.policy, k) for k in config.policy.__dataclass_fields__}
-
-
-# ---------------------------------------------------------------------------------------------
-# The serial reference execution.
-
-
-def run_serial(config: TrainConfig, learner: Any) -> State:
-    """The same schedule, one command at a time in FIFO order, every component in-process:
-    events through `shell.deliver`, commands where `shell.route` says (nothing is lost, so
-    the retry timer never fires). Like any run it journals every accepted event (with the
-    state digests around it), writes a metrics row per update, shows the progress bar and
-    ends with summary.json and report.md; it cannot be resumed (a serial run is a reference,
-    run whole)."""
-    run_dir = Path(config.output.run_dir)
-    run_dir.mkdir(parents=True, exist_ok=True)
-    journal_path = run_dir / "journal.jsonl"
-    if journal_path.exists() and journal_path.stat().st_size:
-        raise FileExistsError(f"{journal_path} exists: a serial run needs a new run_dir")
-    task = build_task(config.task)
-    metrics = MetricsLog(run_dir, config, tensorboard=False)
-    heldout = prompt_rows(task, "heldout", range(heldout_count(task, config.task.heldout_prompts)))
-    verifier = make_verifier(task, to_dict(config.task))
-    executor = LearnerExecutor(learner, task, heldout, run_dir, metrics, verifier)
-    failures = VerifierFailures()
-    store = WeightsStore(run_dir / "store")
-    (run_dir / "config.json").write_text(json.dumps(to_dict(config), indent=2))
-    journal = journal_io.Journal(journal_path, config.protocol)
-    stats = Stats()
-    workers: dict[str, RolloutWorker] = {}
-    state = initial_state(config.protocol)
-    digest = state_digest(state)
-    queue: deque[Event] = deque([executor.start(state.learner.attempt + 1)])
-    for name in worker_names(config.rollout.workers):
-        raw = worker_args(config, name)
-        workers[name] = RolloutWorker(WorkerArgs(**{**raw, "faults": tuple(raw["faults"])}))
-        queue.append(WorkerConnected(name, 0))
-    terms: dict[int, list[dict[str, float]]] = {}
-    update_started = time.perf_counter()
-    with metrics.progress(config.protocol.total_updates, config.output.progress) as progress:
-        while queue and not run_complete(state):
-            event = queue.popleft()
-            began = time.perf_counter()
-            before_state = state
-            delivery = deliver(state, event)
-            if delivery.verdict is Verdict.REFUSED:
-                raise RuntimeError(f"serial run refused an event: {delivery.error}")
-            state = delivery.state
-            if delivery.verdict is Verdict.ACCEPTED:
-                after = state_digest(state)
-                journal.append(stats.events, event, digest, after, sync=delivery.durable)
-                digest = after
-                stats.events += 1
-                if isinstance(event, VersionEvaluated):
-                    metrics.evaluation(event.version, event.reward)
-                elif isinstance(event, StepFinished) and \
-                        before_state.learner.cotangent is not None:
-                    terms.setdefault(event.observation.update, []).append(
-                        before_state.learner.cotangent.terms.to_dict())
-                elif isinstance(event, (UpdateCommitted, LearnerStarted)) and \
-                        state.committed > before_state.committed:
-                    update_started = _serial_row(config, metrics, before_state, terms,
-                                                 failures, update_started, progress)
-            else:
-                stats.noops += 1
-            stats.core_seconds += time.perf_counter() - began
-            launches: dict[str, list[LaunchRequest]] = {}
-            for command in delivery.commands:
-                where = route(command)
-                if where == LEARNER:
-                    reply = executor.execute(command, learner_inputs(state, task, command))
-                    if reply is not None:
-                        queue.append(reply)
-                elif where == STORE:
-                    if isinstance(command, Publish):
-                        blob, params_digest, published = learner.published_weights(
-                            command.version)
-                        store.write(command.version, blob, params_digest)
-                        queue.append(VersionPublished(command.version, published))
-                    elif isinstance(command, ReleaseVersion):
-                        store.delete(command.version)
-                elif where == TIMER:
-                    pass  # nothing is lost here: the retry timer never needs to fire
-                elif isinstance(command, LaunchRequest):
-                    launches.setdefault(where, []).append(command)
-                else:
-                    loaded = workers[where].load(command, *store.read(command.version))
-                    if loaded is not None:
-                        queue.append(loaded)
-            for name, group in launches.items():
-                # Generate with the thread count a worker process uses, not the learner's.
-                with _torch_threads(config.rollout.threads):
-                    completions = workers[name].launch(group)
-                if completions:  # one frame per call, as a worker process replies
-                    failures.add(workers[name].verifier_failures(completions))
-                    queue.append(RequestsCompleted(name, group[0].incarnation,
-                                                   tuple(completions)))
-    for worker in workers.values():
-        worker.close()
-    verifier.close()
-    journal.close()
-    metrics.finish(stats, executor.busy_seconds, events=stats.events)
-    metrics.close(complete=True)
-    return state
-
-
-def _serial_row(config: TrainConfig, metrics: MetricsLog, before: State,
-                terms: dict[int, list[dict[str, float]]], failures: VerifierFailures,
-                started: float, progress: Callable[[int, float, int], None]) -> float:
-    """The metrics row of the update `before` commits (as the driver writes it)."""
-    update = before.committed
-    rewards = [s.reward for s in before.batches[0].slots if isinstance(s, Sample)]
-    applied = terms.pop(update, [])
-    now = time.perf_counter()
-    staleness = schedule.staleness(config.protocol, update)
-    metrics.update(update=update, reward=float(np.mean(rewards)), staleness=staleness,
-                   terms={k: float(np.mean([t[k] for t in applied]))
-                          for k in (applied[0] if applied else {})},
-                   seconds=now - started, refused=0, noops=0,
-                   verifier=failures.take(update))
-    progress(update + 1, float(np.mean(rewards)), staleness)
-    return now
-
-
-@contextlib.contextmanager
-def _torch_threads(threads: int) -> Iterator[None]:
-    import torch
-    before = torch.get_num_threads()
-    torch.set_num_threads(threads)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(before)
-
-
-def worker_args(config: TrainConfig, name: str, incarnation: int = 0) -> dict[str, Any]:
-    """The JSON arguments a worker process is started with.
-
-    Injected faults go to the workers they name (all when unnamed), first incarnation only.
-    """
-    c = config
-    faults = []
-    for fault in c.rollout.faults if incarnation == 0 else ():
-        target, kind = split_fault(fault)
-        if target in (None, name):
-            faults.append(kind)
-    return dict(name=name, task=to_dict(c.task), policy=_policy_dict(c),
-                prompts_per_batch=c.protocol.prompts_per_batch, group_size=c.protocol.group_size,
-                chunk_prompts=c.rollout.chunk_prompts, temperature=c.sampling.temperature,
-                top_k=c.sampling.top_k, top_p=c.sampling.top_p, threads=c.rollout.threads,
-                backend=c.learner.backend, faults=faults, model=_model_spec(c))
-
-
-def _model_spec(config: TrainConfig) -> dict[str, Any] | None:
-    """A transformers policy's resolved model for the workers (None for the built-in one)."""
-    if config.policy.kind != "transformers":
-        return None
-    from invar.runtime.hf_policy import resolve
-    return resolve(config.policy.path, config.policy.config).to_dict()
 
 
 def pin_current_process(cpus: tuple[int, ...]) -> None:

@@ -48,8 +48,8 @@ def export(run_dir: str | Path, out_dir: str | Path, version: int | None = None)
     """Write the policy of `version` (default: the newest commit) of `run_dir` into `out_dir`
     with `save_pretrained`; returns the version written. Raises ExportError naming the
     argument before anything is written when the run, its policy or the version will not do."""
+    from invar.runtime.commits import CommitError, read_commit
     from invar.runtime.config import load_config
-    from invar.runtime.torch_learner import CommitError, read_commit
 
     run, out = Path(run_dir), Path(out_dir)
     saved = run / "config.json"
@@ -133,7 +133,7 @@ def builtin_as_gpt2(policy: PolicyConfig, weights: dict[str, Tensor]) -> Any:
 
 def _kept(directory: Path) -> dict[int, Path]:
     """The commit-format files of `directory` by version (none when it does not exist)."""
-    from invar.runtime.torch_learner import list_commits
+    from invar.runtime.commits import list_commits
     return dict(list_commits(directory)) if directory.is_dir() else {}
 
 

@@ -38,7 +38,6 @@ so no array is left unevaluated between calls and each thread makes its own stre
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import hashlib
 import json
 import threading
@@ -53,27 +52,13 @@ import numpy as np
 import torch
 from mlx.utils import tree_flatten, tree_map, tree_unflatten
 
+from invar.runtime.backend import Binding, checked_sequences
+from invar.runtime.commits import CommitError, CommittedLearner
+from invar.runtime.config import OptimConfig
 from invar.runtime.mlx_policy import MLXPolicy, numpy_to_parameters, sequence_logprobs
 from invar.runtime.mlx_sampler import generate
-from invar.runtime.policy import PolicyConfig
-from invar.runtime.torch_learner import (
-    COMMIT_PREFIX,
-    Binding,
-    BindingError,
-    CommitError,
-    OptimConfig,
-    check_binding,
-    checked_sequences,
-    commit_path,
-    list_commits,
-    read_commit,
-    write_commit,
-)
-from invar.runtime.weights import (
-    atomic_write_leftovers,
-    state_dict_to_bytes,
-    weights_digest,
-)
+from invar.runtime.policy_config import PolicyConfig
+from invar.runtime.weights import state_dict_to_bytes, weights_digest
 
 BACKEND = "mlx"
 
@@ -107,8 +92,10 @@ def mlx_state_digest(model: Mapping[str, np.ndarray], optimizer: Mapping[str, An
     return hashlib.blake2b(combined, digest_size=32).hexdigest()
 
 
-class MLXLearner:
+class MLXLearner(CommittedLearner):
     """MLX policy, frozen reference and AdamW state, with checked commits and bound updates."""
+
+    commit_backend = BACKEND
 
     def __init__(
         self,
@@ -121,15 +108,9 @@ class MLXLearner:
         fast: bool = True,
         streams: int = 1,
     ) -> None:
-        if keep_commits < 1:
-            raise ValueError(f"keep_commits must be at least 1, got {keep_commits}")
+        super().__init__(policy_config, optim_config, seed, commit_dir, keep_commits)
         if streams < 1:
             raise ValueError(f"streams must be at least 1, got {streams}")
-        self.policy_config = policy_config
-        self.optim_config = optim_config
-        self.seed = seed
-        self.commit_dir = Path(commit_dir)
-        self.keep_commits = keep_commits
         self.compile = compile
         self.streams = streams
         self._local = threading.local()  # MLX streams belong to the thread that made them
@@ -140,10 +121,6 @@ class MLXLearner:
         self.reference.freeze()
         mx.eval(self.model.parameters(), self.reference.parameters())
         self.optimizer = self._new_optimizer()
-        self.committed_version: int | None = None
-        self.applied_steps = 0
-        self._digest: str | None = None
-        self._pending: tuple[Binding, np.ndarray, int, tuple[int, ...]] | None = None
         self._functions: dict[tuple[str, int], Callable[..., Any]] = {}
 
     def _new_optimizer(self) -> optim.AdamW:
@@ -166,46 +143,27 @@ class MLXLearner:
     def _optimizer_numpy(self) -> dict[str, Any]:
         return {"state": _to_numpy(self.optimizer.state), "hyper": self._hyperparameters()}
 
+    # -- the state commits hold --------------------------------------------------------------
+
     def _compute_digest(self) -> str:
         return mlx_state_digest(self.model.numpy_parameters(), self._optimizer_numpy())
 
-    # -- lifecycle ---------------------------------------------------------------------------
+    def _parameter_shapes(self) -> dict[str, tuple[int, ...]]:
+        return {name: a.shape for name, a in self.model.numpy_parameters().items()}
 
-    def start(self) -> tuple[int, str]:
-        """Restore the newest commit, or initialise and write commit 0 if there is none.
+    def _commit_state(self) -> dict[str, Any]:
+        state = _to_numpy(self.optimizer.state)
+        return {
+            "model": {name: torch.from_numpy(a) for name, a in
+                      self.model.numpy_parameters().items()},
+            "optimizer": {
+                "state": {name: torch.from_numpy(a) for name, a in state.items()},
+                "hyper": self._hyperparameters(),
+            },
+        }
 
-        Returns `(committed_version, state_digest)`. A newest commit that fails verification
-        raises `CommitError` and nothing is loaded (no silent fallback to an older one).
-        """
-        self.commit_dir.mkdir(parents=True, exist_ok=True)
-        for leftover in atomic_write_leftovers(self.commit_dir, COMMIT_PREFIX):
-            leftover.unlink()  # a commit interrupted by a crash; its target is intact
-        self._pending = None
-        commits = list_commits(self.commit_dir)
-        if commits:
-            version, path = commits[-1]
-            self._restore(version, path)
-        else:
-            self._digest = self._compute_digest()
-            self.commit(0)
-        return self.committed_version, self._digest
-
-    def _restore(self, version: int, path: Path) -> None:
-        content = read_commit(path)
-        # Every check comes before the first array is loaded, so a refusal loads nothing.
-        if content.get("backend") != BACKEND:
-            raise CommitError(path, f"written by the {content.get('backend', 'torch')} "
-                                    f"backend, not {BACKEND}")
-        if content["version"] != version:
-            raise CommitError(path, f"holds version {content['version']}, its name says {version}")
-        if content["policy_config"] != dataclasses.asdict(self.policy_config):
-            raise CommitError(path, f"written for policy {content['policy_config']}")
-        if content["seed"] != self.seed:
-            raise CommitError(path, f"written for seed {content['seed']}, not {self.seed}")
+    def _load_commit(self, path: Path, content: dict[str, Any]) -> None:
         model = {name: t.numpy() for name, t in content["model"].items()}
-        expected = {name: a.shape for name, a in self.model.numpy_parameters().items()}
-        if {name: a.shape for name, a in model.items()} != expected:
-            raise CommitError(path, "model tensors do not match the policy's names and shapes")
         optimizer = content["optimizer"]
         state = {name: t.numpy() for name, t in optimizer["state"].items()}
         expected_state = {name: a.shape for name, a in _to_numpy(self.optimizer.state).items()}
@@ -228,43 +186,6 @@ class MLXLearner:
             for name, value in state.items()])
         mx.eval(self.model.parameters(), self.optimizer.state)
         self._functions.clear()
-        torch.set_rng_state(content["torch_rng"])
-        self.applied_steps = content["counters"]["applied_steps"]
-        self.committed_version = version
-        self._digest = self._compute_digest()
-        if self._digest != content["state_digest"]:
-            raise CommitError(path, "restored state differs from the committed state")
-
-    def commit(self, version: int) -> str:
-        """Write `commit-{version:06d}.pt` atomically, prune old commits, return the digest."""
-        digest = self.state_digest()
-        if self.committed_version is not None and version <= self.committed_version:
-            raise ValueError(f"commit {version} is not newer than commit {self.committed_version}")
-        state = _to_numpy(self.optimizer.state)
-        content = {
-            "version": version,
-            "backend": BACKEND,
-            "model": {name: torch.from_numpy(a) for name, a in
-                      self.model.numpy_parameters().items()},
-            "optimizer": {
-                "state": {name: torch.from_numpy(a) for name, a in state.items()},
-                "hyper": self._hyperparameters(),
-            },
-            "torch_rng": torch.get_rng_state(),
-            "counters": {"applied_steps": self.applied_steps},
-            "policy_config": dataclasses.asdict(self.policy_config),
-            "seed": self.seed,
-            "state_digest": digest,
-        }
-        write_commit(self.commit_dir, version, content, self.keep_commits)
-        self.committed_version = version
-        return digest
-
-    def state_digest(self) -> str:
-        """Digest of parameters and optimizer state (only start and a step change it)."""
-        if self._digest is None:
-            raise RuntimeError("the learner has no state yet: call start() first")
-        return self._digest
 
     # -- scoring and updates -----------------------------------------------------------------
 
@@ -363,8 +284,8 @@ class MLXLearner:
         tokens = self._tokens(sequences, response_start)
         logprobs = np.array(self._logprobs("logprobs", tokens, response_start))
         # The sequences are kept as numpy: the cotangent may arrive on another thread.
-        self._pending = (Binding(update, step, observation, pre_step_digest),
-                         np.asarray(sequences), response_start, logprobs.shape)
+        self._pending = (Binding(update, step, observation, pre_step_digest), logprobs.shape,
+                         (np.asarray(sequences), response_start))
         return pre_step_digest, logprobs
 
     def apply_cotangent(
@@ -381,17 +302,8 @@ class MLXLearner:
         binding equals the pending forward's and `pre_step_digest` is the current state.
         Returns the post-step state digest.
         """
-        if self._pending is None:
-            raise BindingError(("forward",), "no forward is pending")
-        pending, sequences, response_start, shape = self._pending
-        offered = Binding(update, step, observation, pre_step_digest)
-        check_binding(pending, offered, self.state_digest())
-        cotangent = np.asarray(cotangent, dtype=np.float64)
-        if cotangent.shape != tuple(shape):
-            raise BindingError(("cotangent",), f"shape {cotangent.shape}, forward gave {shape}")
-        if not np.isfinite(cotangent).all():
-            raise ValueError("cotangent has non-finite entries")
-
+        cotangent, (sequences, response_start) = self._bound_cotangent(
+            update, step, observation, pre_step_digest, cotangent)
         gradients = self._gradients(self._tokens(sequences, response_start),
                                     mx.array(cotangent, dtype=mx.float64), response_start)
         if self.optim_config.grad_clip > 0:
@@ -416,21 +328,6 @@ class MLXLearner:
     def weights_bytes(self) -> bytes:
         """Current policy weights, serialised like the torch backend's (torch names)."""
         return state_dict_to_bytes(self.torch_state_dict())
-
-    def commit_file(self, version: int) -> Path | None:
-        """The commit file of `version`, if it is still kept."""
-        path = commit_path(self.commit_dir, version)
-        return path if path.exists() else None
-
-    def published_weights(self, version: int) -> tuple[bytes, str, str]:
-        """Weights of committed `version` for workers: (blob, weights digest, state digest).
-
-        Read from the verified commit file. The blob is the torch backend's format (tensors
-        by torch `Policy` name), which both the torch and the MLX worker load.
-        """
-        content = read_commit(commit_path(self.commit_dir, version))
-        model = content["model"]
-        return state_dict_to_bytes(model), weights_digest(model), content["state_digest"]
 
     def evaluate_greedy(self, task: Any, prompts: np.ndarray) -> float:
         """Mean reward of greedy answers to `prompts` [n, P] under the current weights;

@@ -13,7 +13,8 @@ components answer when nothing went wrong: handy for step-by-step tests of the c
 
 `invar.testing.runtime` holds the runtime's fakes (a learner backend with the world's
 numerics, in-memory workers speaking the frame protocol): the real driver runs in-process
-against them, without torch or processes.
+against them, without torch or processes. `invar.testing.backend_conformance` is the suite
+every learner backend (`invar.runtime.backend.LearnerBackend`) must pass.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """Runtime fakes: the real `Driver` in-process, without torch numerics or worker processes.
 
-* `FakeLearner`: a learner backend (the methods `LearnerExecutor` and the driver call) whose
+* `FakeLearner`: a learner backend (`invar.runtime.backend.LearnerBackend`) whose
   numbers are the synthetic ones of `invar.model.world` (log-probs, digests `w0`, `w1.1`, ...,
   evaluation rewards), with commits as small files, so a run's `logical_projection` must
   equal `invar.testing.canonical_run`'s for the same protocol.

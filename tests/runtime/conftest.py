@@ -55,6 +55,17 @@ def torch_globals_kept() -> Iterator[None]:
         torch.use_deterministic_algorithms(deterministic)
 
 
+@pytest.fixture
+def few_threads() -> Iterator[None]:
+    """One torch thread for the test: the networks are tiny, a second thread barely helps,
+    and thrashes on a busy machine."""
+    import torch
+    previous = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(previous)
+
+
 RUN_TIMEOUT = 120.0
 """A tiny run takes seconds; one that hangs fails instead of stalling the suite."""
 
@@ -76,10 +87,10 @@ def run_driver(config: Any, resume: bool = False, spawn: Any = None) -> Any:
 
 def run_serial(config: Any) -> Any:
     """The in-process reference execution, one command at a time."""
-    from invar.runtime import driver
+    from invar.runtime import serial
     from invar.runtime.cli import make_learner
     with torch_globals_kept():
-        return driver.run_serial(config, make_learner(config))
+        return serial.run_serial(config, make_learner(config))
 
 
 def summary(run_dir: Path) -> dict[str, Any]:
@@ -94,7 +105,7 @@ def journal_events(run_dir: Path) -> list[dict[str, Any]]:
 
 def final_weights(run_dir: Path) -> dict[str, Any]:
     """Model tensors of the newest commit file (verified by read_commit)."""
-    from invar.runtime.torch_learner import list_commits, read_commit
+    from invar.runtime.commits import list_commits, read_commit
     version, path = list_commits(Path(run_dir) / "commits")[-1]
     content = read_commit(path)
     return {"version": version, "model": content["model"]}

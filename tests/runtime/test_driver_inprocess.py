@@ -21,7 +21,9 @@ from invar.model import shell
 from invar.model.core import logical_projection, run_complete
 from invar.runtime import journal
 from invar.runtime.config import worker_names
-from invar.runtime.driver import Driver, WeightsStore, checkpoint_path
+from invar.runtime.driver import Driver
+from invar.runtime.learner_executor import checkpoint_path
+from invar.runtime.store import WeightsStore
 from invar.testing import canonical_run
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))

@@ -34,11 +34,12 @@ from invar.model.messages import (
 from invar.model.objective import ObjectiveTerms
 from invar.model.schedule import RequestId
 from invar.model.world import Decision, LearnerRules
-from invar.runtime.driver import LearnerExecutor, checkpoint_path
+from invar.runtime.commits import read_commit
+from invar.runtime.learner_executor import LearnerExecutor, checkpoint_path
 from invar.runtime.metrics import MetricsLog
 from invar.runtime.policy import PolicyConfig
 from invar.runtime.task import DigitReversal
-from invar.runtime.torch_learner import OptimConfig, TorchLearner, read_commit
+from invar.runtime.torch_learner import OptimConfig, TorchLearner
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 

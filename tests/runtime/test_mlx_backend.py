@@ -19,13 +19,16 @@ import mlx.core as mx  # noqa: E402
 from mlx.utils import tree_flatten, tree_unflatten  # noqa: E402
 
 from invar.runtime import sampler as torch_sampler  # noqa: E402
+from invar.runtime.commits import CommitError  # noqa: E402
 from invar.runtime.mlx_learner import MLXLearner  # noqa: E402
 from invar.runtime.mlx_policy import MLXPolicy, to_torch_state_dict  # noqa: E402
 from invar.runtime.mlx_sampler import generate, sampling_logprobs  # noqa: E402
 from invar.runtime.policy import Policy, PolicyConfig  # noqa: E402
 from invar.runtime.task import DigitReversal  # noqa: E402
-from invar.runtime.torch_learner import CommitError, OptimConfig, TorchLearner  # noqa: E402
+from invar.runtime.torch_learner import OptimConfig, TorchLearner  # noqa: E402
 from invar.runtime.weights import weights_digest  # noqa: E402
+
+pytestmark = pytest.mark.usefixtures("few_threads")
 
 TASK = DigitReversal(8)  # the default task and policy shape
 CONFIG = PolicyConfig()
@@ -35,14 +38,6 @@ GRADIENT_RTOL = 1e-5
 """Cross-backend gradient tolerance, relative to each tensor's largest entry. Measured: at
 most 5.4e-7 absolute and 1.8e-6 relative (float32 networks; the frameworks sum in different
 orders)."""
-
-
-@pytest.fixture(autouse=True)
-def few_threads():
-    previous = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(previous)
 
 
 def batch(rows, seed):

@@ -8,6 +8,8 @@ from invar.runtime.policy import Policy, PolicyConfig
 from invar.runtime.sampler import generate, sampling_logprobs
 from invar.runtime.task import DigitReversal
 
+pytestmark = pytest.mark.usefixtures("few_threads")
+
 TASK = DigitReversal(8)
 SETTINGS = [  # (temperature, top_k, top_p)
     (1.0, 0, 1.0),
@@ -15,15 +17,6 @@ SETTINGS = [  # (temperature, top_k, top_p)
     (1.3, 0, 0.8),
     (0.9, 6, 0.7),
 ]
-
-
-@pytest.fixture(autouse=True)
-def few_threads():
-    # The networks are tiny: a second thread barely helps, and thrashes on a busy machine.
-    previous = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(previous)
 
 
 @pytest.fixture(scope="module")

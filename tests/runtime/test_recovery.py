@@ -20,7 +20,7 @@ import pytest
 
 from invar.model.core import logical_projection, run_complete
 from invar.runtime import journal
-from invar.runtime.torch_learner import list_commits, read_commit
+from invar.runtime.commits import list_commits, read_commit
 
 UPDATES = 6
 KILL_AFTER_COMMITS = 2

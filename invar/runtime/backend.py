@@ -1,0 +1,122 @@
+"""The learner backend interface, and the checks every backend makes the same way.
+
+`LearnerBackend` is what the driver, its `LearnerExecutor` and `run_serial` call: the torch
+and MLX learners (`invar.runtime.torch_learner`, `invar.runtime.mlx_learner`) and the test
+fake (`invar.testing.runtime.FakeLearner`) implement it, and
+`invar.testing.backend_conformance` checks a backend against it. The binding and input checks
+below are shared by the real backends, so a refusal reads the same whatever the framework.
+Nothing here imports a framework.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Protocol
+
+import numpy as np
+
+
+class LearnerBackend(Protocol):
+    """A learner the core drives: restored from its newest commit, stepped only by
+    cotangents bound to a pending forward, committed to files workers' weights come from."""
+
+    def start(self) -> tuple[int, str]:
+        """Restore the newest commit (or write commit 0): (committed version, state digest)."""
+        ...
+
+    def score(self, sequences: np.ndarray, response_start: int, need_reference: bool
+              ) -> tuple[np.ndarray, np.ndarray | None]:
+        """Float64 log-probs [n, R] of the responses: proximal, and reference if asked."""
+        ...
+
+    def forward(self, update: int, step: int, observation: int, sequences: np.ndarray,
+                response_start: int) -> tuple[str, np.ndarray]:
+        """(pre-step digest, current log-probs); the step waits for its bound cotangent."""
+        ...
+
+    def apply_cotangent(self, update: int, step: int, observation: int, pre_step_digest: str,
+                        cotangent: np.ndarray) -> str:
+        """Take the pending step with d(loss)/d(log-probs); the post-step state digest.
+        Raises ValueError (a `BindingError` for a binding) and changes nothing otherwise."""
+        ...
+
+    def commit(self, version: int) -> str:
+        """Write the whole state as commit `version`; its state digest."""
+        ...
+
+    def commit_file(self, version: int) -> Path | None:
+        """The file of commit `version`, if it is still kept (checkpoints copy it)."""
+        ...
+
+    def published_weights(self, version: int) -> tuple[bytes, str, str]:
+        """Committed `version` for workers: (weights blob, weights digest, state digest)."""
+        ...
+
+    def evaluate_greedy(self, task: Any, prompts: np.ndarray) -> float:
+        """Mean reward of greedy answers to `prompts` under the current weights."""
+        ...
+
+
+class BindingError(ValueError):
+    """A cotangent that does not belong to the pending forward; `fields` names each mismatch."""
+
+    def __init__(self, fields: tuple[str, ...] | list[str], detail: str) -> None:
+        self.fields = tuple(fields)
+        self.detail = detail
+        super().__init__(f"cotangent refused ({', '.join(self.fields)}): {detail}")
+
+
+@dataclass(frozen=True)
+class Binding:
+    """What a forward's graph belongs to; its cotangent must name exactly the same."""
+
+    update: int
+    step: int
+    observation: int
+    pre_step_digest: str
+
+
+def check_binding(pending: Binding, offered: Binding, current_digest: str) -> None:
+    """Refuse (BindingError naming every mismatching field) a cotangent not bound to exactly
+    the pending forward, or whose pre-step digest is not the learner's current state."""
+    mismatches = {
+        field.name: f"got {getattr(offered, field.name)!r}, "
+        f"the pending forward has {getattr(pending, field.name)!r}"
+        for field in dataclasses.fields(Binding)
+        if getattr(offered, field.name) != getattr(pending, field.name)
+    }
+    if "pre_step_digest" not in mismatches and offered.pre_step_digest != current_digest:
+        mismatches["pre_step_digest"] = f"not the current state {current_digest!r}"
+    if mismatches:
+        detail = "; ".join(f"{name}: {why}" for name, why in mismatches.items())
+        raise BindingError(tuple(mismatches), detail)
+
+
+def checked_cotangent(pending: Binding | None, offered: Binding, current_digest: str,
+                      cotangent: np.ndarray, shape: tuple[int, ...]) -> np.ndarray:
+    """`cotangent` as float64, if it may step the learner: bound to the pending forward
+    (`pending`, None when there is none), of that forward's log-probs' `shape`, finite."""
+    if pending is None:
+        raise BindingError(("forward",), "no forward is pending")
+    check_binding(pending, offered, current_digest)
+    cotangent = np.asarray(cotangent, dtype=np.float64)
+    if cotangent.shape != tuple(shape):
+        raise BindingError(("cotangent",),
+                           f"shape {cotangent.shape}, forward gave {tuple(shape)}")
+    if not np.isfinite(cotangent).all():
+        raise ValueError("cotangent has non-finite entries")
+    return cotangent
+
+
+def checked_sequences(sequences: np.ndarray, response_start: int) -> np.ndarray:
+    """`sequences` as a 2-D integer array with a response starting inside it."""
+    sequences = np.asarray(sequences)
+    if sequences.ndim != 2 or not np.issubdtype(sequences.dtype, np.integer):
+        raise ValueError(
+            f"sequences must be a 2-D integer array, got {sequences.dtype} {sequences.shape}"
+        )
+    if not 1 <= response_start < sequences.shape[1]:
+        raise ValueError(f"response_start {response_start} is outside 1..{sequences.shape[1] - 1}")
+    return sequences

@@ -1,0 +1,271 @@
+"""Executing learner commands against a backend, keeping the learner's rules: shared by the
+asynchronous driver (`invar.runtime.driver`) and the serial execution (`invar.runtime.serial`).
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from invar.model import schedule
+from invar.model.messages import (
+    ApplyCotangent,
+    Checkpoint,
+    CheckpointWritten,
+    Command,
+    Commit,
+    Evaluate,
+    Event,
+    ForwardObserved,
+    LearnerStarted,
+    ProbabilitiesReported,
+    RunForward,
+    ScoreProbabilities,
+    StepFinished,
+    UpdateCommitted,
+    VersionEvaluated,
+)
+from invar.model.state import Sample, State
+from invar.model.world import Decision, LearnerRules
+from invar.runtime.backend import LearnerBackend
+from invar.runtime.commits import commit_path
+from invar.runtime.metrics import MetricsLog
+from invar.runtime.store import read_digest, write_with_digest
+from invar.runtime.tasks import Task
+from invar.runtime.verifier import FAILED, TIMEOUT, InlineVerifier, Job
+
+# The driver's log: a learner command ignored or refused is the driver's news, whichever
+# execution runs it.
+log = logging.getLogger("invar.driver")
+
+LearnerInputs = Callable[[State, Task, Command], "np.ndarray | None"]
+"""What the learner backend gets beside a command: `learner_inputs` (token rows) for the real
+backends; a fake backend may take something else (its numerics need no tokens)."""
+
+
+def checkpoint_path(run_dir: Path, version: int) -> Path:
+    """Where the checkpoint of `version` is kept: a copy of its commit file (same format)."""
+    return commit_path(Path(run_dir) / "checkpoints", version)
+
+
+class LearnerExecutor:
+    """Carries out learner commands against a backend, keeping the learner's rules.
+
+    Every command goes through `LearnerRules.decide` (`invar.model.world`), the rules the
+    model checker's learner keeps, and the executor does exactly what the decision says:
+
+    * RUN: the backend carries it out and the rules record it (the pending forward with the
+      `matrix_digest` of the log-probs returned, the step applied, the commit written);
+    * REPEAT: the reply already given is given again, nothing is done twice (a re-sent
+      pending forward, an applied cotangent, a repeated commit);
+    * IGNORE: another attempt's command, an older forward re-sent after a newer one (running
+      it would replace the binding the core's cotangent is for), or an evaluation or
+      checkpoint of weights other than exactly that commit's: no reply;
+    * REFUSE: a cotangent whose observation, pre-step digest or forward digest is not the
+      pending forward's (or that the backend refuses), a commit of another state: no reply,
+      nothing changes, logged and counted.
+
+    A checkpoint already on disk is answered again whatever the rules say (it is kept
+    whole: written atomically, its digest beside it last). `last_decision` tells which of the
+    four the last command got.
+    """
+
+    def __init__(self, learner: LearnerBackend, task: Task, heldout: np.ndarray,
+                 run_dir: Path, metrics: MetricsLog, verifier: Any = None) -> None:
+        self.learner = learner
+        self.task = task
+        self.heldout = heldout
+        self.scoring = HeldoutScoring(task, verifier or InlineVerifier(task, 0.0), metrics)
+        self.run_dir = Path(run_dir)
+        self.metrics = metrics
+        self.rules: LearnerRules | None = None
+        self.last_decision = ""
+        self._forward: ForwardObserved | None = None
+        """The reply to the pending forward (answered again on a re-send)."""
+        self.busy_seconds = 0.0
+
+    def start(self, attempt: int) -> LearnerStarted:
+        """(Re)start the backend from its newest commit as `attempt`: the rules start afresh,
+        with the restored weights and nothing pending."""
+        version, digest = self.learner.start()
+        self.rules = LearnerRules(attempt=attempt, weights=digest, version=version)
+        self._forward = None
+        return LearnerStarted(attempt, version, digest)
+
+    def execute(self, command: Command, inputs: np.ndarray | None) -> Event | None:
+        """The reply to `command` (None: no reply), per the rules."""
+        began = time.perf_counter()
+        try:
+            return self._execute(command, inputs)
+        finally:
+            self.busy_seconds += time.perf_counter() - began
+
+    def _execute(self, command: Command, inputs: np.ndarray | None) -> Event | None:
+        if self.rules is None:
+            raise RuntimeError("the learner executor has not started: call start() first")
+        if isinstance(command, Checkpoint):
+            kept = self._kept_checkpoint(command.version)
+            if kept is not None:
+                self.last_decision = Decision.REPEAT
+                return CheckpointWritten(command.version, kept)
+        decision = self.rules.decide(command)
+        self.last_decision = decision
+        if decision == Decision.RUN:
+            return self._run(command, inputs)
+        if decision == Decision.REPEAT:
+            self.metrics.count("learner_repeated")
+            return self._repeat(command)
+        if decision == Decision.REFUSE:
+            self._refused(command, "not bound to the learner's pending forward or state")
+        else:
+            self.metrics.count("learner_ignored")
+            log.info("ignored %s %s (learner attempt %d, version %d)", type(command).__name__,
+                     _identity(command), self.rules.attempt, self.rules.version)
+        return None
+
+    def _refused(self, command: Command, why: str) -> None:
+        self.last_decision = Decision.REFUSE
+        self.metrics.count("learner_refused")
+        log.warning("refused %s %s: %s", type(command).__name__, _identity(command), why)
+
+    def _repeat(self, command: Command) -> Event:
+        rules = self.rules
+        assert rules is not None
+        if isinstance(command, RunForward):
+            assert self._forward is not None
+            return self._forward
+        if isinstance(command, ApplyCotangent):
+            assert rules.applied is not None
+            return StepFinished(command.observation, command.attempt, rules.applied[1])
+        assert isinstance(command, Commit)
+        return UpdateCommitted(command.update, rules.weights)
+
+    def _run(self, command: Command, inputs: np.ndarray | None) -> Event | None:
+        rules = self.rules
+        assert rules is not None
+        start = self.task.prompt_length
+        if isinstance(command, ScoreProbabilities):
+            proximal, reference = self.learner.score(inputs, start, command.reference)
+            return ProbabilitiesReported(command.update, command.attempt, _rows(proximal),
+                                         None if reference is None else _rows(reference))
+        if isinstance(command, RunForward):
+            obs = command.observation
+            digest, current = self.learner.forward(obs.update, obs.step, obs.serial, inputs, start)
+            reply = ForwardObserved(obs, command.attempt, digest, _rows(current))
+            self.rules = rules.forwarded(command, reply)
+            self._forward = reply
+            return reply
+        if isinstance(command, ApplyCotangent):
+            obs = command.observation
+            try:
+                digest = self.learner.apply_cotangent(obs.update, obs.step, obs.serial,
+                                                      command.pre_step_digest,
+                                                      np.array(_padded(command.cotangent)))
+            except ValueError as error:  # BindingError is a ValueError; the forward stays
+                self._refused(command, str(error))
+                return None
+            self.rules = rules.stepped_to(command, digest)
+            self._forward = None
+            return StepFinished(obs, command.attempt, digest)
+        if isinstance(command, Commit):
+            version = command.update + 1
+            digest = self.learner.commit(version)
+            self.rules = rules.committed(version, digest)
+            return UpdateCommitted(command.update, digest)
+        if isinstance(command, Evaluate):
+            return VersionEvaluated(command.version,
+                                    self.learner.evaluate_greedy(self.scoring, self.heldout))
+        if isinstance(command, Checkpoint):
+            return self._write_checkpoint(command.version, rules.weights)
+        raise TypeError(f"not a learner command: {command!r}")  # pragma: no cover
+
+    def _kept_checkpoint(self, version: int) -> str | None:
+        """The digest of the checkpoint of `version` if it is on disk, whole."""
+        return read_digest(checkpoint_path(self.run_dir, version))
+
+    def _write_checkpoint(self, version: int, digest: str) -> CheckpointWritten | None:
+        """Copy commit `version` (the weights in memory, exactly) to the checkpoints, each
+        file atomically: a crash leaves the old state or the new, never a truncated file. The
+        digest is written last: a checkpoint counts as kept once its digest is there."""
+        source = self.learner.commit_file(version)
+        if source is None:
+            log.error("checkpoint of version %d: its commit file is gone", version)
+            return None
+        target = checkpoint_path(self.run_dir, version)
+        target.parent.mkdir(exist_ok=True)
+        write_with_digest(target, source.read_bytes(), digest)
+        return CheckpointWritten(version, digest)
+
+
+class HeldoutScoring:
+    """What a learner's `evaluate_greedy(task, prompts)` asks of the task, for the held-out
+    prompts (row i is held-out prompt i): the response length, and the rewards of the greedy
+    answers, given by the task's verifier with its time limit. A failed or timed-out call is
+    counted (`heldout_verifier_failed`, `heldout_verifier_timeout`)."""
+
+    def __init__(self, task: Task, verifier: Any, metrics: MetricsLog) -> None:
+        self.response_length = task.response_length
+        self.verifier = verifier
+        self.metrics = metrics
+
+    def rewards(self, prompts: np.ndarray, responses: np.ndarray) -> np.ndarray:
+        jobs = [Job("heldout", index, tuple(int(t) for t in response))
+                for index, response in enumerate(np.asarray(responses).tolist())]
+        outcomes = self.verifier.submit(jobs).outcomes()
+        for outcome in outcomes:
+            if outcome.status in (FAILED, TIMEOUT):
+                self.metrics.count(f"heldout_verifier_{outcome.status}")
+        return np.array([outcome.reward for outcome in outcomes], dtype=np.float64)
+
+
+def _identity(command: Command) -> str:
+    """What names a learner command in a log line (not its payload)."""
+    for name in ("observation", "update", "version"):
+        value = getattr(command, name, None)
+        if value is not None:
+            return f"{name}={value}"
+    return ""
+
+
+def _rows(matrix: np.ndarray) -> tuple[tuple[float, ...], ...]:
+    return tuple(tuple(row) for row in np.asarray(matrix, dtype=np.float64).tolist())
+
+
+def _padded(rows: tuple[tuple[float, ...], ...]) -> list[list[float]]:
+    width = max(len(r) for r in rows)
+    return [list(r) + [0.0] * (width - len(r)) for r in rows]
+
+
+def learner_inputs(state: State, task: Task, command: Command) -> np.ndarray | None:
+    """The token sequences (prompt + response) a learner command works on, from the state."""
+    if isinstance(command, ScoreProbabilities):
+        requests = command.requests
+    elif isinstance(command, RunForward):
+        requests = command.requests
+    else:
+        return None
+    config = state.config
+    group = config.group_size
+    rows = []
+    batch = None
+    for request in requests:
+        if batch is None or batch.batch != request.batch:  # a command's requests share a batch
+            batch = state.batch(request.batch)
+            if batch is None:
+                return None
+        sample = batch.slots[request.prompt * group + request.sample]
+        assert isinstance(sample, Sample)
+        prompt = _prompt(task, schedule.prompt_index(config, request.batch, request.prompt))
+        rows.append(prompt + sample.tokens)
+    return np.array(rows, dtype=np.int64)
+
+
+@functools.lru_cache(maxsize=8192)
+def _prompt(task: Task, index: int) -> tuple[int, ...]:
+    return tuple(task.prompt(index))

@@ -1,0 +1,56 @@
+"""What a run counts beside the core's state, in the driver and the serial execution alike:
+events, refusals, time spent (`Stats`) and the requests whose verifier failed (`VerifierFailures`).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from invar.runtime.verifier import FAILED, TIMEOUT
+
+
+@dataclass
+class Stats:
+    events: int = 0
+    refused: int = 0
+    noops: int = 0
+    malformed_frames: int = 0
+    core_seconds: float = 0.0
+    """Wall seconds the event loop spent in the core and the driver's own work (decoding a
+    worker's frames, `deliver`, digests, the journal with its fsyncs, dispatch)."""
+    core_cpu_seconds: float = 0.0
+    """The same, as this thread's CPU time: without the waits for the GIL (the learner's
+    thread) and for the disk."""
+    worker_deaths: int = 0
+    rollout_seconds: float = 0.0
+    """Generation seconds the workers reported in their reply frames (measurement only)."""
+    load_seconds: float = 0.0
+    """Weight-loading seconds the workers reported (measurement only)."""
+    rollout_replies: int = 0
+    """Replies received in frames that reported generation seconds (measurement only)."""
+    started: float = field(default_factory=time.perf_counter)
+    completed_by: dict[str, int] = field(default_factory=dict)
+    """Requests each worker (any incarnation) reported completed."""
+
+
+class VerifierFailures:
+    """The requests whose verifier failed or timed out, by batch, from the reply frames'
+    headers (`RolloutWorker.verifier_failures`): a set per batch, so a frame delivered twice
+    or a request answered by two workers counts once. `take(u)` gives batch u's counts for
+    update u's metrics row."""
+
+    def __init__(self) -> None:
+        self.by_batch: dict[int, dict[str, set[tuple[int, ...]]]] = {}
+
+    def add(self, header: dict[str, Any]) -> None:
+        for status in (FAILED, TIMEOUT):
+            for request in header.get(f"verifier_{status}", ()):
+                request = tuple(int(part) for part in request)
+                self.by_batch.setdefault(request[0], {}).setdefault(status, set()).add(request)
+
+    def take(self, batch: int) -> dict[str, int]:
+        found = self.by_batch.pop(batch, {})
+        return {"verifier_failures": len(found.get(FAILED, ())),
+                "verifier_timeouts": len(found.get(TIMEOUT, ()))}

@@ -1,0 +1,169 @@
+"""The serial reference execution: the schedule of an asynchronous run, one command at a time
+in one process, with the same components (the reference an asynchronous run is compared with).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import time
+from collections import deque
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import numpy as np
+
+from invar.model import schedule
+from invar.model.core import run_complete
+from invar.model.messages import (
+    Event,
+    LaunchRequest,
+    LearnerStarted,
+    Publish,
+    ReleaseVersion,
+    RequestsCompleted,
+    StepFinished,
+    UpdateCommitted,
+    VersionEvaluated,
+    VersionPublished,
+    WorkerConnected,
+)
+from invar.model.shell import LEARNER, STORE, TIMER, Verdict, deliver, route
+from invar.model.state import Sample, State, initial_state, state_digest
+from invar.runtime import journal as journal_io
+from invar.runtime.backend import LearnerBackend
+from invar.runtime.config import TrainConfig, to_dict, worker_names
+from invar.runtime.learner_executor import LearnerExecutor, learner_inputs
+from invar.runtime.metrics import MetricsLog
+from invar.runtime.run_stats import Stats, VerifierFailures
+from invar.runtime.store import WeightsStore, publish
+from invar.runtime.tasks import build_task, heldout_count, prompt_rows
+from invar.runtime.verifier import make_verifier
+from invar.runtime.worker import RolloutWorker, WorkerArgs
+from invar.runtime.worker_args import worker_args
+
+
+def run_serial(config: TrainConfig, learner: LearnerBackend) -> State:
+    """The same schedule, one command at a time in FIFO order, every component in-process:
+    events through `shell.deliver`, commands where `shell.route` says (nothing is lost, so
+    the retry timer never fires). Like any run it journals every accepted event (with the
+    state digests around it), writes a metrics row per update, shows the progress bar and
+    ends with summary.json and report.md; it cannot be resumed (a serial run is a reference,
+    run whole)."""
+    run_dir = Path(config.output.run_dir)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    journal_path = run_dir / "journal.jsonl"
+    if journal_path.exists() and journal_path.stat().st_size:
+        raise FileExistsError(f"{journal_path} exists: a serial run needs a new run_dir")
+    task = build_task(config.task)
+    metrics = MetricsLog(run_dir, config, tensorboard=False)
+    heldout = prompt_rows(task, "heldout", range(heldout_count(task, config.task.heldout_prompts)))
+    verifier = make_verifier(task, to_dict(config.task))
+    executor = LearnerExecutor(learner, task, heldout, run_dir, metrics, verifier)
+    failures = VerifierFailures()
+    store = WeightsStore(run_dir / "store")
+    (run_dir / "config.json").write_text(json.dumps(to_dict(config), indent=2))
+    journal = journal_io.Journal(journal_path, config.protocol)
+    stats = Stats()
+    workers: dict[str, RolloutWorker] = {}
+    state = initial_state(config.protocol)
+    digest = state_digest(state)
+    queue: deque[Event] = deque([executor.start(state.learner.attempt + 1)])
+    for name in worker_names(config.rollout.workers):
+        raw = worker_args(config, name)
+        workers[name] = RolloutWorker(WorkerArgs(**{**raw, "faults": tuple(raw["faults"])}))
+        queue.append(WorkerConnected(name, 0))
+    terms: dict[int, list[dict[str, float]]] = {}
+    update_started = time.perf_counter()
+    with metrics.progress(config.protocol.total_updates, config.output.progress) as progress:
+        while queue and not run_complete(state):
+            event = queue.popleft()
+            began = time.perf_counter()
+            before_state = state
+            delivery = deliver(state, event)
+            if delivery.verdict is Verdict.REFUSED:
+                raise RuntimeError(f"serial run refused an event: {delivery.error}")
+            state = delivery.state
+            if delivery.verdict is Verdict.ACCEPTED:
+                after = state_digest(state)
+                journal.append(stats.events, event, digest, after, sync=delivery.durable)
+                digest = after
+                stats.events += 1
+                if isinstance(event, VersionEvaluated):
+                    metrics.evaluation(event.version, event.reward)
+                elif isinstance(event, StepFinished) and \
+                        before_state.learner.cotangent is not None:
+                    terms.setdefault(event.observation.update, []).append(
+                        before_state.learner.cotangent.terms.to_dict())
+                elif isinstance(event, (UpdateCommitted, LearnerStarted)) and \
+                        state.committed > before_state.committed:
+                    update_started = _serial_row(config, metrics, before_state, terms,
+                                                 failures, update_started, progress)
+            else:
+                stats.noops += 1
+            stats.core_seconds += time.perf_counter() - began
+            launches: dict[str, list[LaunchRequest]] = {}
+            for command in delivery.commands:
+                where = route(command)
+                if where == LEARNER:
+                    reply = executor.execute(command, learner_inputs(state, task, command))
+                    if reply is not None:
+                        queue.append(reply)
+                elif where == STORE:
+                    if isinstance(command, Publish):
+                        published = publish(learner, store, command.version)
+                        queue.append(VersionPublished(command.version, published))
+                    elif isinstance(command, ReleaseVersion):
+                        store.delete(command.version)
+                elif where == TIMER:
+                    pass  # nothing is lost here: the retry timer never needs to fire
+                elif isinstance(command, LaunchRequest):
+                    launches.setdefault(where, []).append(command)
+                else:
+                    loaded = workers[where].load(command, *store.read(command.version))
+                    if loaded is not None:
+                        queue.append(loaded)
+            for name, group in launches.items():
+                # Generate with the thread count a worker process uses, not the learner's.
+                with _torch_threads(config.rollout.threads):
+                    completions = workers[name].launch(group)
+                if completions:  # one frame per call, as a worker process replies
+                    failures.add(workers[name].verifier_failures(completions))
+                    queue.append(RequestsCompleted(name, group[0].incarnation,
+                                                   tuple(completions)))
+    for worker in workers.values():
+        worker.close()
+    verifier.close()
+    journal.close()
+    metrics.finish(stats, executor.busy_seconds, events=stats.events)
+    metrics.close(complete=True)
+    return state
+
+
+def _serial_row(config: TrainConfig, metrics: MetricsLog, before: State,
+                terms: dict[int, list[dict[str, float]]], failures: VerifierFailures,
+                started: float, progress: Callable[[int, float, int], None]) -> float:
+    """The metrics row of the update `before` commits (as the driver writes it)."""
+    update = before.committed
+    rewards = [s.reward for s in before.batches[0].slots if isinstance(s, Sample)]
+    applied = terms.pop(update, [])
+    now = time.perf_counter()
+    staleness = schedule.staleness(config.protocol, update)
+    metrics.update(update=update, reward=float(np.mean(rewards)), staleness=staleness,
+                   terms={k: float(np.mean([t[k] for t in applied]))
+                          for k in (applied[0] if applied else {})},
+                   seconds=now - started, refused=0, noops=0,
+                   verifier=failures.take(update))
+    progress(update + 1, float(np.mean(rewards)), staleness)
+    return now
+
+
+@contextlib.contextmanager
+def _torch_threads(threads: int) -> Iterator[None]:
+    import torch
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
