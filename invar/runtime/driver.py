@@ -67,7 +67,14 @@ from invar.model.shell import LEARNER, STORE, TIMER, Delivery, Verdict, deliver,
 from invar.model.state import Sample, State, WorkerPhase, initial_state, state_digest
 from invar.model.world import Decision, LearnerRules
 from invar.runtime import journal as journal_io
-from invar.runtime.config import TrainConfig, split_fault, to_dict, worker_names
+from invar.runtime.config import (
+    TrainConfig,
+    split_fault,
+    task_section,
+    task_vocabulary,
+    to_dict,
+    worker_names,
+)
 from invar.runtime.faults import with_frame_faults
 from invar.runtime.metrics import MetricsLog
 from invar.runtime.tasks import Task, build_task, heldout_count, prompt_rows
@@ -425,12 +432,12 @@ class Driver:
         self.run_dir = Path(config.output.run_dir)
         self.run_dir.mkdir(parents=True, exist_ok=True)
         self.learner = learner
-        self.task = build_task(config.task)
+        self.task = build_task(task_section(config))
         self.metrics = MetricsLog(self.run_dir, config, tensorboard=config.output.tensorboard,
                                   trackers=config.output.trackers)
         heldout = prompt_rows(self.task, "heldout",
                               range(heldout_count(self.task, config.task.heldout_prompts)))
-        self.verifier = make_verifier(self.task, to_dict(config.task))
+        self.verifier = make_verifier(self.task, task_section(config))
         self.executor = LearnerExecutor(learner, self.task, heldout, self.run_dir, self.metrics,
                                         self.verifier)
         self.verifier_failures = VerifierFailures()
@@ -921,10 +928,10 @@ def run_serial(config: TrainConfig, learner: Any) -> State:
     journal_path = run_dir / "journal.jsonl"
     if journal_path.exists() and journal_path.stat().st_size:
         raise FileExistsError(f"{journal_path} exists: a serial run needs a new run_dir")
-    task = build_task(config.task)
+    task = build_task(task_section(config))
     metrics = MetricsLog(run_dir, config, tensorboard=False)
     heldout = prompt_rows(task, "heldout", range(heldout_count(task, config.task.heldout_prompts)))
-    verifier = make_verifier(task, to_dict(config.task))
+    verifier = make_verifier(task, task_section(config))
     executor = LearnerExecutor(learner, task, heldout, run_dir, metrics, verifier)
     failures = VerifierFailures()
     store = WeightsStore(run_dir / "store")
@@ -1048,7 +1055,7 @@ def worker_args(config: TrainConfig, name: str, incarnation: int = 0) -> dict[st
         target, kind = split_fault(fault)
         if target in (None, name):
             faults.append(kind)
-    return dict(name=name, task=to_dict(c.task), policy=_policy_dict(c),
+    return dict(name=name, task=task_section(c), policy=_policy_dict(c),
                 prompts_per_batch=c.protocol.prompts_per_batch, group_size=c.protocol.group_size,
                 chunk_prompts=c.rollout.chunk_prompts, temperature=c.sampling.temperature,
                 top_k=c.sampling.top_k, top_p=c.sampling.top_p, threads=c.rollout.threads,
@@ -1060,7 +1067,8 @@ def _model_spec(config: TrainConfig) -> dict[str, Any] | None:
     if config.policy.kind != "transformers":
         return None
     from invar.runtime.hf_policy import resolve
-    return resolve(config.policy.path, config.policy.config).to_dict()
+    return resolve(config.policy.path, config.policy.config,
+                   task_vocabulary(config)).to_dict()
 
 
 def pin_current_process(cpus: tuple[int, ...]) -> None:
