@@ -22,7 +22,7 @@ from invar.model.config import RunConfig
 from invar.model.errors import ConfigError
 from invar.model.objective import ObjectiveConfig
 from invar.runtime.policy import PolicyConfig
-from invar.runtime.tasks import AUTO_TOKENIZER, build_task
+from invar.runtime.tasks import AUTO_TOKENIZER, build_task, make_tokenizer
 from invar.runtime.torch_learner import OptimConfig
 
 
@@ -489,9 +489,11 @@ def task_vocabulary(config: TrainConfig, task: Any = None) -> int | None:
     """What a transformers policy's vocabulary must serve for the configured task (`task`
     when the caller has built it already): None for the digit-reversal task (its 12 tokens,
     mapped onto the model's ids), else the task's vocab_size (a JSONL or plug-in task speaks
-    the model's own ids)."""
+    the model's own ids; its tokenizer's vocabulary, without reading the file again)."""
     if config.task.name == "reverse":
         return None
+    if task is None and config.task.name == "jsonl":
+        return make_tokenizer(task_section(config)["tokenizer"]).vocab_size
     return (task if task is not None else build_task(task_section(config))).vocab_size
 
 
