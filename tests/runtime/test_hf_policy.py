@@ -518,3 +518,19 @@ def test_a_plugin_task_speaks_the_model_s_own_ids(tmp_path, rt):
         rt, tmp_path, "task.name=\"module\"", f"task.module={json.dumps(f'{example}:make_task')}"))
     model = worker_args(config, "worker-0")["model"]
     assert model["symbol_ids"] == [] and model["config"]["vocab_size"] == 3  # the task's
+
+
+def test_a_named_tokenizer_directory_sizes_a_config_s_vocabulary_and_needs_an_eos(tmp_path, rt):
+    tokenizer = _text_tokenizer(CHAT_TEMPLATE)
+    tokenizer.save_pretrained(tmp_path / "tokenizer")
+    jsonl = ["task.name=\"jsonl\"", f"task.path={json.dumps(str(ADDITION))}",
+             "task.prompt_length=12", "task.response_length=4",
+             f"task.tokenizer={json.dumps(str(tmp_path / 'tokenizer'))}"]
+    config = load_config(None, transformers_overrides(rt, tmp_path / "run", *jsonl))
+    assert worker_args(config, "worker-0")["model"]["config"]["vocab_size"] == len(tokenizer)
+    tokenizer.eos_token = None
+    tokenizer.save_pretrained(tmp_path / "no-eos")
+    jsonl[-1] = f"task.tokenizer={json.dumps(str(tmp_path / 'no-eos'))}"
+    with pytest.raises(ConfigError) as refused:
+        load_config(None, transformers_overrides(rt, tmp_path / "run", *jsonl))
+    assert refused.value.fields == ("task.tokenizer",) and "no EOS token" in refused.value.reason
