@@ -17,7 +17,7 @@ from invar.model.errors import ConfigError
 from invar.model.schedule import report
 from invar.runtime.backend import LearnerBackend
 from invar.runtime.config import (OPERATIONAL, ROUNDING, TrainConfig, changed_keys,
-                                  describe_bad_byte, load_config, to_dict)
+                                  describe_bad_byte, load_config, task_vocabulary, to_dict)
 
 
 def make_learner(config: TrainConfig) -> LearnerBackend:
@@ -33,7 +33,8 @@ def make_learner(config: TrainConfig) -> LearnerBackend:
     torch.set_num_threads(config.learner.threads)
     torch.use_deterministic_algorithms(True)
     return TorchLearner(config.policy, config.optim, config.protocol.seed, commit_dir,
-                        device=config.learner.device, keep_commits=config.learner.keep_commits)
+                        device=config.learner.device, keep_commits=config.learner.keep_commits,
+                        task_vocabulary=task_vocabulary(config))
 
 
 def train(config: TrainConfig, resume: bool = False, serial: bool = False,

@@ -22,7 +22,7 @@ from invar.model.config import RunConfig
 from invar.model.errors import ConfigError
 from invar.model.objective import ObjectiveConfig
 from invar.runtime.policy_config import PolicyConfig
-from invar.runtime.tasks import build_task
+from invar.runtime.tasks import AUTO_TOKENIZER, build_task, make_tokenizer
 
 
 @dataclass(frozen=True)
@@ -42,9 +42,12 @@ class TaskConfig:
     verifier: str = "exact"
     """"jsonl": "exact" (response text equals the answer) or "numeric" (its last number
     equals the answer's)."""
-    tokenizer: str = "bytes"
-    """"jsonl": how text becomes tokens; "bytes" (UTF-8 bytes, PAD 256, EOS 257: set
-    policy.vocab_size >= 258)."""
+    tokenizer: str = "auto"
+    """"jsonl": how text becomes tokens. "auto": the model's own tokenizer when the policy is
+    a transformers model from a directory (policy.path), else "bytes"; "bytes": UTF-8 bytes,
+    PAD 256, EOS 257 (the built-in policy needs policy.vocab_size >= 258); or a Hugging Face
+    tokenizer directory (relative to the directory the run starts in; over SSH the same path
+    on the hosts)."""
     prompt_length: int = 64
     """"jsonl": tokens of every prompt (shorter ones are left-padded; a longer one is
     refused, its line named)."""
@@ -324,7 +327,7 @@ class TrainConfig:
             if stray:
                 raise ConfigError(tuple(stray), f"apply to task.name = \"{kind}\", but "
                                                 f"task.name is {task.name!r}")
-        return build_task(task)
+        return build_task(task_section(self))
 
     def _validate_policy(self, task: Any) -> None:
         """The policy can read the task: its vocabulary holds the task's tokens and its
@@ -333,19 +336,18 @@ class TrainConfig:
         that cannot serve is refused before anything runs."""
         needed = task.prompt_length + task.response_length
         if self.policy.kind == "transformers":
-            if self.task.name != "reverse":
-                raise ConfigError(("policy.kind", "task.name"),
-                                  f"a transformers policy runs the built-in reverse task only, "
-                                  f"not task.name = {self.task.name!r} (yet)")
             from invar.runtime.hf_policy import max_positions, model_config, resolve
-            positions = max_positions(model_config(resolve(self.policy.path,
-                                                           self.policy.config)))
+            positions = max_positions(model_config(resolve(
+                self.policy.path, self.policy.config, task_vocabulary(self, task))))
             if positions < needed:
                 where = "policy.path" if self.policy.path else \
                     "policy.config.max_position_embeddings"
-                raise ConfigError((where, "task.length"),
-                                  f"the model's {positions} positions cannot hold a prompt and "
-                                  f"answer of {self.task.length} digits ({needed} tokens)")
+                lengths = ("task.length",) if self.task.name == "reverse" else \
+                    ("task.prompt_length", "task.response_length")
+                raise ConfigError((where, *lengths),
+                                  f"the model's {positions} positions cannot hold the "
+                                  f"{task.name} task's prompt and response ({task.prompt_length} "
+                                  f"+ {task.response_length} = {needed} tokens)")
             return
         if self.policy.vocab_size < task.vocab_size:
             raise ConfigError(("policy.vocab_size",),
@@ -485,6 +487,29 @@ ROUNDING = ("rollout.threads", "learner.device", "learner.threads")
 """Operational keys that can change floating-point rounding (how reductions are split): the
 logical schedule stays the same, but samples and weights may then differ in the last bits from
 an uninterrupted run's, so a resume that changes one says so."""
+
+
+def task_section(config: TrainConfig) -> dict[str, Any]:
+    """The `task` section (as `to_dict` gives it) with `task.tokenizer = "auto"` resolved:
+    the directory of a transformers policy's model (`policy.path`), else "bytes". What the
+    driver, the workers and the verifier processes build the task from."""
+    section = to_dict(config.task)
+    if section["tokenizer"] == AUTO_TOKENIZER:
+        from_model = config.policy.kind == "transformers" and config.policy.path
+        section["tokenizer"] = config.policy.path if from_model else "bytes"
+    return section
+
+
+def task_vocabulary(config: TrainConfig, task: Any = None) -> int | None:
+    """What a transformers policy's vocabulary must serve for the configured task (`task`
+    when the caller has built it already): None for the digit-reversal task (its 12 tokens,
+    mapped onto the model's ids), else the task's vocab_size (a JSONL or plug-in task speaks
+    the model's own ids; its tokenizer's vocabulary, without reading the file again)."""
+    if config.task.name == "reverse":
+        return None
+    if task is None and config.task.name == "jsonl":
+        return make_tokenizer(task_section(config)["tokenizer"]).vocab_size
+    return (task if task is not None else build_task(task_section(config))).vocab_size
 
 
 def reverse_task(length: int, **settings: Any) -> dict[str, Any]:

@@ -57,7 +57,7 @@ from invar.model.shell import LEARNER, STORE, TIMER, Delivery, Verdict, deliver,
 from invar.model.state import Sample, State, WorkerPhase, initial_state, state_digest
 from invar.runtime import journal as journal_io
 from invar.runtime.backend import LearnerBackend
-from invar.runtime.config import TrainConfig, to_dict, worker_names
+from invar.runtime.config import TrainConfig, task_section, to_dict, worker_names
 from invar.runtime.faults import with_frame_faults
 from invar.runtime.learner_executor import (
     LearnerExecutor,
@@ -116,12 +116,12 @@ class Driver:
         self.run_dir = Path(config.output.run_dir)
         self.run_dir.mkdir(parents=True, exist_ok=True)
         self.learner = learner
-        self.task = build_task(config.task)
+        self.task = build_task(task_section(config))
         self.metrics = MetricsLog(self.run_dir, config, tensorboard=config.output.tensorboard,
                                   trackers=config.output.trackers)
         heldout = prompt_rows(self.task, "heldout",
                               range(heldout_count(self.task, config.task.heldout_prompts)))
-        self.verifier = make_verifier(self.task, to_dict(config.task))
+        self.verifier = make_verifier(self.task, task_section(config))
         self.executor = LearnerExecutor(learner, self.task, heldout, self.run_dir, self.metrics,
                                         self.verifier)
         self.verifier_failures = VerifierFailures()

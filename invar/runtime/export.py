@@ -5,9 +5,11 @@ load as they are.
 
 The weights are read from a verified commit or checkpoint file of the run (the newest commit
 unless `--version` names one); the architecture and tokenizer come from the run's
-configuration: the tokenizer built for the digit tasks for a policy built from `policy.config`,
-the tokenizer of `policy.path` for one loaded from a directory (which must still be there).
-The built-in policy (`policy.kind = "gpt"`) is written as the GPT-2 it is equivalent to.
+configuration: the tokenizer of `policy.path` for a policy loaded from a directory (which must
+still be there), else the one the task read its text with: the tokenizer built for the digit
+tasks, or a JSONL task's Hugging Face tokenizer directory. A run whose tokens are a plug-in's
+or the byte tokenizer's has no Hugging Face tokenizer: its model is written alone. The
+built-in policy (`policy.kind = "gpt"`) is written as the GPT-2 it is equivalent to.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from invar.model.errors import ConfigError
 if TYPE_CHECKING:  # torch is imported when an export runs, not for `invar --help`
     from torch import Tensor
 
+    from invar.runtime.config import TrainConfig
     from invar.runtime.policy import PolicyConfig
 
 
@@ -71,30 +74,41 @@ def export(run_dir: str | Path, out_dir: str | Path, version: int | None = None)
                                        f"(kept: {sorted({*commits, *checkpoints}) or 'none'})")
     try:
         weights = read_commit(path)["model"]
-        model, tokenizer = _hugging_face(config.policy, weights)
+        model, tokenizer = _hugging_face(config, weights)
     except CommitError as error:
         raise ExportError(asked, str(error)) from None
     except ConfigError as error:
         raise ExportError("RUN_DIR", f"the run's policy cannot be rebuilt: {error}") from None
     out.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(out)
-    tokenizer.save_pretrained(out)
+    if tokenizer is not None:
+        tokenizer.save_pretrained(out)
     return version
 
 
-def _hugging_face(policy: PolicyConfig, weights: dict[str, Tensor]) -> tuple[Any, Any]:
-    """The transformers model holding `weights` of a run's `policy`, and its tokenizer."""
+def _hugging_face(config: TrainConfig, weights: dict[str, Tensor]) -> tuple[Any, Any]:
+    """The transformers model holding `weights` of a run's policy, and its tokenizer (None
+    when the run's tokens are no Hugging Face tokenizer's)."""
+    from invar.runtime.config import task_section, task_vocabulary
     from invar.runtime.hf_policy import HFPolicy, import_transformers, resolve, task_tokenizer
+    from invar.runtime.tasks import TOKENIZERS
     transformers = import_transformers()
+    policy = config.policy
+    tokenizer_dir = policy.path
+    task_tokenizer_name = task_section(config)["tokenizer"]
+    if not tokenizer_dir and config.task.name == "jsonl" and task_tokenizer_name not in TOKENIZERS:
+        tokenizer_dir = task_tokenizer_name
+    if tokenizer_dir:
+        tokenizer = transformers.AutoTokenizer.from_pretrained(tokenizer_dir,
+                                                               local_files_only=True)
+    else:
+        tokenizer = task_tokenizer() if config.task.name == "reverse" else None
     if policy.kind != "transformers":
-        return builtin_as_gpt2(policy, weights), task_tokenizer()
-    spec = resolve(policy.path, policy.config)
-    model = HFPolicy(spec, seed=0, pretrained=False)
+        return builtin_as_gpt2(policy, weights), tokenizer
+    model = HFPolicy(resolve(policy.path, policy.config, task_vocabulary(config)), seed=0,
+                     pretrained=False)
     model.load_state_dict(weights)
-    if spec.weights_dir:
-        return model.model, transformers.AutoTokenizer.from_pretrained(spec.weights_dir,
-                                                                       local_files_only=True)
-    return model.model, task_tokenizer()
+    return model.model, tokenizer
 
 
 def builtin_as_gpt2(policy: PolicyConfig, weights: dict[str, Tensor]) -> Any:

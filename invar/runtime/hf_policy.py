@@ -17,6 +17,10 @@ own id (the digit's text, its BOS token, "=" for SEP): tokens go in through that
 logits come out restricted to those ids, so the policy samples from, and scores, the model's
 distribution over the task's tokens.
 
+Any other task (JSONL, plug-in) speaks the model's own ids (a JSONL task through the model
+directory's tokenizer, `tasks.HuggingFaceTokenizer`): no map, and the policy samples from the
+model's full vocabulary.
+
 Determinism: eager attention (no fused kernels), float32, and the wrapped model kept in eval
 mode (no dropout, whatever its config says), so the same weights and tokens give the same
 logits in the learner, in every worker and in the serial reference.
@@ -80,7 +84,8 @@ class ModelSpec:
     config: dict[str, Any]
     """The model's full `PretrainedConfig.to_dict()`, `model_type` included."""
     symbol_ids: tuple[int, ...]
-    """The model's token id of each task token, by task id."""
+    """The model's token id of each digit-task token, by task id; empty when the task speaks
+    the model's own ids (its whole vocabulary)."""
     weights_dir: str = ""
     """Where the initial weights are (`policy.path`); empty: random from the seed."""
 
@@ -127,26 +132,33 @@ def symbol_ids(tokenizer: Any, where: str) -> tuple[int, ...]:
     return tuple(ids)
 
 
-def resolve(path: str, config: dict[str, Any]) -> ModelSpec:
+def resolve(path: str, config: dict[str, Any], task_vocabulary: int | None = None
+            ) -> ModelSpec:
     """The model `policy.path` or `policy.config` describes, checked before anything runs:
     ConfigError naming the field when the directory lacks weights, config or tokenizer, the
     config is not a causal LM transformers knows, or its vocabulary cannot hold the task's
-    tokens."""
+    tokens. `task_vocabulary`: None for the digit tasks (their tokens mapped onto the
+    model's); else the task speaks the model's own ids 0..task_vocabulary-1, and a config's
+    vocab_size defaults to it."""
     transformers = import_transformers()
     if path:
-        spec = _resolve_directory(transformers, Path(path).expanduser())
+        spec = _resolve_directory(transformers, Path(path).expanduser(), task_vocabulary)
         field = "policy.path"
     else:
-        spec = _resolve_config(transformers, config)
+        spec = _resolve_config(transformers, config, task_vocabulary)
         field = "policy.config.vocab_size" if "vocab_size" in config else "policy.config"
     vocabulary = model_config(spec).vocab_size
-    if max(spec.symbol_ids) >= vocabulary:
+    if task_vocabulary is not None and task_vocabulary > vocabulary:
+        raise ConfigError((field,), f"vocab_size {vocabulary} cannot hold the task's token "
+                                    f"ids 0..{task_vocabulary - 1}")
+    if spec.symbol_ids and max(spec.symbol_ids) >= vocabulary:
         raise ConfigError((field,), f"vocab_size {vocabulary} cannot hold the digit tasks' "
                                     f"token ids {list(spec.symbol_ids)}")
     return spec
 
 
-def _resolve_directory(transformers: Any, directory: Path) -> ModelSpec:
+def _resolve_directory(transformers: Any, directory: Path, task_vocabulary: int | None
+                       ) -> ModelSpec:
     if not directory.is_dir():
         raise ConfigError(("policy.path",), f"{str(directory)!r} is not a directory")
     if not any(any(directory.glob(pattern)) for pattern in WEIGHT_PATTERNS):
@@ -166,18 +178,21 @@ def _resolve_directory(transformers: Any, directory: Path) -> ModelSpec:
         first_line = str(error).strip().splitlines()[0]
         raise ConfigError(("policy.path",), f"the tokenizer in {directory} cannot be loaded: "
                                             f"{first_line}") from None
-    return ModelSpec(_plain(config), symbol_ids(tokenizer, "policy.path"), str(directory))
+    symbols = symbol_ids(tokenizer, "policy.path") if task_vocabulary is None else ()
+    return ModelSpec(_plain(config), symbols, str(directory))
 
 
-def _resolve_config(transformers: Any, given: dict[str, Any]) -> ModelSpec:
+def _resolve_config(transformers: Any, given: dict[str, Any], task_vocabulary: int | None
+                    ) -> ModelSpec:
     if "model_type" not in given:
         raise ConfigError(("policy.config.model_type",),
                           "missing: name the architecture, e.g. \"llama\", \"qwen2\", \"gpt2\"")
     options = dict(given)
     model_type = options.pop("model_type")
-    # The digit tasks' own vocabulary, with BOS its begin token; the config may widen it.
-    options.setdefault("vocab_size", VOCAB_SIZE)
-    options.setdefault("bos_token_id", BOS)
+    # The task's own vocabulary (the digit tasks': BOS their begin token); the config may
+    # widen it.
+    options.setdefault("vocab_size", VOCAB_SIZE if task_vocabulary is None else task_vocabulary)
+    options.setdefault("bos_token_id", BOS if task_vocabulary is None else None)
     options.setdefault("eos_token_id", None)
     options.setdefault("pad_token_id", None)
     if model_type not in transformers.CONFIG_MAPPING:
@@ -198,7 +213,7 @@ def _resolve_config(transformers: Any, given: dict[str, Any]) -> ModelSpec:
     if loose:
         raise ConfigError(tuple(f"policy.config.{key}" for key in loose),
                           f"not a setting of {kind.__name__}")
-    return ModelSpec(_plain(config), tuple(range(VOCAB_SIZE)))
+    return ModelSpec(_plain(config), tuple(range(VOCAB_SIZE)) if task_vocabulary is None else ())
 
 
 def _check_causal_lm(transformers: Any, config: Any, where: str) -> None:
@@ -246,10 +261,12 @@ class HFPolicy(nn.Module):
             else:
                 model = transformers.AutoModelForCausalLM.from_config(config, **options)
         self.model = model.eval()
-        self.vocab_size = len(spec.symbol_ids)
+        self.vocab_size = len(spec.symbol_ids) or config.vocab_size
         self.max_len = max_positions(config)
-        # The model's ids are the task's exactly (a model built from a config): no mapping.
-        self._mapped = spec.symbol_ids != tuple(range(config.vocab_size))
+        # The model's ids are the task's exactly (a task of the model's own ids, or a model
+        # built from a config for the digit tasks): no mapping.
+        self._mapped = bool(spec.symbol_ids) and \
+            spec.symbol_ids != tuple(range(config.vocab_size))
         self.register_buffer("symbol_ids", torch.tensor(spec.symbol_ids), persistent=False)
         # transformers 5 calls the cache argument `cache`; earlier releases `past_key_values`.
         parameters = inspect.signature(model.forward).parameters

@@ -18,12 +18,15 @@ from torch import Tensor, nn
 from invar.runtime.policy_config import PolicyConfig
 
 
-def build_policy(config: PolicyConfig, seed: int) -> nn.Module:
+def build_policy(config: PolicyConfig, seed: int, task_vocabulary: int | None = None
+                 ) -> nn.Module:
     """The policy `config` names, its weights drawn from `seed` (a transformers policy from a
-    directory: that directory's weights)."""
+    directory: that directory's weights). `task_vocabulary`: for a transformers policy, None
+    for the digit tasks, else the size of the vocabulary the task speaks in the model's own
+    ids (`hf_policy.resolve`)."""
     if config.kind == "transformers":
         from invar.runtime.hf_policy import HFPolicy, resolve
-        return HFPolicy(resolve(config.path, config.config), seed)
+        return HFPolicy(resolve(config.path, config.config, task_vocabulary), seed)
     return Policy(config, seed)
 
 

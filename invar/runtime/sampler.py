@@ -5,15 +5,15 @@ Two guarantees matter to the rest of Invar:
 * The log-prob recorded for a sampled token is taken from the very distribution the token was
   drawn from (after temperature, top-k and top-p renormalisation), so importance ratios
   against it are exact.
-* Row i's randomness is a function of `seeds[i]` alone: its Gumbel noise is drawn up front
-  from a private CPU generator. A request re-issued alone, or in another batch, meets the
+* Row i's randomness is a function of `seeds[i]` alone: its Gumbel noise is drawn from a
+  private CPU generator, position by position. A request re-issued alone, or in another batch, meets the
   same noise and so draws the same tokens (up to float rounding of the logits themselves,
   which can depend on the batch shape).
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 
 import torch
 from torch import Tensor
@@ -56,14 +56,22 @@ def gumbel_noise(seeds: Sequence[int], new_tokens: int, vocab_size: int) -> Tens
 
     Drawn on the CPU so the same seed gives the same noise on every device.
     """
-    uniform = torch.stack([
-        torch.rand(new_tokens, vocab_size, dtype=torch.float64,
-                   generator=torch.Generator().manual_seed(seed))
-        for seed in seeds
-    ])
-    # Keep log(0) out: a -inf draw could otherwise tie every token at -inf.
-    uniform = uniform.clamp_(min=torch.finfo(torch.float64).tiny)
-    return -torch.log(-torch.log(uniform))
+    steps = gumbel_steps(seeds, vocab_size)
+    return torch.stack([next(steps) for _ in range(new_tokens)], dim=1)
+
+
+def gumbel_steps(seeds: Sequence[int], vocab_size: int) -> Iterator[Tensor]:
+    """`gumbel_noise` one position at a time: float64 noise [n, V] for each next position.
+    Row i reads its own generator, seeded with `seeds[i]`, in position order, so the values
+    are those of `gumbel_noise`, while only one position's noise is held at a time (with a
+    150k-token vocabulary a whole response's would take gigabytes)."""
+    generators = [torch.Generator().manual_seed(seed) for seed in seeds]
+    while True:
+        uniform = torch.stack([torch.rand(vocab_size, dtype=torch.float64, generator=generator)
+                               for generator in generators])
+        # Keep log(0) out: a -inf draw could otherwise tie every token at -inf.
+        uniform = uniform.clamp_(min=torch.finfo(torch.float64).tiny)
+        yield -torch.log(-torch.log(uniform))
 
 
 @torch.no_grad()
@@ -100,13 +108,13 @@ def generate(
         if seeds is None or len(seeds) != rows:
             given = "none" if seeds is None else len(seeds)
             raise ValueError(f"need one seed per prompt row ({rows}), got {given}")
-        noise = gumbel_noise(seeds, new_tokens, policy.vocab_size).to(prompts.device)
+        noise = gumbel_steps(seeds, policy.vocab_size)
 
     sequences = prompts
     cache: KVCache | None = None
     step_input = prompts  # with the cache, only tokens not yet seen go through the network
     chosen_tokens, chosen_logprobs = [], []
-    for position in range(new_tokens):
+    for _ in range(new_tokens):
         if use_cache:
             logits, cache = policy.forward_with_cache(step_input, cache)
         else:
@@ -117,7 +125,7 @@ def generate(
             logprob = torch.zeros(rows, dtype=torch.float64, device=last.device)
         else:
             logprobs = sampling_logprobs(last, temperature, top_k, top_p)
-            token = (logprobs + noise[:, position]).argmax(dim=-1)
+            token = (logprobs + next(noise).to(last.device)).argmax(dim=-1)
             logprob = logprobs.gather(1, token[:, None])[:, 0]
         chosen_tokens.append(token)
         chosen_logprobs.append(logprob)

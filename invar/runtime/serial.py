@@ -32,7 +32,7 @@ from invar.model.shell import LEARNER, STORE, TIMER, Verdict, deliver, route
 from invar.model.state import Sample, State, initial_state, state_digest
 from invar.runtime import journal as journal_io
 from invar.runtime.backend import LearnerBackend
-from invar.runtime.config import TrainConfig, to_dict, worker_names
+from invar.runtime.config import TrainConfig, task_section, to_dict, worker_names
 from invar.runtime.learner_executor import LearnerExecutor, learner_inputs
 from invar.runtime.metrics import MetricsLog
 from invar.runtime.run_stats import Stats, VerifierFailures
@@ -55,10 +55,10 @@ def run_serial(config: TrainConfig, learner: LearnerBackend) -> State:
     journal_path = run_dir / "journal.jsonl"
     if journal_path.exists() and journal_path.stat().st_size:
         raise FileExistsError(f"{journal_path} exists: a serial run needs a new run_dir")
-    task = build_task(config.task)
+    task = build_task(task_section(config))
     metrics = MetricsLog(run_dir, config, tensorboard=False)
     heldout = prompt_rows(task, "heldout", range(heldout_count(task, config.task.heldout_prompts)))
-    verifier = make_verifier(task, to_dict(config.task))
+    verifier = make_verifier(task, task_section(config))
     executor = LearnerExecutor(learner, task, heldout, run_dir, metrics, verifier)
     failures = VerifierFailures()
     store = WeightsStore(run_dir / "store")

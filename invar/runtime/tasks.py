@@ -11,7 +11,8 @@ tokens and every response `response_length`.
 Three kinds, by `task.name`: "reverse" (`invar.runtime.task.DigitReversal`), "jsonl"
 (`JsonlTask`: a file of `{"prompt": ..., "answer": ...}` lines) and "module" (a factory named
 `package.module:factory` or `path/to/file.py:factory`, called with `task.options`). Nothing
-here imports torch: the verifier processes build the task from the same configuration.
+here imports torch (transformers only for a Hugging Face tokenizer): the verifier processes
+build the task from the same configuration.
 """
 
 from __future__ import annotations
@@ -75,8 +76,9 @@ class Task(Protocol):
 @runtime_checkable
 class Tokenizer(Protocol):
     """What the JSONL task needs of a tokenizer. A Hugging Face tokenizer fits through a thin
-    adapter (encode without special tokens); one that has a `chat_template` gets each prompt
-    wrapped as a user turn with `apply_chat_template(..., add_generation_prompt=True)`."""
+    adapter (`HuggingFaceTokenizer`: encode without special tokens); one that has a
+    `chat_template` gets each prompt wrapped as a user turn with
+    `apply_chat_template(..., add_generation_prompt=True)`."""
 
     vocab_size: int
     pad_token_id: int
@@ -103,8 +105,72 @@ class ByteTokenizer:
         return bytes(i for i in ids if 0 <= i < 256).decode("utf-8", errors="replace")
 
 
+class HuggingFaceTokenizer:
+    """A Hugging Face tokenizer directory (`save_pretrained` layout, read from local files
+    only) behind the `Tokenizer` protocol: text is encoded without special tokens (a chat
+    template writes its own), PAD is the tokenizer's pad token or else its EOS token, and a
+    response is decoded without special tokens. Ids the tokenizer does not know (a model's
+    embedding table may be larger than its tokenizer) decode to nothing."""
+
+    def __init__(self, directory: str | Path) -> None:
+        try:
+            import transformers
+        except ImportError:
+            raise ConfigError(("task.tokenizer",), "a Hugging Face tokenizer needs the "
+                                                   "transformers and tokenizers packages: "
+                                                   "pip install 'invar[hf]'") from None
+        transformers.logging.set_verbosity_error()
+        try:
+            self._tokenizer = transformers.AutoTokenizer.from_pretrained(
+                Path(directory).expanduser(), local_files_only=True)
+        except (OSError, ValueError, TypeError) as error:
+            first_line = str(error).strip().splitlines()[0]
+            raise ConfigError(("task.tokenizer",), f"no Hugging Face tokenizer can be loaded "
+                                                   f"from {str(directory)!r}: {first_line}"
+                              ) from None
+        if self._tokenizer.eos_token_id is None:
+            raise ConfigError(("task.tokenizer",), f"the tokenizer in {str(directory)!r} has no "
+                                                   "EOS token to end a response with")
+        self.vocab_size = len(self._tokenizer)
+        self.eos_token_id = int(self._tokenizer.eos_token_id)
+        pad = self._tokenizer.pad_token_id
+        self.pad_token_id = self.eos_token_id if pad is None else int(pad)
+        self.chat_template = self._tokenizer.chat_template
+
+    def encode(self, text: str) -> list[int]:
+        return list(self._tokenizer.encode(text, add_special_tokens=False))
+
+    def decode(self, ids: Sequence[int]) -> str:
+        return self._tokenizer.decode([i for i in ids if 0 <= i < self.vocab_size],
+                                      skip_special_tokens=True)
+
+    def apply_chat_template(self, messages: list[dict[str, str]], tokenize: bool,
+                            add_generation_prompt: bool) -> str:
+        return self._tokenizer.apply_chat_template(messages, tokenize=tokenize,
+                                                   add_generation_prompt=add_generation_prompt)
+
+
 TOKENIZERS = {"bytes": ByteTokenizer}
-"""Tokenizers the JSONL task can name (`task.tokenizer`)."""
+"""Tokenizers the JSONL task can name (`task.tokenizer`); any other value but "auto" is a
+Hugging Face tokenizer directory."""
+
+AUTO_TOKENIZER = "auto"
+"""`task.tokenizer`: the tokenizer of the transformers policy's directory (`policy.path`)
+when there is one, else "bytes"; the configuration resolves it (`config.task_section`)."""
+
+
+def make_tokenizer(name: str) -> Any:
+    """The tokenizer `task.tokenizer` names: a built-in one, or a Hugging Face directory
+    ("auto" unresolved, with no model directory to take it from, is the byte tokenizer)."""
+    if name == AUTO_TOKENIZER:
+        return ByteTokenizer()
+    if name in TOKENIZERS:
+        return TOKENIZERS[name]()
+    if not Path(name).expanduser().is_dir():
+        raise ConfigError(("task.tokenizer",), f"{name!r} is neither a built-in tokenizer "
+                                               f"({', '.join(TOKENIZERS)}, {AUTO_TOKENIZER}) "
+                                               "nor a Hugging Face tokenizer directory")
+    return HuggingFaceTokenizer(name)
 
 
 def chat_text(tokenizer: Any, prompt: str) -> str:
@@ -289,12 +355,8 @@ def build_task(config: Any) -> Task:
     if kind == "jsonl":
         if not get("path"):
             raise ConfigError(("task.path",), "task.name = \"jsonl\" needs the file's path")
-        tokenizer = get("tokenizer")
-        if tokenizer not in TOKENIZERS:
-            raise ConfigError(("task.tokenizer",), f"unknown tokenizer {tokenizer!r}; known: "
-                                                   f"{', '.join(TOKENIZERS)}")
         return JsonlTask(get("path"), get("prompt_length"), get("response_length"),
-                         get("verifier"), TOKENIZERS[tokenizer]())
+                         get("verifier"), make_tokenizer(get("tokenizer")))
     if kind == "module":
         factory = load_factory(get("module"))
         try:

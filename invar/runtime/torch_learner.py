@@ -80,13 +80,16 @@ class TorchLearner(CommittedLearner):
         commit_dir: str | Path,
         device: str | torch.device = "cpu",
         keep_commits: int = 3,
+        task_vocabulary: int | None = None,
     ) -> None:
+        """`task_vocabulary`: for a transformers policy, what its vocabulary serves
+        (`config.task_vocabulary`)."""
         super().__init__(policy_config, optim_config, seed, commit_dir, keep_commits)
         self.device = torch.device(device)
         # The process's torch RNG (kept in every commit) starts from the run's seed, so two
         # identical runs write byte-identical commits.
         torch.manual_seed(derive_seed(seed, "learner", "torch_rng"))
-        self.model = build_policy(policy_config, seed).to(self.device)
+        self.model = build_policy(policy_config, seed, task_vocabulary).to(self.device)
         # The reference is the initial policy, frozen: the anchor for KL penalties.
         self.reference = copy.deepcopy(self.model).requires_grad_(False)
         self.optimizer = torch.optim.AdamW(

@@ -58,8 +58,8 @@ class WorkerArgs:
 
     name: str
     task: dict[str, Any]
-    """The configuration's `task` section (`config.to_dict`): the worker and its verifier
-    processes build the task from it."""
+    """The configuration's `task` section, `task.tokenizer` resolved (`config.task_section`):
+    the worker and its verifier processes build the task from it."""
     policy: dict[str, Any]
     prompts_per_batch: int
     group_size: int

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from invar.runtime.config import TrainConfig, split_fault, to_dict
+from invar.runtime.config import TrainConfig, split_fault, task_section, task_vocabulary
 
 
 def worker_args(config: TrainConfig, name: str, incarnation: int = 0) -> dict[str, Any]:
@@ -20,7 +20,7 @@ def worker_args(config: TrainConfig, name: str, incarnation: int = 0) -> dict[st
         target, kind = split_fault(fault)
         if target in (None, name):
             faults.append(kind)
-    return dict(name=name, task=to_dict(c.task), policy=_policy_dict(c),
+    return dict(name=name, task=task_section(c), policy=_policy_dict(c),
                 prompts_per_batch=c.protocol.prompts_per_batch, group_size=c.protocol.group_size,
                 chunk_prompts=c.rollout.chunk_prompts, temperature=c.sampling.temperature,
                 top_k=c.sampling.top_k, top_p=c.sampling.top_p, threads=c.rollout.threads,
@@ -32,7 +32,8 @@ def _model_spec(config: TrainConfig) -> dict[str, Any] | None:
     if config.policy.kind != "transformers":
         return None
     from invar.runtime.hf_policy import resolve
-    return resolve(config.policy.path, config.policy.config).to_dict()
+    return resolve(config.policy.path, config.policy.config,
+                   task_vocabulary(config)).to_dict()
 
 
 def _policy_dict(config: TrainConfig) -> dict[str, Any]:

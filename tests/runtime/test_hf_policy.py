@@ -392,3 +392,146 @@ def test_a_resume_refuses_a_policy_config_key_the_run_did_not_have(asynchronous_
     with pytest.raises(ConfigError) as refused:
         resume_config(str(run_dir), None, ["policy.config.rope_theta=100.0"])
     assert refused.value.fields == ("policy.config.rope_theta",)
+
+
+# -- JSONL and plug-in tasks in the model's own tokens -----------------------------------------
+
+ADDITION = Path(__file__).parents[2] / "invar" / "runtime" / "data" / "addition.jsonl"
+CHAT_TEMPLATE = ("{% for message in messages %}<s>{{ message['content'] }}{% endfor %}"
+                 "{% if add_generation_prompt %}</s>{% endif %}")
+"""A chat template that frames the user's turn in the tokenizer's special tokens."""
+
+
+def _text_tokenizer(chat_template: str | None) -> PreTrainedTokenizerFast:
+    """One token a character over digits, arithmetic and a few letters (the sums of the
+    shipped JSONL file), with PAD, BOS and EOS special tokens."""
+    from tokenizers import decoders
+    vocabulary = {text: token for token, text in enumerate(
+        ["<pad>", "<s>", "</s>", *"0123456789+-=? ", *"abcdefgh"])}
+    tokenizer = Tokenizer(models.WordLevel(vocab=vocabulary, unk_token=None))
+    tokenizer.pre_tokenizer = pre_tokenizers.Split(Regex("."), behavior="isolated")
+    tokenizer.add_special_tokens(["<pad>", "<s>", "</s>"])
+    tokenizer.decoder = decoders.Fuse()
+    wrapped = PreTrainedTokenizerFast(tokenizer_object=tokenizer, pad_token="<pad>",
+                                      bos_token="<s>", eos_token="</s>")
+    wrapped.chat_template = chat_template
+    return wrapped
+
+
+def jsonl_overrides(rt, run_dir: Path, model_dir: Path, *extra: str) -> list[str]:
+    """The tiny run on the shipped addition file, with the model of `model_dir`."""
+    return [*transformers_overrides(rt, run_dir), "policy.config={}",
+            f"policy.path={json.dumps(str(model_dir))}", "task.name=\"jsonl\"",
+            f"task.path={json.dumps(str(ADDITION))}", "task.verifier=\"numeric\"",
+            "task.prompt_length=12", "task.response_length=4", *extra]
+
+
+def test_a_jsonl_task_runs_in_the_model_s_own_tokens_async_equal_to_serial(tmp_path, rt):
+    tokenizer = _text_tokenizer(CHAT_TEMPLATE)
+    model_dir = _saved_model(tmp_path / "model", tokenizer, vocab_size=len(tokenizer) + 3)
+    config = load_config(None, jsonl_overrides(rt, tmp_path / "serial", model_dir))
+    raw = worker_args(config, "worker-0")
+    assert raw["task"]["tokenizer"] == str(model_dir)  # "auto": the model's own
+    assert raw["model"]["symbol_ids"] == []  # no map: the model's whole vocabulary
+    worker = RolloutWorker(WorkerArgs(**{**raw, "faults": ()}))
+    assert worker.policy.vocab_size == len(tokenizer) + 3
+    # The chat template frames "3+4=" (line 3): left-padded with <pad>, ended by </s>.
+    framed = tokenizer.encode("<s>3+4=</s>", add_special_tokens=False)
+    assert worker.task.prompt(2) == [0] * (12 - len(framed)) + framed
+
+    rt.run_serial(config)
+    asynchronous = load_config(None, jsonl_overrides(rt, tmp_path / "async", model_dir,
+                                                     "protocol.eval_every=3"))
+    assert run_complete(rt.run_driver(asynchronous))
+    rows = {name: [json.loads(line) for line in
+                   (tmp_path / name / "metrics.jsonl").read_text().splitlines()]
+            for name in ("serial", "async")}
+    rewards = {name: [row["reward"] for row in found if row["kind"] == "update"]
+               for name, found in rows.items()}
+    assert len(rewards["async"]) == 3 and rewards["async"] == rewards["serial"]
+    assert any(row["kind"] == "evaluation" for row in rows["async"])
+    rt.assert_same_weights(rt.final_weights(tmp_path / "serial"),
+                           rt.final_weights(tmp_path / "async"))
+    # Exported with the model directory's tokenizer, chat template included.
+    export.export(tmp_path / "async", tmp_path / "exported")
+    exported = AutoTokenizer.from_pretrained(tmp_path / "exported", local_files_only=True)
+    assert exported.chat_template == CHAT_TEMPLATE
+    model = AutoModelForCausalLM.from_pretrained(tmp_path / "exported", local_files_only=True)
+    assert model.config.vocab_size == len(tokenizer) + 3
+
+
+def test_without_a_chat_template_the_prompt_is_its_own_text(tmp_path, rt):
+    tokenizer = _text_tokenizer(None)
+    model_dir = _saved_model(tmp_path / "model", tokenizer, vocab_size=len(tokenizer))
+    config = load_config(None, jsonl_overrides(rt, tmp_path / "run", model_dir))
+    task = RolloutWorker(WorkerArgs(**{**worker_args(config, "worker-0"), "faults": ()})).task
+    plain = tokenizer.encode("3+4=", add_special_tokens=False)
+    assert task.prompt(2) == [0] * (12 - len(plain)) + plain
+    seven, eos, pad = tokenizer.convert_tokens_to_ids(["7", "</s>", "<pad>"])
+    assert task.score("train", 2, [seven, eos, seven, pad]) == 1.0  # read up to EOS
+    assert task.score("train", 2, [seven, seven, pad, pad]) == 0.0
+
+
+def test_a_model_built_from_a_config_reads_a_jsonl_task_in_bytes(tmp_path, rt):
+    jsonl = ["task.name=\"jsonl\"", f"task.path={json.dumps(str(ADDITION))}",
+             "task.prompt_length=8", "task.response_length=4"]
+    config = load_config(None, transformers_overrides(rt, tmp_path, *jsonl))
+    assert worker_args(config, "worker-0")["model"]["config"]["vocab_size"] == 258
+
+
+@pytest.mark.parametrize("extra, fields", [
+    (["policy.config.vocab_size=200"], ("policy.config.vocab_size",)),
+    (["task.tokenizer=\"model\""], ("task.tokenizer",)),
+    (["policy.config.max_position_embeddings=10"],
+     ("policy.config.max_position_embeddings", "task.prompt_length", "task.response_length")),
+], ids=["bytes beyond the vocabulary", "no tokenizer directory", "positions"])
+def test_a_jsonl_task_a_model_cannot_serve_is_refused_naming_the_key(tmp_path, rt, extra,
+                                                                    fields):
+    jsonl = ["task.name=\"jsonl\"", f"task.path={json.dumps(str(ADDITION))}",
+             "task.prompt_length=8", "task.response_length=4"]
+    with pytest.raises(ConfigError) as refused:
+        load_config(None, transformers_overrides(rt, tmp_path, *jsonl, *extra))
+    assert refused.value.fields == fields
+
+
+def test_a_model_directory_whose_vocabulary_is_smaller_than_its_tokenizer_is_refused(tmp_path,
+                                                                                     rt):
+    tokenizer = _text_tokenizer(None)
+    model_dir = _saved_model(tmp_path / "model", tokenizer, vocab_size=len(tokenizer) - 1)
+    with pytest.raises(ConfigError) as refused:
+        load_config(None, jsonl_overrides(rt, tmp_path / "run", model_dir))
+    assert refused.value.fields == ("policy.path",)
+    assert "cannot hold the task's token ids 0..25" in refused.value.reason
+
+
+def test_the_readme_s_model_directory_and_jsonl_example_is_a_configuration(tmp_path):
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    example = readme.split("```toml\n# my-lm.toml\n", 1)[1].split("```", 1)[0]
+    (tmp_path / "my-lm.toml").write_text(example)
+    config = load_config(tmp_path / "my-lm.toml", validate=False)  # no model here to check
+    assert (config.policy.kind, config.task.name, config.task.tokenizer) == \
+        ("transformers", "jsonl", "auto")
+
+
+def test_a_plugin_task_speaks_the_model_s_own_ids(tmp_path, rt):
+    example = Path(__file__).parents[2] / "examples" / "parity_task.py"
+    config = load_config(None, transformers_overrides(
+        rt, tmp_path, "task.name=\"module\"", f"task.module={json.dumps(f'{example}:make_task')}"))
+    model = worker_args(config, "worker-0")["model"]
+    assert model["symbol_ids"] == [] and model["config"]["vocab_size"] == 3  # the task's
+
+
+def test_a_named_tokenizer_directory_sizes_a_config_s_vocabulary_and_needs_an_eos(tmp_path, rt):
+    tokenizer = _text_tokenizer(CHAT_TEMPLATE)
+    tokenizer.save_pretrained(tmp_path / "tokenizer")
+    jsonl = ["task.name=\"jsonl\"", f"task.path={json.dumps(str(ADDITION))}",
+             "task.prompt_length=12", "task.response_length=4",
+             f"task.tokenizer={json.dumps(str(tmp_path / 'tokenizer'))}"]
+    config = load_config(None, transformers_overrides(rt, tmp_path / "run", *jsonl))
+    assert worker_args(config, "worker-0")["model"]["config"]["vocab_size"] == len(tokenizer)
+    tokenizer.eos_token = None
+    tokenizer.save_pretrained(tmp_path / "no-eos")
+    jsonl[-1] = f"task.tokenizer={json.dumps(str(tmp_path / 'no-eos'))}"
+    with pytest.raises(ConfigError) as refused:
+        load_config(None, transformers_overrides(rt, tmp_path / "run", *jsonl))
+    assert refused.value.fields == ("task.tokenizer",) and "no EOS token" in refused.value.reason

@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from invar.runtime.policy import Policy, PolicyConfig
-from invar.runtime.sampler import generate, sampling_logprobs
+from invar.runtime.sampler import generate, gumbel_noise, sampling_logprobs
 from invar.runtime.task import DigitReversal
 
 pytestmark = pytest.mark.usefixtures("few_threads")
@@ -193,3 +193,14 @@ def test_generate_refuses_bad_requests(policy, prompts):
         generate(policy, prompts, 8, list(range(len(prompts))), temperature=0)
     with pytest.raises(ValueError, match="top_p"):
         generate(policy, prompts, 8, list(range(len(prompts))), top_p=0)
+
+
+def test_noise_drawn_position_by_position_is_each_row_s_generator_read_in_one_go():
+    """Sampling holds one position's noise at a time; the values are those of one draw of
+    [new_tokens, V] from each row's seeded generator (what the recorded runs were made with)."""
+    seeds, new_tokens, vocabulary = [3, 2**40, 7], 5, 300
+    drawn_at_once = torch.stack([
+        torch.rand(new_tokens, vocabulary, dtype=torch.float64,
+                   generator=torch.Generator().manual_seed(seed)) for seed in seeds])
+    expected = -torch.log(-torch.log(drawn_at_once.clamp(min=torch.finfo(torch.float64).tiny)))
+    assert torch.equal(gumbel_noise(seeds, new_tokens, vocabulary), expected)
