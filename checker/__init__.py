@@ -11,9 +11,10 @@ it on every module's imports, deferred ones included, and that the import graph 
 4. `checker._expand`      – the specialised hot loop of the breadth-first searches.
 5. `checker.engine`       – the vocabulary every search speaks: `ModelContext`,
    `PropertyTracker`, `Coverage`, `Found`, `Outcome`, `SearchOptions`.
-6. `checker.parallel` (multi-process BFS) and `checker.liveness` (eventually / livelock,
-   after the search), neither importing the other.
-7. `checker.search`       – `Checker`, the entry point: BFS, DFS, simulation; builds the result.
+6. the strategies, none importing another: `checker.bfs` (sequential BFS), `checker.dfs`,
+   `checker.simulate` (random walks), `checker.parallel` (multi-process BFS) and
+   `checker.liveness` (eventually / livelock, after the search).
+7. `checker.search`       – `Checker`, the entry point: runs a strategy, builds the result.
 8. `checker.report`       – rich rendering (progress lines, summary table, traces); the engine
    itself never prints, it reports through callbacks.
 9. `checker`              – this package: the public API.

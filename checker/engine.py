@@ -1,14 +1,15 @@
 """The engine's shared vocabulary: what every search strategy and the liveness checks speak.
 
-`checker.search` (the `Checker` and its sequential strategies), `checker.parallel` and
-`checker.liveness` all import this module, and `checker.search` imports those two, so the
-engine's modules form no import cycle:
+`checker.search` (the `Checker`), its strategies (`checker.bfs`, `checker.dfs`,
+`checker.simulate`, `checker.parallel`) and `checker.liveness` all import this module and
+none of them imports another strategy's, so the engine's modules form no import cycle:
 
 * `ModelContext` – the model's functions resolved once, and the fingerprints in use;
 * `Coverage`, `PropertyTracker` – transitions counted per action kind; the properties still
   open and the first discovery (`Found`) for each;
 * `Outcome` – what a strategy hands back to `Checker` to become a `CheckResult`;
-* `SearchOptions` – what a strategy reads from the `Checker` that runs it.
+* `SearchOptions` – what a strategy reads from the `Checker` that runs it;
+* `GraphRecorder` – the explored graph, for `record_graph` and the livelock check.
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ __all__ = [
     "NO_PARENT",
     "Coverage",
     "Found",
+    "GraphRecorder",
     "ModelContext",
     "Outcome",
     "PropertyTracker",
@@ -380,3 +382,41 @@ class SearchOptions(Protocol):
 
     def _signature(self) -> str: ...
 
+
+class GraphRecorder:
+    """Adds the explored states and transitions to a networkx graph of fingerprints; labels
+    them (for DOT/GraphML) only when `labelled`: the livelock check needs the graph's shape
+    alone, and a state's repr costs."""
+
+    def __init__(self, ctx: ModelContext, labelled: bool) -> None:
+        import networkx as nx  # optional dependency, needed only when a graph is recorded
+
+        self.graph = nx.DiGraph()
+        self.ctx = ctx
+        self.labelled = labelled
+
+    def node(self, state: Any, g: int, init: bool = False) -> None:
+        graph = self.graph
+        if not self.labelled:
+            graph.add_node(g, init=init, final=False)
+            return
+        label = repr(state)
+        if len(label) > 200:
+            label = label[:197] + "..."
+        graph.add_node(g, label=label, init=init, final=False)
+
+    def edge(self, f: int, g: int, action: Any) -> None:
+        graph = self.graph
+        if not self.labelled:
+            graph.add_edge(f, g)
+            return
+        text = self.ctx.format_action(action)
+        if graph.has_edge(f, g):
+            data = graph.edges[f, g]
+            if text not in data["label"].split(" | "):
+                data["label"] += " | " + text
+        else:
+            graph.add_edge(f, g, label=text)
+
+    def mark_final(self, f: int) -> None:
+        self.graph.nodes[f]["final"] = True

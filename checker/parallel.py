@@ -49,7 +49,7 @@ import traceback
 from dataclasses import dataclass
 from typing import Any
 
-from checker.checkpoint import CheckpointError, load_checkpoint, save_checkpoint
+from checker.checkpoint import load_checkpoint, pending_states, save_checkpoint
 from checker.engine import (
     NO_PARENT,
     Coverage,
@@ -327,15 +327,10 @@ def run_parallel_bfs(checker: SearchOptions, ctx: ModelContext) -> Outcome:
                 seen_parts[w][g] = parent
                 visited[g] = w
             pending_parts: list[list[Any]] = [[] for _ in range(n)]
-            pending = data.get("pending")
-            if pending:
-                pdepth, items = pending
-                if pdepth != depth:
-                    raise CheckpointError("checkpoint: pending states are not at the frontier depth")
-                for t, g, parent in items:
-                    if g not in visited:
-                        visited[g] = owner_of(g, n)
-                        pending_parts[visited[g]].append((t, g, parent))
+            for t, g, parent in pending_states(data, depth):
+                if g not in visited:
+                    visited[g] = owner_of(g, n)
+                    pending_parts[visited[g]].append((t, g, parent))
             generated = data["generated"]
             max_seen = data["max_depth"]
             elapsed_before = data["elapsed_s"]

@@ -40,18 +40,18 @@ What is checked, exactly:
   bound the search (`CheckResult.complete` is then false).
 """
 
+
 from __future__ import annotations
 
 import gc
 import os
-import random
 import threading
-import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any, Generic
 
-from checker.checkpoint import CheckpointError, load_checkpoint, save_checkpoint
+from checker.bfs import run_sequential_bfs
+from checker.dfs import run_dfs
 from checker.engine import (
     NO_PARENT,
     Coverage,  # noqa: F401 - defined here once, still importable from here
@@ -66,11 +66,11 @@ from checker.liveness import check_eventually, check_livelock
 from checker.model import A, PropertyKind, S
 from checker.parallel import fork_available, run_parallel_bfs
 from checker.result import CheckResult, Progress, PropertyResult, Verdict
+from checker.simulate import run_simulation
 from checker.trace import Trace
 
 __all__ = ["Checker", "check"]
 
-_CHUNK = 256  # states expanded between two housekeeping checks (time, limits)
 FINISH_MODES = ("all_decided", "any_failure", "exhausted")
 FINGERPRINT_MODES = ("auto", "fast", "stable")
 # Young objects allocated between two cyclic collections while a search runs (Python's
@@ -90,7 +90,6 @@ def _quiet_gc() -> Iterator[None]:
         yield
     finally:
         gc.set_threshold(*old)
-
 
 
 class Checker(Generic[S, A]):
@@ -230,7 +229,7 @@ class Checker(Generic[S, A]):
             notes = ["record_graph/check_livelock run in one process"]
 
         def sequential(ctx: ModelContext) -> Outcome:
-            outcome = self._bfs_sequential(ctx)
+            outcome = run_sequential_bfs(self, ctx)
             outcome.notes[:0] = notes
             return outcome
 
@@ -238,7 +237,7 @@ class Checker(Generic[S, A]):
 
     def dfs(self) -> CheckResult:
         """Depth-first search (not shortest counterexamples; small frontier)."""
-        return self._run(self._dfs)
+        return self._run(lambda ctx: run_dfs(self, ctx))
 
     def simulate(self, runs: int = 100, max_depth: int = 1000, seed: int = 0) -> CheckResult:
         """`runs` random walks of at most `max_depth` steps (reproducible from `seed`).
@@ -249,9 +248,9 @@ class Checker(Generic[S, A]):
         checked on walks that end, and on walks that revisit a state (a lasso) before
         meeting the predicate.  Never `complete`: unreached ``sometimes`` stay NOT_REACHED.
         """
-        return self._run(lambda ctx: self._simulate(ctx, runs, max_depth, seed))
+        return self._run(lambda ctx: run_simulation(self, ctx, runs, max_depth, seed))
 
-    # ------------------------------------------------------------------ sequential BFS
+    # ------------------------------------------------------------------ read by the strategies
 
     def _why_stopped(self, props: PropertyTracker) -> str:
         """Why a search with work left stopped (when neither bound on depth nor exhaustion)."""
@@ -266,410 +265,6 @@ class Checker(Generic[S, A]):
         if cls.__repr__ is not object.__repr__:
             sig += f":{model!r}"
         return sig
-
-    def _bfs_sequential(self, ctx: ModelContext) -> Outcome:
-        props = PropertyTracker(ctx, self.finish_when)
-        start = time.perf_counter()
-        elapsed_before = 0.0
-        base_cov: dict[str, int] = {}
-        graph = None
-        if self.record_graph:
-            import networkx as nx
-
-            graph = nx.DiGraph()
-        visited: dict[int, int] = {}
-        generated = 0
-        if self.resume_from is not None:
-            data = load_checkpoint(self.resume_from, self._signature())
-            visited = data["visited"]
-            levels = sorted(data["levels"], key=lambda lv: lv[0])
-            depth = levels[0][0] if levels else data["depth"]
-            current = list(levels[0][1]) if levels else []
-            nxt = list(levels[1][1]) if len(levels) > 1 else []
-            generated = data["generated"]
-            max_seen = data["max_depth"]
-            elapsed_before = data["elapsed_s"]
-            base_cov = dict(data["coverage"])
-            props.restore(data["found"])
-            pending = data.get("pending")
-            if pending:
-                pdepth, items = pending
-                if pdepth != depth:
-                    raise CheckpointError("checkpoint: pending states are not at the frontier depth")
-                for t, g, parent in items:
-                    if g not in visited:
-                        visited[g] = parent
-                        if props.wants_new:
-                            props.check_new(t, g, depth)
-                        current.append((t, g))
-            if graph is not None:
-                raise CheckpointError("record_graph cannot be combined with resume_from")
-        else:
-            depth = 0
-            max_seen = 0
-            current = []
-            nxt = []
-            for s, g in ctx.initial():
-                generated += 1
-                visited[g] = NO_PARENT
-                if graph is not None:
-                    self._graph_node(graph, ctx, s, g, init=True)
-                if props.wants_new:
-                    props.check_new(s, g, 0)
-                current.append((s, g))
-
-        cov = Coverage(ctx, self.coverage)
-        env = ctx.expand_env(visited, nxt.append, cov, props)
-        if graph is not None:
-            env.graph_edge = lambda f, g, a: self._graph_edge(graph, ctx, f, g, a)
-            env.graph_node = lambda t, g: self._graph_node(graph, ctx, t, g)
-            env.graph_final = lambda f: graph.nodes[f].__setitem__("final", True)
-        max_states = self.max_states
-        max_depth = self.max_depth
-        progress = self.progress
-        p_interval = self.progress_interval
-        ck_interval = self.checkpoint_interval
-        now = time.perf_counter()
-        next_progress = now + p_interval if progress else float("inf")
-        next_ck = now + ck_interval if (ck_interval is not None and self.checkpoint_path) else float("inf")
-        stop_reason = "exhausted"
-        complete = True
-        i = 0
-
-        def coverage_now() -> dict[str, int]:
-            out = dict(base_cov)
-            for k, n in cov.kinds().items():
-                out[k] = out.get(k, 0) + n
-            return out
-
-        def snapshot() -> dict[str, Any]:
-            levels = [(depth, current[i:])]
-            if nxt:
-                levels.append((depth + 1, nxt))
-            return {
-                "model": self._signature(),
-                "strategy": "bfs",
-                "visited": visited,
-                "levels": levels,
-                "depth": depth,
-                "pending": None,
-                "generated": generated,
-                "max_depth": max_seen,
-                "elapsed_s": elapsed_before + time.perf_counter() - start,
-                "coverage": coverage_now(),
-                "found": dict(props.found),
-            }
-
-        if max_depth is not None and depth >= max_depth and current:
-            complete = False
-            stop_reason = "max_depth"
-            current = []
-        while True:
-            if i >= len(current):
-                if not nxt:
-                    break
-                current, nxt, i = nxt, [], 0
-                env.nxt_append = nxt.append
-                depth += 1
-                if depth > max_seen:
-                    max_seen = depth
-                if max_depth is not None and depth >= max_depth:
-                    complete = False
-                    stop_reason = "max_depth"
-                    break
-                continue
-            chunk = current[i : i + _CHUNK]
-            i += len(chunk)
-            expand = ctx.expander(cov, props, check_new=props.wants_new, graph=graph is not None)
-            before = len(nxt)
-            generated += expand(chunk, depth, env)
-            cov.flush()
-            if ctx.sampling:
-                ctx.sample_keys(nxt, before)
-            if nxt and depth + 1 > max_seen:
-                max_seen = depth + 1
-            # ---- housekeeping between chunks
-            if props.stop:
-                complete = False
-                stop_reason = "all_decided" if self.finish_when == "all_decided" else "violation"
-                if i >= len(current) and not nxt:
-                    complete, stop_reason = True, "exhausted"
-                break
-            if self._stop_requested.is_set():
-                complete, stop_reason = False, "stop_requested"
-                break
-            if max_states is not None and len(visited) >= max_states:
-                if i < len(current) or nxt:
-                    complete, stop_reason = False, "max_states"
-                    break
-            now = time.perf_counter()
-            if now >= next_progress:
-                next_progress = now + p_interval
-                progress(  # type: ignore[misc]
-                    Progress("bfs", generated, len(visited), len(current) - i + len(nxt), depth, elapsed_before + now - start)
-                )
-            if now >= next_ck or self._checkpoint_requested.is_set():
-                self._checkpoint_requested.clear()
-                if self.checkpoint_path:
-                    save_checkpoint(self.checkpoint_path, snapshot())
-                    self.checkpoints_written += 1
-                next_ck = now + ck_interval if (ck_interval is not None and self.checkpoint_path) else float("inf")
-
-        elapsed = elapsed_before + time.perf_counter() - start
-        if not complete and self.checkpoint_path and stop_reason in ("max_states", "stop_requested"):
-            save_checkpoint(self.checkpoint_path, snapshot())
-            self.checkpoints_written += 1
-        if progress:
-            progress(Progress("bfs", generated, len(visited), len(current) - i + len(nxt), max_seen, elapsed, done=True))
-        return Outcome(
-            "bfs",
-            generated,
-            len(visited),
-            max_seen,
-            elapsed,
-            coverage_now(),
-            complete,
-            stop_reason,
-            props.found,
-            visited.__getitem__,
-            graph,
-        )
-
-    def _graph_node(self, graph: Any, ctx: ModelContext, state: Any, g: int,
-                    init: bool = False) -> None:
-        if not self._labelled:
-            graph.add_node(g, init=init, final=False)
-            return
-        label = repr(state)
-        if len(label) > 200:
-            label = label[:197] + "..."
-        graph.add_node(g, label=label, init=init, final=False)
-
-    def _graph_edge(self, graph: Any, ctx: ModelContext, f: int, g: int, action: Any) -> None:
-        if not self._labelled:
-            graph.add_edge(f, g)
-            return
-        text = ctx.format_action(action)
-        if graph.has_edge(f, g):
-            data = graph.edges[f, g]
-            if text not in data["label"].split(" | "):
-                data["label"] += " | " + text
-        else:
-            graph.add_edge(f, g, label=text)
-
-    # ------------------------------------------------------------------ DFS
-
-    def _dfs(self, ctx: ModelContext) -> Outcome:
-        if self.resume_from is not None:
-            raise CheckpointError("checkpoint/resume is supported by bfs() only")
-        props = PropertyTracker(ctx, self.finish_when)
-        start = time.perf_counter()
-        graph = None
-        if self.record_graph:
-            import networkx as nx
-
-            graph = nx.DiGraph()
-        visited: dict[int, int] = {}
-        stack: list[tuple[Any, int, int]] = []
-        generated = 0
-        for s, g in ctx.initial():
-            generated += 1
-            visited[g] = NO_PARENT
-            if graph is not None:
-                self._graph_node(graph, ctx, s, g, init=True)
-            if props.wants_new:
-                props.check_new(s, g, 0)
-            stack.append((s, g, 0))
-        stack.reverse()
-        succ = ctx.successors
-        fp = ctx.fp
-        need_final = ctx.is_final is not None
-        is_final = ctx.is_final
-        cov = Coverage(ctx, self.coverage)
-        cov_append = cov.append
-        max_states = self.max_states
-        max_depth = self.max_depth
-        progress = self.progress
-        next_progress = start + self.progress_interval if progress else float("inf")
-        complete, stop_reason = True, "exhausted"
-        max_seen = 0
-        count = 0
-        while stack:
-            s, f, depth = stack.pop()
-            if depth > max_seen:
-                max_seen = depth
-            if max_depth is not None and depth >= max_depth:
-                complete, stop_reason = False, "max_depth"
-                continue
-            n = 0
-            fresh = []
-            for a, t in succ(s):
-                n += 1
-                if cov_append is not None:
-                    cov_append(a)
-                if props.transition:
-                    props.check_transition(s, f, depth, a, t)
-                g = fp(t)
-                if graph is not None:
-                    self._graph_edge(graph, ctx, f, g, a)
-                if g in visited:
-                    continue
-                visited[g] = f
-                if props.wants_new:
-                    props.check_new(t, g, depth + 1)
-                if graph is not None:
-                    self._graph_node(graph, ctx, t, g)
-                fresh.append((t, g, depth + 1))
-            generated += n
-            fin = is_final(s) if need_final else False
-            if fin or n == 0:
-                props.check_expanded(s, f, depth, n, fin)
-                if graph is not None and fin:
-                    graph.nodes[f]["final"] = True
-            fresh.reverse()
-            stack.extend(fresh)
-            count += 1
-            if count & 255 == 0:
-                cov.flush()
-                ctx.sample_keys(stack, max(0, len(stack) - 16))
-                if props.stop or self._stop_requested.is_set():
-                    break
-                if max_states is not None and len(visited) >= max_states:
-                    break
-                now = time.perf_counter()
-                if now >= next_progress:
-                    next_progress = now + self.progress_interval
-                    progress(Progress("dfs", generated, len(visited), len(stack), max_seen, now - start))  # type: ignore[misc]
-        if stack:
-            complete, stop_reason = False, self._why_stopped(props)
-        elapsed = time.perf_counter() - start
-        if progress:
-            progress(Progress("dfs", generated, len(visited), len(stack), max_seen, elapsed, done=True))
-        return Outcome(
-            "dfs",
-            generated,
-            len(visited),
-            max_seen,
-            elapsed,
-            cov.kinds(),
-            complete,
-            stop_reason,
-            props.found,
-            visited.__getitem__,
-            graph,
-        )
-
-    # ------------------------------------------------------------------ simulation
-
-    def _simulate(self, ctx: ModelContext, runs: int, max_depth: int, seed: int) -> Outcome:
-        rng = random.Random(seed)
-        props = PropertyTracker(ctx, self.finish_when)
-        start = time.perf_counter()
-        cov = Coverage(ctx, self.coverage)
-        inits = ctx.initial()
-        if not inits:
-            raise ValueError("the model has no initial state")
-        seen: set[int] = set()
-        generated = 0
-        max_seen = 0
-        eventually = list(ctx.eventually)
-        ev_found: dict[str, Found] = {}
-        progress = self.progress
-        next_progress = start + self.progress_interval if progress else float("inf")
-        runs_done = 0
-        for _run in range(runs):
-            if props.stop or self._stop_requested.is_set():
-                break
-            s, f = inits[rng.randrange(len(inits))]
-            path: list[tuple[Any, Any]] = [(None, s)]
-            index: dict[int, int] = {f: 0}
-            ev_open = [(n, p) for n, p in eventually if n not in ev_found and not p(s)]
-            generated += 1
-            seen.add(f)
-            self._sim_check_state(props, s, f, path)
-            for depth in range(max_depth + 1):
-                succs = list(ctx.successors(s))
-                fin = ctx.final_state(s)
-                if fin or not succs:
-                    self._sim_check_end(props, s, f, depth, len(succs), fin, path)
-                    for name, _p in ev_open:
-                        ev_found.setdefault(name, Found(name, "eventually", depth, f, trace=Trace(tuple(path))))
-                    break
-                if depth == max_depth:
-                    break
-                a, t = succs[rng.randrange(len(succs))]
-                generated += 1
-                if cov.append is not None:
-                    cov.append(a)
-                path.append((a, t))
-                if props.transition:
-                    for name, pred in props.transition:
-                        if not pred(s, a, t):
-                            props.record(
-                                Found(name, "transition", depth + 1, f, a, t, True, trace=Trace(tuple(path)))
-                            )
-                g = ctx.fp(t)
-                seen.add(g)
-                if depth + 1 > max_seen:
-                    max_seen = depth + 1
-                self._sim_check_state(props, t, g, path)
-                if ev_open:
-                    ev_open = [(n, p) for n, p in ev_open if not p(t)]
-                    if g in index and ev_open:
-                        loop = index[g]
-                        for name, _p in ev_open:
-                            ev_found.setdefault(
-                                name, Found(name, "eventually", depth + 1, g, trace=Trace(tuple(path), loop))
-                            )
-                        ev_open = []
-                    index.setdefault(g, depth + 1)
-                s, f = t, g
-            runs_done += 1
-            ctx.sample_keys(path, 0, at=1)
-            now = time.perf_counter()
-            if now >= next_progress:
-                next_progress = now + self.progress_interval
-                progress(Progress("simulate", generated, len(seen), runs - runs_done, max_seen, now - start))  # type: ignore[misc]
-        elapsed = time.perf_counter() - start
-        if progress:
-            progress(Progress("simulate", generated, len(seen), 0, max_seen, elapsed, done=True))
-        found = dict(props.found)
-        found.update(ev_found)
-        out = Outcome(
-            "simulate",
-            generated,
-            len(seen),
-            max_seen,
-            elapsed,
-            cov.kinds(),
-            False,
-            "simulation",
-            found,
-            None,
-        )
-        out.notes.append(f"{runs_done} random walks, at most {max_depth} steps each, seed {seed}")
-        return out
-
-    @staticmethod
-    def _sim_check_state(props: PropertyTracker, s: Any, f: int, path: list[tuple[Any, Any]]) -> None:
-        depth = len(path) - 1
-        for name, pred in props.always:
-            if not pred(s):
-                props.record(Found(name, "always", depth, f, trace=Trace(tuple(path))))
-        for name, pred in props.sometimes:
-            if pred(s):
-                props.record(Found(name, "sometimes", depth, f, trace=Trace(tuple(path))))
-
-    @staticmethod
-    def _sim_check_end(
-        props: PropertyTracker, s: Any, f: int, depth: int, n: int, fin: bool, path: list[tuple[Any, Any]]
-    ) -> None:
-        if fin:
-            for name, pred in props.final:
-                if not pred(s):
-                    props.record(Found(name, "final", depth, f, trace=Trace(tuple(path))))
-        elif n == 0 and props.deadlock:
-            props.record(Found("deadlock", "deadlock", depth, f, trace=Trace(tuple(path))))
 
     # ------------------------------------------------------------------ results
 
@@ -765,4 +360,3 @@ def check(model: Any, strategy: str = "bfs", **options: Any) -> CheckResult:
     if strategy == "simulate":
         return checker.simulate(sim.get("runs", 100), sim.get("sim_depth", 1000), sim.get("seed", 0))
     raise ValueError(f"unknown strategy {strategy!r} (bfs, dfs, simulate)")
-

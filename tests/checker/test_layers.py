@@ -21,7 +21,7 @@ CHECKER_LAYERS: list[set[str]] = [
     {"checker.result", "checker.checkpoint"},
     {"checker._expand"},
     {"checker.engine"},
-    {"checker.parallel", "checker.liveness"},
+    {"checker.bfs", "checker.dfs", "checker.simulate", "checker.parallel", "checker.liveness"},
     {"checker.search"},
     {"checker.report"},
     {"checker"},
