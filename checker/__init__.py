@@ -1,20 +1,27 @@
 """invar-check: a general explicit-state model checker (TLA+/TLC style, API after stateright).
 
-Layering (each layer imports only the ones above it):
+Layering: each layer imports only the ones above it (`tests/checker/test_layers.py` checks
+it on every module's imports, deferred ones included, and that the import graph has no cycle):
 
 1. `checker.model`        – the `Model` protocol, `BaseModel` defaults, `Property` kinds.
 2. `checker.fingerprint`  – stable 64-bit state fingerprints.
    `checker.trace`        – `Trace`, `diff_states`, `trace_to_json`.
 3. `checker.result`       – `CheckResult`, `PropertyResult`, `Verdict`, `Progress`, graph export.
    `checker.checkpoint`   – atomic checkpoint files.
-4. `checker.search`       – the engine: `Checker` (BFS, DFS, simulation), with
-   `checker._expand` (the specialised hot loop), `checker.parallel` (multi-process BFS)
-   and `checker.liveness` (eventually / livelock).
-5. `checker.report`       – rich rendering (progress lines, summary table, traces); the engine
+4. `checker._expand`      – the specialised hot loop of the breadth-first searches.
+5. `checker.engine`       – the vocabulary every search speaks: `ModelContext`,
+   `PropertyTracker`, `Coverage`, `Found`, `Outcome`, `SearchOptions`.
+6. the strategies, none importing another: `checker.bfs` (sequential BFS), `checker.dfs`,
+   `checker.simulate` (random walks), `checker.parallel` (multi-process BFS) and
+   `checker.liveness` (eventually / livelock, after the search).
+7. `checker.search`       – `Checker`, the entry point: runs a strategy, builds the result.
+8. `checker.report`       – rich rendering (progress lines, summary table, traces); the engine
    itself never prints, it reports through callbacks.
-
-`checker.examples` holds example models (two-phase commit, the engine's benchmark).
-Model-specific code (e.g. the Invar model) builds on layers 1–5 and is not imported here.
+9. `checker`              – this package: the public API.
+10. models and tools: `checker.examples` (two-phase commit, the engine's benchmark),
+   `checker.invar_model` and `checker.prove` (the Invar protocol: they import `invar.model`
+   and `invar.testing`), `checker.cli` (`invar-check`; trace validation reads journals with
+   `invar.journal_format`, never with the runtime's shell).  Layers 1–9 know nothing of Invar.
 
 Typical use::
 

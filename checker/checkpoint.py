@@ -13,7 +13,7 @@ import os
 import pickle
 from typing import Any
 
-__all__ = ["CHECKPOINT_FORMAT", "CHECKPOINT_VERSION", "CheckpointError", "load_checkpoint", "save_checkpoint"]
+__all__ = ["CHECKPOINT_FORMAT", "CHECKPOINT_VERSION", "CheckpointError", "load_checkpoint", "pending_states", "save_checkpoint"]
 
 CHECKPOINT_FORMAT = "invar-check/checkpoint"
 CHECKPOINT_VERSION = 1
@@ -66,3 +66,15 @@ def load_checkpoint(path: str | os.PathLike[str], model_signature: str | None = 
             f"{path}: checkpoint of model {data.get('model')!r}, not of {model_signature!r}"
         )
     return data
+
+
+def pending_states(data: dict[str, Any], depth: int) -> list[tuple[Any, int, int]]:
+    """A loaded checkpoint's states met but not yet visited, as ``(state, fingerprint,
+    parent)``: they join the frontier, whose depth `depth` they must have."""
+    pending = data.get("pending")
+    if not pending:
+        return []
+    pending_depth, items = pending
+    if pending_depth != depth:
+        raise CheckpointError("checkpoint: pending states are not at the frontier depth")
+    return list(items)

@@ -45,6 +45,7 @@ from checker.report import ProgressPrinter, print_result
 from checker.result import Verdict
 from checker.search import Checker
 from checker.trace import Trace, to_jsonable, trace_to_json
+from invar import journal_format
 from invar.model.errors import ConfigError
 from invar.model.messages import TimerFired, dumps
 
@@ -442,17 +443,16 @@ def _trace(path: Path, console: Console) -> int:
     does not accept); 2: not a journal this version can read (the message names the file and
     line: unreadable, not UTF-8, a bad line before the last, an unknown format)."""
     from invar.model.core import run_complete
-    from invar.runtime import journal
     try:
-        contents = journal.read_contents(path)
-    except (OSError, journal.JournalError, ConfigError) as error:
+        contents = journal_format.read_contents(path)
+    except (OSError, journal_format.JournalError, ConfigError) as error:
         print(f"invar-check: {error}", file=sys.stderr)
         return 2
     config, entries = contents.config, contents.entries
     checked = 0
     state = None
-    for entry, _, after in journal.replay(config, entries, check_invariants=True):
-        if isinstance(after, journal.Departure):
+    for entry, _, after in journal_format.replay(config, entries, check_invariants=True):
+        if isinstance(after, journal_format.Departure):
             console.print(f"[red bold]departure[/red bold] at {path}:{after.line} "
                           f"(event {after.seq}, {type(entry.event).__name__}): {after.reason}")
             console.print(f"the first {checked} events match the model")

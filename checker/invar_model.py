@@ -24,6 +24,7 @@ from functools import cached_property
 from pathlib import Path
 from typing import Any, Iterator
 
+from invar.model import transitions
 from invar.model import world as w
 from invar.model.config import RunConfig
 from invar.model.core import logical_projection, run_complete
@@ -38,8 +39,7 @@ from invar.model.messages import (
     WorkerLost,
 )
 from invar.model.objective import ObjectiveConfig
-from invar.model.state import Assigned, NoOps, Sample, State, cached_repr
-from invar.model.state import evolve as replace
+from invar.model.state import Assigned, NoOps, Sample, State, cached_repr, evolve
 from invar.model.world import CORE, Message, World, message
 from invar.testing import canonical_run
 
@@ -228,7 +228,7 @@ class InvarModel(BaseModel[Explored, tuple]):
         if kind == "timer" and world.network:
             spent = "early_timers"
         if spent:
-            budget = replace(budget, **{spent: getattr(budget, spent) - 1})
+            budget = evolve(budget, **{spent: getattr(budget, spent) - 1})
         if kind in ("deliver", "drop", "duplicate"):
             world = _KEYED[kind](world, arg)
         elif kind == "merge":
@@ -257,7 +257,7 @@ class InvarModel(BaseModel[Explored, tuple]):
         if shared is core:
             return world
         journal = shared if world.journal is core else world.journal
-        return replace(world, core=shared, journal=journal)
+        return evolve(world, core=shared, journal=journal)
 
     def _core_of_value(self, core: State) -> State:
         if len(self._cores_by_value) >= _CORES_KEPT:
@@ -277,6 +277,7 @@ class InvarModel(BaseModel[Explored, tuple]):
         for name in INVARIANTS:
             props.append(Property.always(name, checks.predicate(name)))
         props.append(Property.transition("transition_invariants", self._transition_ok))
+        props.append(Property.transition("phase_moves_are_listed", _phase_moves_are_listed))
         if self.bounds.forgeries:
             props.append(Property.always("forged_events_are_refused", self._forgeries_refused))
         props.append(Property.final("completed_run_matches_canonical_schedule",
@@ -363,7 +364,7 @@ class InvarModel(BaseModel[Explored, tuple]):
 
     def _rename_workers(self, workers: tuple[w.Worker, ...],
                         mapping: dict[str, str]) -> tuple[w.Worker, ...]:
-        by_name = {mapping[x.name]: replace(x, name=mapping[x.name]) for x in workers}
+        by_name = {mapping[x.name]: evolve(x, name=mapping[x.name]) for x in workers}
         return tuple(by_name[n] for n in self.worker_names)
 
     def format_action(self, action: tuple) -> str:
@@ -438,6 +439,52 @@ class InvarModel(BaseModel[Explored, tuple]):
             if independent_completion(world.core, msg.body):
                 return msg.key
         return None
+
+
+def _phase_moves_are_listed(state: Explored, action: tuple, after: Explored) -> bool:
+    """The phase tables of `invar.model.transitions` are the protocol's phase machines, not a
+    description of them: every phase move of the learner and of each worker that a delivery
+    makes is listed there.  An event the table lists for the phase, accepted, moves to one of
+    its listed phases; any other event (a no-op, or an event the table does not list for the
+    phase) leaves the phase where it was; either way the core's internal moves
+    (`LEARNER_INTERNAL`, `WORKER_INTERNAL`) may follow in the same step."""
+    before, now = state.world.core, after.world.core
+    if before is now or after.world.refused or action[0] == "restart_driver":
+        # The core did not move, refused the event (correct_components_never_refused says
+        # so), or went back to its journal: to a state whose moves were checked when made.
+        return True
+    event = _event_to_core(state.world, action)
+    accepted = now.noops == before.noops
+    if not _phase_move_listed(transitions.LEARNER, transitions.LEARNER_INTERNAL,
+                              before.learner.phase, event if accepted else None, now.learner.phase):
+        return False
+    phases = {worker.name: worker.phase for worker in before.workers}
+    for worker in now.workers:
+        own = event if accepted and getattr(event, "worker", None) == worker.name else None
+        if not _phase_move_listed(transitions.WORKER, transitions.WORKER_INTERNAL,
+                                  phases.get(worker.name), own, worker.phase):
+            return False
+    return True
+
+
+def _event_to_core(world: World, action: tuple) -> Any:
+    """The event `action` delivers to the core (None: it delivers none)."""
+    kind, arg = action
+    if kind == "timer":
+        return TimerFired()
+    if kind == "deliver":
+        return next((m.body for m in world.network if m.key == arg and m.to == CORE), None)
+    return None
+
+
+def _phase_move_listed(table: dict[tuple[Any, type], tuple[Any, ...]], internal: dict[Any, tuple[Any, ...]],
+                       phase: Any, event: Any, after: Any) -> bool:
+    """Whether `table` (with the core's `internal` moves after it) takes a component from
+    `phase` to `after` on the accepted `event` (None: no event of this component's)."""
+    listed = table.get((phase, type(event))) if event is not None else None
+    if not listed and after == phase:
+        return True
+    return after in transitions.with_internal_moves(listed or (phase,), internal)
 
 
 class _StateInvariants:
@@ -556,13 +603,13 @@ def _overtakes_connection(world: World, key: str) -> bool:
 
 
 def _rename_core(core: State, mapping: dict[str, str]) -> State:
-    workers = tuple(sorted((replace(x, name=mapping[x.name]) for x in core.workers),
+    workers = tuple(sorted((evolve(x, name=mapping[x.name]) for x in core.workers),
                            key=lambda x: x.name))
     batches = tuple(
         batch.with_slots({p: Assigned(mapping[s.worker], s.incarnation)
                           for p, s in enumerate(batch.slots) if isinstance(s, Assigned)})
         for batch in core.batches)
-    return replace(core, workers=workers, batches=batches)
+    return evolve(core, workers=workers, batches=batches)
 
 
 def _renamed_message_key(msg: Message, mapping: dict[str, str]) -> str:
@@ -570,7 +617,7 @@ def _renamed_message_key(msg: Message, mapping: dict[str, str]) -> str:
     name = getattr(body, "worker", None)
     if name is None:
         return msg.key
-    return message(mapping.get(msg.to, msg.to), replace(body, worker=mapping[name])).key
+    return message(mapping.get(msg.to, msg.to), evolve(body, worker=mapping[name])).key
 
 
 def _key(state: Explored) -> tuple:

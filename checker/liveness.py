@@ -17,13 +17,11 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Callable, Iterator
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
+from checker.engine import ModelContext
 from checker.result import PropertyResult, Verdict
 from checker.trace import Trace
-
-if TYPE_CHECKING:
-    from checker.search import ModelContext
 
 __all__ = ["check_eventually", "check_livelock"]
 

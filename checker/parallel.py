@@ -47,14 +47,21 @@ import multiprocessing as mp
 import time
 import traceback
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from checker.checkpoint import CheckpointError, load_checkpoint, save_checkpoint
+from checker.checkpoint import load_checkpoint, pending_states, save_checkpoint
+from checker.engine import (
+    NO_PARENT,
+    Coverage,
+    Found,
+    ModelContext,
+    Outcome,
+    PropertyTracker,
+    SearchOptions,
+    UnsafeHash,
+)
 from checker.fingerprint import owner_of
 from checker.result import Progress
-
-if TYPE_CHECKING:
-    from checker.search import Checker, ModelContext, Outcome
 
 __all__ = ["fork_available", "run_parallel_bfs"]
 
@@ -92,8 +99,6 @@ class _Worker:
     """One worker process: its states, the fingerprints it has met, its share of the frontier."""
 
     def __init__(self, conn: Any, model: Any, opts: _WorkerOptions) -> None:
-        from checker.search import Coverage, ModelContext, PropertyTracker
-
         self.conn = conn
         self.ctx = ctx = ModelContext(model, opts.check_deadlock, opts.fingerprints)
         ctx.sampling = opts.sampling
@@ -182,8 +187,6 @@ class _Worker:
         self.cur, self.ready, self.pending = cur, [], []
 
     def step(self, depth: int, verdicts: bytes | None, decided: list[str], expand_ok: bool) -> dict[str, Any]:
-        from checker.search import UnsafeHash
-
         began = time.process_time()
         self.settle(decided)
         self.accept(depth, verdicts)
@@ -296,10 +299,8 @@ def _partition(items: list[Any], n: int, fp_of: Any) -> list[list[Any]]:
     return parts
 
 
-def run_parallel_bfs(checker: Checker[Any, Any], ctx: ModelContext) -> Outcome:
+def run_parallel_bfs(checker: SearchOptions, ctx: ModelContext) -> Outcome:
     """The parallel BFS (see the module docstring); returns the engine's `Outcome`."""
-    from checker.search import NO_PARENT, Found, Outcome, PropertyTracker, UnsafeHash
-
     n = checker.processes
     props = PropertyTracker(ctx, checker.finish_when)
     start = time.perf_counter()
@@ -326,15 +327,10 @@ def run_parallel_bfs(checker: Checker[Any, Any], ctx: ModelContext) -> Outcome:
                 seen_parts[w][g] = parent
                 visited[g] = w
             pending_parts: list[list[Any]] = [[] for _ in range(n)]
-            pending = data.get("pending")
-            if pending:
-                pdepth, items = pending
-                if pdepth != depth:
-                    raise CheckpointError("checkpoint: pending states are not at the frontier depth")
-                for t, g, parent in items:
-                    if g not in visited:
-                        visited[g] = owner_of(g, n)
-                        pending_parts[visited[g]].append((t, g, parent))
+            for t, g, parent in pending_states(data, depth):
+                if g not in visited:
+                    visited[g] = owner_of(g, n)
+                    pending_parts[visited[g]].append((t, g, parent))
             generated = data["generated"]
             max_seen = data["max_depth"]
             elapsed_before = data["elapsed_s"]
@@ -492,7 +488,7 @@ def _coverage(pool: _Pool, base: dict[str, int]) -> dict[str, int]:
 
 
 def _write_checkpoint(
-    checker: Checker[Any, Any],
+    checker: SearchOptions,
     pool: _Pool,
     depth: int,
     generated: int,

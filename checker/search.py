@@ -40,36 +40,37 @@ What is checked, exactly:
   bound the search (`CheckResult.complete` is then false).
 """
 
+
 from __future__ import annotations
 
 import gc
 import os
-import random
 import threading
-import time
-from collections import Counter
-from collections.abc import Callable, Hashable, Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass, field
 from typing import Any, Generic
 
-from checker._expand import ExpandEnv, expander
-from checker.checkpoint import CheckpointError, load_checkpoint, save_checkpoint
-from checker.fingerprint import (
-    MASK64,
-    all_hash_by_value,
-    collision_probability,
-    fast_fingerprint,
-    fingerprint,
+from checker.bfs import run_sequential_bfs
+from checker.dfs import run_dfs
+from checker.engine import (
+    NO_PARENT,
+    Coverage,  # noqa: F401 - defined here once, still importable from here
+    Found,
+    ModelContext,
+    Outcome,
+    PropertyTracker,
+    UnsafeHash,
 )
-from checker.model import A, Property, PropertyKind, S, overrides, successors_of
+from checker.fingerprint import all_hash_by_value, collision_probability
+from checker.liveness import check_eventually, check_livelock
+from checker.model import A, PropertyKind, S
+from checker.parallel import fork_available, run_parallel_bfs
 from checker.result import CheckResult, Progress, PropertyResult, Verdict
+from checker.simulate import run_simulation
 from checker.trace import Trace
 
 __all__ = ["Checker", "check"]
 
-NO_PARENT = -1  # parent pointer of an initial state
-_CHUNK = 256  # states expanded between two housekeeping checks (time, limits)
 FINISH_MODES = ("all_decided", "any_failure", "exhausted")
 FINGERPRINT_MODES = ("auto", "fast", "stable")
 # Young objects allocated between two cyclic collections while a search runs (Python's
@@ -89,351 +90,6 @@ def _quiet_gc() -> Iterator[None]:
         yield
     finally:
         gc.set_threshold(*old)
-
-
-class UnsafeHash(Exception):
-    """A state met during a search with fast fingerprints does not hash by value (the search
-    starts again with stable ones; see `checker.fingerprint.hashes_by_value`)."""
-
-    def __init__(self, reason: str) -> None:
-        super().__init__(reason)
-        self.reason = reason
-
-
-@dataclass
-class Found:
-    """The first discovery for one property: a violation, a witness, or a deadlock.
-
-    `fp` is the fingerprint of the state where it was seen (for a transition property: the
-    source state; `action`/`state` then hold the transition's action and target)."""
-
-    name: str
-    kind: str
-    depth: int
-    fp: int
-    action: Any = None
-    state: Any = None
-    transition: bool = False
-    trace: Trace[Any, Any] | None = None  # set directly by searches that keep their path
-
-
-class ModelContext:
-    """The model's functions, resolved once (defaults skipped) for the hot loops, and the
-    fingerprints in use (`fp` computes them as the hot loops do, which inline them).
-
-    When the initial states' keys are ints (`int_keys`), an int key below 2**64 is its own
-    fingerprint, and any other key gets the stable one (never Python's hash, under which a
-    large int would collide with its residue modulo 2**61 - 1); `inexact` turns true once
-    such a key is met.  Otherwise every key gets `fingerprint`: ``"fast"`` (Python's hash,
-    valid in this process and its forks) or ``"stable"`` (see `checker.fingerprint`)."""
-
-    def __init__(self, model: Any, check_deadlock: bool, fingerprints: str = "stable") -> None:
-        self.model = model
-        self.successors = successors_of(model)
-        self.key: Callable[[Any], Hashable] | None = (
-            model.fingerprint_key if overrides(model, "fingerprint_key") else None
-        )
-        self.int_keys = self._first_key_is_int()
-        self.fp_kind = "stable" if self.int_keys else fingerprints
-        self.fingerprint: Callable[[Hashable], int] = fast_fingerprint if self.fp_kind == "fast" else fingerprint
-        self.inexact = not self.int_keys
-        # With fast fingerprints chosen automatically, a sample of the new states is checked
-        # to hash by value (`sample_keys`); a search that meets one that does not restarts.
-        self.sampling = False
-        self.is_final: Callable[[Any], bool] | None = model.is_final if overrides(model, "is_final") else None
-        self.kind_by_type = not overrides(model, "action_kind")
-        self.action_kind: Callable[[Any], str] = (
-            model.action_kind if hasattr(model, "action_kind") else (lambda a: type(a).__name__)
-        )
-        self.format_action: Callable[[Any], str] = getattr(model, "format_action", repr)
-        self.check_deadlock = check_deadlock
-        props = list(model.properties()) if hasattr(model, "properties") else []
-        names = [p.name for p in props]
-        dupes = {n for n in names if names.count(n) > 1}
-        if dupes:
-            raise ValueError(f"duplicate property names: {sorted(dupes)}")
-        if "deadlock" in names or "livelock" in names:
-            raise ValueError("'deadlock' and 'livelock' are reserved property names")
-        self.properties: list[Property] = props
-        by = {k: [(p.name, p.predicate) for p in props if p.kind is k] for k in PropertyKind}
-        self.always = by[PropertyKind.ALWAYS]
-        self.sometimes = by[PropertyKind.SOMETIMES]
-        self.transition = by[PropertyKind.TRANSITION]
-        self.final = by[PropertyKind.FINAL]
-        self.eventually = by[PropertyKind.EVENTUALLY]
-
-    def expand_env(
-        self, visited: dict[int, Any], nxt_append: Callable[[Any], None], cov: Coverage, props: PropertyTracker
-    ) -> ExpandEnv:
-        """What the hot loop (`checker._expand`) reads: this model's functions and the search's state."""
-        return ExpandEnv(
-            succ=self.successors,
-            key=self.key,
-            fp=self.fp_of_key,
-            visited=visited,
-            nxt_append=nxt_append,
-            cov_buf=cov.buf,
-            props=props,
-            is_final=self.is_final,
-        )
-
-    def expander(
-        self, cov: Coverage, props: PropertyTracker, *, check_new: bool, graph: bool = False
-    ) -> Callable[[list[tuple[Any, int]], int, ExpandEnv], int]:
-        """The hot loop specialised for this model and the properties still open."""
-        return expander(
-            coverage=cov.enabled,
-            transition=bool(props.transition),
-            key=self.key is not None,
-            int_keys=self.int_keys,
-            fast=self.fp_kind == "fast",
-            check_new=check_new,
-            final=self.is_final is not None,
-            deadlock=props.deadlock,
-            graph=graph,
-        )
-
-    def fp(self, state: Any) -> int:
-        """The fingerprint of `state` (outside the hot loops, which inline it)."""
-        key = self.key
-        k = key(state) if key is not None else state
-        if self.int_keys and k.__class__ is int and -1 < k <= MASK64:
-            return k  # type: ignore[no-any-return]
-        self.inexact = True
-        return self.fingerprint(k)
-
-    def fp_of_key(self, k: Any) -> int:
-        """The hot loops' fingerprint of a key they do not inline (see `fp`)."""
-        self.inexact = True
-        return self.fingerprint(k)
-
-    def sample_keys(self, items: list[Any], start: int, at: int = 0) -> None:
-        """Check that the first and the last of the states ``items[i][at]`` added since
-        ``i = start`` hash by value; raise `UnsafeHash` if one does not.  (Two per chunk of
-        256 expansions: a walk through a large state costs microseconds.)"""
-        if len(items) <= start or not self.sampling:
-            return
-        key = self.key
-        picks = (items[start][at], items[-1][at])
-        problem = all_hash_by_value(key(s) if key is not None else s for s in picks)
-        if problem is not None:
-            raise UnsafeHash(problem)
-
-    def initial(self) -> list[tuple[Any, int]]:
-        """The initial states with their fingerprints, duplicates (by fingerprint) dropped."""
-        seen: set[int] = set()
-        out = []
-        for s in self.model.init_states():
-            g = self.fp(s)
-            if g not in seen:
-                seen.add(g)
-                out.append((s, g))
-        return out
-
-    def _first_key_is_int(self) -> bool:
-        """True when the initial states' fingerprint keys are ints (enables a fast path)."""
-        key = self.key
-        for s in self.model.init_states():
-            k = key(s) if key is not None else s
-            return k.__class__ is int
-        return False
-
-    def final_state(self, state: Any) -> bool:
-        return self.is_final(state) if self.is_final is not None else False
-
-    def replay(self, chain: list[int]) -> list[tuple[Any, Any]]:
-        """The concrete steps along a chain of fingerprints starting at an initial state."""
-        inits = {g: s for s, g in self.initial()}
-        try:
-            state = inits[chain[0]]
-        except KeyError:
-            raise RuntimeError("trace replay failed: no initial state has the recorded fingerprint") from None
-        steps: list[tuple[Any, Any]] = [(None, state)]
-        fp = self.fp
-        for want in chain[1:]:
-            for action, nxt in self.successors(state):
-                if fp(nxt) == want:
-                    steps.append((action, nxt))
-                    state = nxt
-                    break
-            else:
-                raise RuntimeError(
-                    "trace replay failed: the model is not deterministic (a recorded successor "
-                    "is not produced again from the same state)"
-                )
-        return steps
-
-
-class Coverage:
-    """Counts explored transitions per action kind.
-
-    The hot loop only appends each action to a buffer; `flush` folds the buffer into counts
-    in C (``Counter.update``), keyed by action type when the model keeps the default
-    `action_kind` (``type(action).__name__``), else by `Model.action_kind`.
-    """
-
-    def __init__(self, ctx: ModelContext, enabled: bool = True) -> None:
-        self.enabled = enabled
-        self._buf: list[Any] = []
-        self.buf: list[Any] | None = self._buf if enabled else None
-        self.append: Callable[[Any], None] | None = self._buf.append if enabled else None
-        self._counts: Counter[Any] = Counter()
-        self._by_type = ctx.kind_by_type
-        self._kind = ctx.action_kind
-
-    def flush(self) -> None:
-        if self._buf:
-            # Counted in a fresh Counter first: its counts stay small ints (cached up to 256),
-            # while adding one at a time to the running totals allocates an int per transition.
-            self._counts.update(Counter(map(type if self._by_type else self._kind, self._buf)))
-            self._buf.clear()
-
-    def kinds(self) -> dict[str, int]:
-        self.flush()
-        if not self._by_type:
-            return dict(self._counts)
-        out: dict[str, int] = {}
-        for cls, n in self._counts.items():
-            out[cls.__name__] = out.get(cls.__name__, 0) + n
-        return out
-
-
-class PropertyTracker:
-    """Which properties are still open, and the first discovery for each."""
-
-    def __init__(self, ctx: ModelContext, finish_when: str) -> None:
-        self.ctx = ctx
-        self.finish_when = finish_when
-        self.found: dict[str, Found] = {}
-        self.always = list(ctx.always)
-        self.sometimes = list(ctx.sometimes)
-        self.transition = list(ctx.transition)
-        self.final = list(ctx.final)
-        self.deadlock = ctx.check_deadlock
-        self.any_failure = False
-        self.stop = False
-
-    def open_count(self) -> int:
-        return len(self.always) + len(self.sometimes) + len(self.transition) + len(self.final) + int(self.deadlock)
-
-    def record(self, f: Found) -> bool:
-        """Keep `f` if it is the first (or a shallower) discovery for its property."""
-        old = self.found.get(f.name)
-        if old is not None and old.depth <= f.depth:
-            return False
-        self.found[f.name] = f
-        self._close(f.name, f.kind)
-        return True
-
-    def close(self, name: str) -> None:
-        """Stop checking property `name` (decided elsewhere)."""
-        if name == "deadlock":
-            self.deadlock = False
-            return
-        for attr in ("always", "sometimes", "transition", "final"):
-            lst = getattr(self, attr)
-            if any(n == name for n, _ in lst):
-                setattr(self, attr, [(n, p) for n, p in lst if n != name])
-
-    def _close(self, name: str, kind: str) -> None:
-        self.close(name)
-        if kind != PropertyKind.SOMETIMES.value:
-            self.any_failure = True
-        self._update_stop()
-
-    def _update_stop(self) -> None:
-        if self.finish_when == "any_failure":
-            self.stop = self.any_failure
-        elif self.finish_when == "all_decided":
-            self.stop = bool(self.found) and self.open_count() == 0
-
-    def restore(self, found: dict[str, Found]) -> None:
-        for f in found.values():
-            self.record(f)
-
-    # --- checks used by the hot loops (only called when the matching list is non-empty) ---
-
-    def check_new(self, state: Any, fp: int, depth: int) -> None:
-        for name, pred in self.always:
-            if not pred(state):
-                self.record(Found(name, PropertyKind.ALWAYS.value, depth, fp))
-        for name, pred in self.sometimes:
-            if pred(state):
-                self.record(Found(name, PropertyKind.SOMETIMES.value, depth, fp))
-
-    def fail_always(self, name: str, fp: int, depth: int) -> None:
-        self.record(Found(name, PropertyKind.ALWAYS.value, depth, fp))
-
-    def hit_sometimes(self, name: str, fp: int, depth: int) -> None:
-        self.record(Found(name, PropertyKind.SOMETIMES.value, depth, fp))
-
-    def check_transition(self, s: Any, fs: int, depth: int, action: Any, t: Any) -> None:
-        for name, pred in self.transition:
-            if not pred(s, action, t):
-                self.record(Found(name, PropertyKind.TRANSITION.value, depth + 1, fs, action, t, True))
-
-    def check_expanded(self, s: Any, fs: int, depth: int, n_succ: int, final: bool) -> None:
-        if final:
-            for name, pred in self.final:
-                if not pred(s):
-                    self.record(Found(name, PropertyKind.FINAL.value, depth, fs))
-        elif n_succ == 0 and self.deadlock:
-            self.record(Found("deadlock", "deadlock", depth, fs))
-
-    @property
-    def wants_new(self) -> bool:
-        return bool(self.always or self.sometimes)
-
-
-@dataclass
-class Outcome:
-    """What a search hands to `Checker._result` (internal)."""
-
-    strategy: str
-    generated: int
-    distinct: int
-    max_depth: int
-    elapsed: float
-    coverage: dict[str, int]
-    complete: bool
-    stop_reason: str
-    found: dict[str, Found]
-    parent_of: Callable[[int], int] | None
-    graph: Any = None
-    processes: int = 1
-    notes: list[str] = field(default_factory=list)
-
-
-class _GraphRecorder:
-    """An unlabelled state graph as it is explored: the nodes (in the order met, with their
-    init and final flags) and the edges (in the order taken) as fingerprint pairs. `digraph`
-    builds the networkx graph the per-transition `add_edge` calls would have built, the same
-    nodes and edges in the same order, so the livelock check walks it alike."""
-
-    def __init__(self) -> None:
-        self._nodes: dict[int, bool] = {}
-        self._finals: list[int] = []
-        self._edges: list[tuple[int, int]] = []
-
-    def node(self, state: Any, g: int, init: bool = False) -> None:
-        self._nodes[g] = init
-
-    def edge(self, f: int, g: int, action: Any) -> None:
-        # A new target's `node` follows at once: where `add_edge` would have added it.
-        self._edges.append((f, g))
-
-    def final(self, f: int) -> None:
-        self._finals.append(f)
-
-    def digraph(self) -> Any:
-        import networkx as nx
-
-        graph = nx.DiGraph()
-        graph.add_nodes_from((g, {"init": init, "final": False}) for g, init in self._nodes.items())
-        graph.add_edges_from(self._edges)
-        for f in self._finals:
-            graph.nodes[f]["final"] = True
-        return graph
 
 
 class Checker(Generic[S, A]):
@@ -566,8 +222,6 @@ class Checker(Generic[S, A]):
         """Breadth-first search: shortest counterexamples; parallel when ``processes > 1``."""
         notes: list[str] = []
         if self.processes > 1 and not self.record_graph:
-            from checker.parallel import fork_available, run_parallel_bfs
-
             if fork_available():
                 return self._run(lambda ctx: run_parallel_bfs(self, ctx))
             notes = ["parallel search needs the 'fork' start method; ran in one process"]
@@ -575,7 +229,7 @@ class Checker(Generic[S, A]):
             notes = ["record_graph/check_livelock run in one process"]
 
         def sequential(ctx: ModelContext) -> Outcome:
-            outcome = self._bfs_sequential(ctx)
+            outcome = run_sequential_bfs(self, ctx)
             outcome.notes[:0] = notes
             return outcome
 
@@ -583,7 +237,7 @@ class Checker(Generic[S, A]):
 
     def dfs(self) -> CheckResult:
         """Depth-first search (not shortest counterexamples; small frontier)."""
-        return self._run(self._dfs)
+        return self._run(lambda ctx: run_dfs(self, ctx))
 
     def simulate(self, runs: int = 100, max_depth: int = 1000, seed: int = 0) -> CheckResult:
         """`runs` random walks of at most `max_depth` steps (reproducible from `seed`).
@@ -594,9 +248,9 @@ class Checker(Generic[S, A]):
         checked on walks that end, and on walks that revisit a state (a lasso) before
         meeting the predicate.  Never `complete`: unreached ``sometimes`` stay NOT_REACHED.
         """
-        return self._run(lambda ctx: self._simulate(ctx, runs, max_depth, seed))
+        return self._run(lambda ctx: run_simulation(self, ctx, runs, max_depth, seed))
 
-    # ------------------------------------------------------------------ sequential BFS
+    # ------------------------------------------------------------------ read by the strategies
 
     def _why_stopped(self, props: PropertyTracker) -> str:
         """Why a search with work left stopped (when neither bound on depth nor exhaustion)."""
@@ -611,419 +265,6 @@ class Checker(Generic[S, A]):
         if cls.__repr__ is not object.__repr__:
             sig += f":{model!r}"
         return sig
-
-    def _bfs_sequential(self, ctx: ModelContext) -> Outcome:
-        props = PropertyTracker(ctx, self.finish_when)
-        start = time.perf_counter()
-        elapsed_before = 0.0
-        base_cov: dict[str, int] = {}
-        graph: Any = None
-        if self.record_graph:
-            import networkx as nx
-
-            # Unlabelled (a livelock check's), the graph is recorded as plain lists and built
-            # once at the end: an append per transition instead of an `add_edge` call.
-            graph = nx.DiGraph() if self._labelled else _GraphRecorder()
-        visited: dict[int, int] = {}
-        generated = 0
-        if self.resume_from is not None:
-            data = load_checkpoint(self.resume_from, self._signature())
-            visited = data["visited"]
-            levels = sorted(data["levels"], key=lambda lv: lv[0])
-            depth = levels[0][0] if levels else data["depth"]
-            current = list(levels[0][1]) if levels else []
-            nxt = list(levels[1][1]) if len(levels) > 1 else []
-            generated = data["generated"]
-            max_seen = data["max_depth"]
-            elapsed_before = data["elapsed_s"]
-            base_cov = dict(data["coverage"])
-            props.restore(data["found"])
-            pending = data.get("pending")
-            if pending:
-                pdepth, items = pending
-                if pdepth != depth:
-                    raise CheckpointError("checkpoint: pending states are not at the frontier depth")
-                for t, g, parent in items:
-                    if g not in visited:
-                        visited[g] = parent
-                        if props.wants_new:
-                            props.check_new(t, g, depth)
-                        current.append((t, g))
-            if graph is not None:
-                raise CheckpointError("record_graph cannot be combined with resume_from")
-        else:
-            depth = 0
-            max_seen = 0
-            current = []
-            nxt = []
-            for s, g in ctx.initial():
-                generated += 1
-                visited[g] = NO_PARENT
-                if graph is not None:
-                    self._graph_node(graph, ctx, s, g, init=True)
-                if props.wants_new:
-                    props.check_new(s, g, 0)
-                current.append((s, g))
-
-        cov = Coverage(ctx, self.coverage)
-        env = ctx.expand_env(visited, nxt.append, cov, props)
-        if isinstance(graph, _GraphRecorder):
-            env.graph_edge, env.graph_node, env.graph_final = graph.edge, graph.node, graph.final
-        elif graph is not None:
-            env.graph_edge = lambda f, g, a: self._graph_edge(graph, ctx, f, g, a)
-            env.graph_node = lambda t, g: self._graph_node(graph, ctx, t, g)
-            env.graph_final = lambda f: graph.nodes[f].__setitem__("final", True)
-        max_states = self.max_states
-        max_depth = self.max_depth
-        progress = self.progress
-        p_interval = self.progress_interval
-        ck_interval = self.checkpoint_interval
-        now = time.perf_counter()
-        next_progress = now + p_interval if progress else float("inf")
-        next_ck = now + ck_interval if (ck_interval is not None and self.checkpoint_path) else float("inf")
-        stop_reason = "exhausted"
-        complete = True
-        i = 0
-
-        def coverage_now() -> dict[str, int]:
-            out = dict(base_cov)
-            for k, n in cov.kinds().items():
-                out[k] = out.get(k, 0) + n
-            return out
-
-        def snapshot() -> dict[str, Any]:
-            levels = [(depth, current[i:])]
-            if nxt:
-                levels.append((depth + 1, nxt))
-            return {
-                "model": self._signature(),
-                "strategy": "bfs",
-                "visited": visited,
-                "levels": levels,
-                "depth": depth,
-                "pending": None,
-                "generated": generated,
-                "max_depth": max_seen,
-                "elapsed_s": elapsed_before + time.perf_counter() - start,
-                "coverage": coverage_now(),
-                "found": dict(props.found),
-            }
-
-        if max_depth is not None and depth >= max_depth and current:
-            complete = False
-            stop_reason = "max_depth"
-            current = []
-        while True:
-            if i >= len(current):
-                if not nxt:
-                    break
-                current, nxt, i = nxt, [], 0
-                env.nxt_append = nxt.append
-                depth += 1
-                if depth > max_seen:
-                    max_seen = depth
-                if max_depth is not None and depth >= max_depth:
-                    complete = False
-                    stop_reason = "max_depth"
-                    break
-                continue
-            chunk = current[i : i + _CHUNK]
-            i += len(chunk)
-            expand = ctx.expander(cov, props, check_new=props.wants_new, graph=graph is not None)
-            before = len(nxt)
-            generated += expand(chunk, depth, env)
-            cov.flush()
-            if ctx.sampling:
-                ctx.sample_keys(nxt, before)
-            if nxt and depth + 1 > max_seen:
-                max_seen = depth + 1
-            # ---- housekeeping between chunks
-            if props.stop:
-                complete = False
-                stop_reason = "all_decided" if self.finish_when == "all_decided" else "violation"
-                if i >= len(current) and not nxt:
-                    complete, stop_reason = True, "exhausted"
-                break
-            if self._stop_requested.is_set():
-                complete, stop_reason = False, "stop_requested"
-                break
-            if max_states is not None and len(visited) >= max_states:
-                if i < len(current) or nxt:
-                    complete, stop_reason = False, "max_states"
-                    break
-            now = time.perf_counter()
-            if now >= next_progress:
-                next_progress = now + p_interval
-                progress(  # type: ignore[misc]
-                    Progress("bfs", generated, len(visited), len(current) - i + len(nxt), depth, elapsed_before + now - start)
-                )
-            if now >= next_ck or self._checkpoint_requested.is_set():
-                self._checkpoint_requested.clear()
-                if self.checkpoint_path:
-                    save_checkpoint(self.checkpoint_path, snapshot())
-                    self.checkpoints_written += 1
-                next_ck = now + ck_interval if (ck_interval is not None and self.checkpoint_path) else float("inf")
-
-        if isinstance(graph, _GraphRecorder):
-            graph = graph.digraph()
-        elapsed = elapsed_before + time.perf_counter() - start
-        if not complete and self.checkpoint_path and stop_reason in ("max_states", "stop_requested"):
-            save_checkpoint(self.checkpoint_path, snapshot())
-            self.checkpoints_written += 1
-        if progress:
-            progress(Progress("bfs", generated, len(visited), len(current) - i + len(nxt), max_seen, elapsed, done=True))
-        return Outcome(
-            "bfs",
-            generated,
-            len(visited),
-            max_seen,
-            elapsed,
-            coverage_now(),
-            complete,
-            stop_reason,
-            props.found,
-            visited.__getitem__,
-            graph,
-        )
-
-    def _graph_node(self, graph: Any, ctx: ModelContext, state: Any, g: int,
-                    init: bool = False) -> None:
-        if isinstance(graph, _GraphRecorder):
-            graph.node(state, g, init)
-            return
-        if not self._labelled:
-            graph.add_node(g, init=init, final=False)
-            return
-        label = repr(state)
-        if len(label) > 200:
-            label = label[:197] + "..."
-        graph.add_node(g, label=label, init=init, final=False)
-
-    def _graph_edge(self, graph: Any, ctx: ModelContext, f: int, g: int, action: Any) -> None:
-        if not self._labelled:
-            graph.add_edge(f, g)
-            return
-        text = ctx.format_action(action)
-        if graph.has_edge(f, g):
-            data = graph.edges[f, g]
-            if text not in data["label"].split(" | "):
-                data["label"] += " | " + text
-        else:
-            graph.add_edge(f, g, label=text)
-
-    # ------------------------------------------------------------------ DFS
-
-    def _dfs(self, ctx: ModelContext) -> Outcome:
-        if self.resume_from is not None:
-            raise CheckpointError("checkpoint/resume is supported by bfs() only")
-        props = PropertyTracker(ctx, self.finish_when)
-        start = time.perf_counter()
-        graph = None
-        if self.record_graph:
-            import networkx as nx
-
-            graph = nx.DiGraph()
-        visited: dict[int, int] = {}
-        stack: list[tuple[Any, int, int]] = []
-        generated = 0
-        for s, g in ctx.initial():
-            generated += 1
-            visited[g] = NO_PARENT
-            if graph is not None:
-                self._graph_node(graph, ctx, s, g, init=True)
-            if props.wants_new:
-                props.check_new(s, g, 0)
-            stack.append((s, g, 0))
-        stack.reverse()
-        succ = ctx.successors
-        fp = ctx.fp
-        need_final = ctx.is_final is not None
-        is_final = ctx.is_final
-        cov = Coverage(ctx, self.coverage)
-        cov_append = cov.append
-        max_states = self.max_states
-        max_depth = self.max_depth
-        progress = self.progress
-        next_progress = start + self.progress_interval if progress else float("inf")
-        complete, stop_reason = True, "exhausted"
-        max_seen = 0
-        count = 0
-        while stack:
-            s, f, depth = stack.pop()
-            if depth > max_seen:
-                max_seen = depth
-            if max_depth is not None and depth >= max_depth:
-                complete, stop_reason = False, "max_depth"
-                continue
-            n = 0
-            fresh = []
-            for a, t in succ(s):
-                n += 1
-                if cov_append is not None:
-                    cov_append(a)
-                if props.transition:
-                    props.check_transition(s, f, depth, a, t)
-                g = fp(t)
-                if graph is not None:
-                    self._graph_edge(graph, ctx, f, g, a)
-                if g in visited:
-                    continue
-                visited[g] = f
-                if props.wants_new:
-                    props.check_new(t, g, depth + 1)
-                if graph is not None:
-                    self._graph_node(graph, ctx, t, g)
-                fresh.append((t, g, depth + 1))
-            generated += n
-            fin = is_final(s) if need_final else False
-            if fin or n == 0:
-                props.check_expanded(s, f, depth, n, fin)
-                if graph is not None and fin:
-                    graph.nodes[f]["final"] = True
-            fresh.reverse()
-            stack.extend(fresh)
-            count += 1
-            if count & 255 == 0:
-                cov.flush()
-                ctx.sample_keys(stack, max(0, len(stack) - 16))
-                if props.stop or self._stop_requested.is_set():
-                    break
-                if max_states is not None and len(visited) >= max_states:
-                    break
-                now = time.perf_counter()
-                if now >= next_progress:
-                    next_progress = now + self.progress_interval
-                    progress(Progress("dfs", generated, len(visited), len(stack), max_seen, now - start))  # type: ignore[misc]
-        if stack:
-            complete, stop_reason = False, self._why_stopped(props)
-        elapsed = time.perf_counter() - start
-        if progress:
-            progress(Progress("dfs", generated, len(visited), len(stack), max_seen, elapsed, done=True))
-        return Outcome(
-            "dfs",
-            generated,
-            len(visited),
-            max_seen,
-            elapsed,
-            cov.kinds(),
-            complete,
-            stop_reason,
-            props.found,
-            visited.__getitem__,
-            graph,
-        )
-
-    # ------------------------------------------------------------------ simulation
-
-    def _simulate(self, ctx: ModelContext, runs: int, max_depth: int, seed: int) -> Outcome:
-        rng = random.Random(seed)
-        props = PropertyTracker(ctx, self.finish_when)
-        start = time.perf_counter()
-        cov = Coverage(ctx, self.coverage)
-        inits = ctx.initial()
-        if not inits:
-            raise ValueError("the model has no initial state")
-        seen: set[int] = set()
-        generated = 0
-        max_seen = 0
-        eventually = list(ctx.eventually)
-        ev_found: dict[str, Found] = {}
-        progress = self.progress
-        next_progress = start + self.progress_interval if progress else float("inf")
-        runs_done = 0
-        for _run in range(runs):
-            if props.stop or self._stop_requested.is_set():
-                break
-            s, f = inits[rng.randrange(len(inits))]
-            path: list[tuple[Any, Any]] = [(None, s)]
-            index: dict[int, int] = {f: 0}
-            ev_open = [(n, p) for n, p in eventually if n not in ev_found and not p(s)]
-            generated += 1
-            seen.add(f)
-            self._sim_check_state(props, s, f, path)
-            for depth in range(max_depth + 1):
-                succs = list(ctx.successors(s))
-                fin = ctx.final_state(s)
-                if fin or not succs:
-                    self._sim_check_end(props, s, f, depth, len(succs), fin, path)
-                    for name, _p in ev_open:
-                        ev_found.setdefault(name, Found(name, "eventually", depth, f, trace=Trace(tuple(path))))
-                    break
-                if depth == max_depth:
-                    break
-                a, t = succs[rng.randrange(len(succs))]
-                generated += 1
-                if cov.append is not None:
-                    cov.append(a)
-                path.append((a, t))
-                if props.transition:
-                    for name, pred in props.transition:
-                        if not pred(s, a, t):
-                            props.record(
-                                Found(name, "transition", depth + 1, f, a, t, True, trace=Trace(tuple(path)))
-                            )
-                g = ctx.fp(t)
-                seen.add(g)
-                if depth + 1 > max_seen:
-                    max_seen = depth + 1
-                self._sim_check_state(props, t, g, path)
-                if ev_open:
-                    ev_open = [(n, p) for n, p in ev_open if not p(t)]
-                    if g in index and ev_open:
-                        loop = index[g]
-                        for name, _p in ev_open:
-                            ev_found.setdefault(
-                                name, Found(name, "eventually", depth + 1, g, trace=Trace(tuple(path), loop))
-                            )
-                        ev_open = []
-                    index.setdefault(g, depth + 1)
-                s, f = t, g
-            runs_done += 1
-            ctx.sample_keys(path, 0, at=1)
-            now = time.perf_counter()
-            if now >= next_progress:
-                next_progress = now + self.progress_interval
-                progress(Progress("simulate", generated, len(seen), runs - runs_done, max_seen, now - start))  # type: ignore[misc]
-        elapsed = time.perf_counter() - start
-        if progress:
-            progress(Progress("simulate", generated, len(seen), 0, max_seen, elapsed, done=True))
-        found = dict(props.found)
-        found.update(ev_found)
-        out = Outcome(
-            "simulate",
-            generated,
-            len(seen),
-            max_seen,
-            elapsed,
-            cov.kinds(),
-            False,
-            "simulation",
-            found,
-            None,
-        )
-        out.notes.append(f"{runs_done} random walks, at most {max_depth} steps each, seed {seed}")
-        return out
-
-    @staticmethod
-    def _sim_check_state(props: PropertyTracker, s: Any, f: int, path: list[tuple[Any, Any]]) -> None:
-        depth = len(path) - 1
-        for name, pred in props.always:
-            if not pred(s):
-                props.record(Found(name, "always", depth, f, trace=Trace(tuple(path))))
-        for name, pred in props.sometimes:
-            if pred(s):
-                props.record(Found(name, "sometimes", depth, f, trace=Trace(tuple(path))))
-
-    @staticmethod
-    def _sim_check_end(
-        props: PropertyTracker, s: Any, f: int, depth: int, n: int, fin: bool, path: list[tuple[Any, Any]]
-    ) -> None:
-        if fin:
-            for name, pred in props.final:
-                if not pred(s):
-                    props.record(Found(name, "final", depth, f, trace=Trace(tuple(path))))
-        elif n == 0 and props.deadlock:
-            props.record(Found("deadlock", "deadlock", depth, f, trace=Trace(tuple(path))))
 
     # ------------------------------------------------------------------ results
 
@@ -1043,8 +284,6 @@ class Checker(Generic[S, A]):
         return Trace(tuple(steps))
 
     def _result(self, ctx: ModelContext, outcome: Outcome) -> CheckResult:
-        from checker.liveness import check_eventually, check_livelock
-
         results: dict[str, PropertyResult] = {}
         found = outcome.found
         for prop in ctx.properties:
@@ -1121,4 +360,3 @@ def check(model: Any, strategy: str = "bfs", **options: Any) -> CheckResult:
     if strategy == "simulate":
         return checker.simulate(sim.get("runs", 100), sim.get("sim_depth", 1000), sim.get("seed", 0))
     raise ValueError(f"unknown strategy {strategy!r} (bfs, dfs, simulate)")
-

@@ -76,8 +76,8 @@ from invar.model.state import (
     WorkerPhase,
     WorkerState,
     chain_ledger,
+    evolve,
 )
-from invar.model.state import evolve as replace
 from invar.model.transitions import learner_accepts
 
 Result = tuple[State, tuple[Command, ...]] | ProtocolError
@@ -184,7 +184,7 @@ Handled = tuple[State, list[Command]] | _NoOp | ProtocolError
 
 def _count(state: State, noop: _NoOp) -> State:
     counts = state.noops
-    return replace(state, noops=replace(counts, **{
+    return evolve(state, noops=evolve(counts, **{
         kind: getattr(counts, kind) + n for kind, n in noop.counts.items()}))
 
 
@@ -213,7 +213,7 @@ def _on_worker_lost(state: State, event: WorkerLost) -> Handled:
     if known.phase is WorkerPhase.LOST:
         return _DUPLICATE
     state = _requeue(state, known)
-    lost = replace(known, phase=WorkerPhase.LOST, version=None, assigned=0)
+    lost = evolve(known, phase=WorkerPhase.LOST, version=None, assigned=0)
     return _put_worker(state, lost), []
 
 
@@ -235,7 +235,7 @@ def _on_weights_loaded(state: State, event: WeightsLoaded) -> Handled:
                              f"not {event.version}")
     if known.phase is not WorkerPhase.LOADING:
         return _DUPLICATE
-    return _put_worker(state, replace(known, phase=WorkerPhase.READY)), []
+    return _put_worker(state, evolve(known, phase=WorkerPhase.READY)), []
 
 
 def _on_requests_completed(state: State, event: RequestsCompleted) -> Handled:
@@ -285,7 +285,7 @@ def _on_requests_completed(state: State, event: RequestsCompleted) -> Handled:
         # re-queues the old one's slots (and `batch_counters_consistent` checks the counts).
         holder = state.worker(name)
         assert holder is not None, name
-        state = _put_worker(state, replace(holder, assigned=holder.assigned - done))
+        state = _put_worker(state, evolve(holder, assigned=holder.assigned - done))
     return state, []
 
 
@@ -318,7 +318,7 @@ def _on_learner_started(state: State, event: LearnerStarted) -> Handled:
             return ProtocolError(state, event, Reason.UNKNOWN_COMMIT,
                                  f"first start must be from version 0, not "
                                  f"{event.committed_version}")
-        state = replace(state, commit_digests=(event.weights_digest,))
+        state = evolve(state, commit_digests=(event.weights_digest,))
         return _restart_learner(state, event.incarnation), _boundary_commands(state)
     committed = state.committed
     commands: list[Command] = []
@@ -368,8 +368,8 @@ def _on_probabilities_reported(state: State, event: ProbabilitiesReported) -> Ha
         return ProtocolError(state, event, Reason.MALFORMED_PAYLOAD, problem)
     scores = Scores(matrix_digest(event.proximal, event.reference), event.proximal,
                     event.reference)
-    learner = replace(learner, scores=scores)
-    return _request_forward(replace(state, learner=learner), step=0)
+    learner = evolve(learner, scores=scores)
+    return _request_forward(evolve(state, learner=learner), step=0)
 
 
 def _on_forward_observed(state: State, event: ForwardObserved) -> Handled:
@@ -396,9 +396,9 @@ def _on_forward_observed(state: State, event: ForwardObserved) -> Handled:
     if problem:
         return ProtocolError(state, event, Reason.MALFORMED_PAYLOAD, problem)
     command = _cotangent(state, batch, plan, event)
-    learner = replace(learner, phase=LearnerPhase.APPLYING, cotangent=command,
-                      forward_digest=command.forward_digest)
-    return replace(state, learner=learner), [command]
+    learner = evolve(learner, phase=LearnerPhase.APPLYING, cotangent=command,
+                     forward_digest=command.forward_digest)
+    return evolve(state, learner=learner), [command]
 
 
 def _on_step_finished(state: State, event: StepFinished) -> Handled:
@@ -411,13 +411,13 @@ def _on_step_finished(state: State, event: StepFinished) -> Handled:
                              f"no cotangent was sent for {tuple(event.observation)}")
     applied = AppliedStep(learner.step, learner.positions, learner.forward_digest,
                           event.post_step_digest)
-    learner = replace(learner, step_digest=event.post_step_digest, cotangent=None,
-                      forward_digest="", positions=(), applied=learner.applied + (applied,))
-    state = replace(state, learner=learner)
+    learner = evolve(learner, step_digest=event.post_step_digest, cotangent=None,
+                     forward_digest="", positions=(), applied=learner.applied + (applied,))
+    state = evolve(state, learner=learner)
     if learner.step + 1 < state.config.optimizer_steps:
         return _request_forward(state, step=learner.step + 1)
-    learner = replace(learner, phase=LearnerPhase.COMMITTING, observation=None)
-    return replace(state, learner=learner), [_commit_command(state.committed, learner)]
+    learner = evolve(learner, phase=LearnerPhase.COMMITTING, observation=None)
+    return evolve(state, learner=learner), [_commit_command(state.committed, learner)]
 
 
 def _on_update_committed(state: State, event: UpdateCommitted) -> Handled:
@@ -443,7 +443,7 @@ def _on_update_committed(state: State, event: UpdateCommitted) -> Handled:
                              f"the last step ended at {learner.step_digest}")
     state, commands = _apply_commit(state, event.weights_digest)
     learner = _fresh_learner(state, state.learner.attempt)
-    return replace(state, learner=learner), commands
+    return evolve(state, learner=learner), commands
 
 
 def _on_version_published(state: State, event: VersionPublished) -> Handled:
@@ -454,8 +454,8 @@ def _on_version_published(state: State, event: VersionPublished) -> Handled:
         return ProtocolError(state, event, Reason.UNREQUESTED_PUBLICATION,
                              f"publication of version {event.version} ({event.weights_digest}) "
                              f"was not requested (publishing: {state.publishing})")
-    state = replace(state, published=state.published + (event.version,), publishing=None,
-                    retained=tuple(sorted({*state.retained, event.version})))
+    state = evolve(state, published=state.published + (event.version,), publishing=None,
+                   retained=tuple(sorted({*state.retained, event.version})))
     return state, [RetainVersion(event.version)]
 
 
@@ -467,7 +467,7 @@ def _on_version_evaluated(state: State, event: VersionEvaluated) -> Handled:
                              f"evaluation of version {event.version} was not requested")
     if not math.isfinite(event.reward):
         return ProtocolError(state, event, Reason.MALFORMED_PAYLOAD, "reward: must be finite")
-    return replace(state, evaluated=state.evaluated + (event.version,)), []
+    return evolve(state, evaluated=state.evaluated + (event.version,)), []
 
 
 def _on_checkpoint_written(state: State, event: CheckpointWritten) -> Handled:
@@ -482,13 +482,13 @@ def _on_checkpoint_written(state: State, event: CheckpointWritten) -> Handled:
     if Checkpoint(event.version) not in _boundary_commands(state):
         return ProtocolError(state, event, Reason.UNREQUESTED_BOUNDARY,
                              f"checkpoint of version {event.version} was not requested")
-    return replace(state, checkpointed=state.checkpointed + (event.version,)), []
+    return evolve(state, checkpointed=state.checkpointed + (event.version,)), []
 
 
 def _on_timer_fired(state: State, event: TimerFired) -> Handled:
     if not state.timer_armed:
         return _LATE
-    return replace(state, timer_armed=False), list(outstanding_commands(state))
+    return evolve(state, timer_armed=False), list(outstanding_commands(state))
 
 
 _HANDLERS: dict[type, Callable[[State, Any], Handled]] = {
@@ -527,16 +527,16 @@ def _fresh_learner(state: State, attempt: int) -> LearnerState:
 
 def _restart_learner(state: State, attempt: int) -> State:
     """Whatever the update in progress had done is abandoned: it is redone whole."""
-    return replace(state, learner=_fresh_learner(state, attempt))
+    return evolve(state, learner=_fresh_learner(state, attempt))
 
 
 def _request_forward(state: State, step: int) -> tuple[State, list[Command]]:
     learner = state.learner
     observation = ObservationId(state.committed, step, learner.observations)
     positions = schedule.minibatch_plan(state.config, state.committed)[step]
-    learner = replace(learner, phase=LearnerPhase.FORWARD, step=step, observation=observation,
-                      observations=learner.observations + 1, positions=positions)
-    state = replace(state, learner=learner)
+    learner = evolve(learner, phase=LearnerPhase.FORWARD, step=step, observation=observation,
+                     observations=learner.observations + 1, positions=positions)
+    state = evolve(state, learner=learner)
     return state, [_forward_command(state, learner)]
 
 
@@ -606,7 +606,7 @@ def _apply_commit(state: State, digest: str) -> tuple[State, list[Command]]:
         steps=state.learner.applied,
         commit_digest=digest,
     )
-    state = replace(state, batches=state.batches[1:],
+    state = evolve(state, batches=state.batches[1:],
                     commit_digests=state.commit_digests + (digest,),
                     ledger=state.ledger + (record,),
                     ledger_digest=chain_ledger(state.ledger_digest, record))
@@ -656,7 +656,7 @@ def _admit_batches(state: State) -> State:
            and state.admitted - state.committed < config.max_inflight_batches
            and _is_published(state, schedule.gen_version(config, state.admitted))):
         fresh = BatchState.admitted(state.admitted, config.samples_per_batch)
-        state = replace(state, admitted=state.admitted + 1, batches=state.batches + (fresh,))
+        state = evolve(state, admitted=state.admitted + 1, batches=state.batches + (fresh,))
     return state
 
 
@@ -667,7 +667,7 @@ def _start_next_update(state: State, commands: list[Command]) -> State:
     if learner.phase is LearnerPhase.WAITING and state.batches and state.batches[0].completed == \
             state.config.samples_per_batch and state.batches[0].batch == state.committed \
             and not _boundary_commands(state):
-        state = replace(state, learner=replace(learner, phase=LearnerPhase.SCORING))
+        state = evolve(state, learner=evolve(learner, phase=LearnerPhase.SCORING))
         commands.append(_score_command(state))
     return state
 
@@ -680,7 +680,7 @@ def _publish_next_version(state: State, commands: list[Command]) -> State:
         upcoming = next((v for v in range(last + 1, state.committed + 1)
                          if schedule.is_published(state.config, v)), None)
         if upcoming is not None and state.commit_digests:
-            state = replace(state, publishing=upcoming)
+            state = evolve(state, publishing=upcoming)
             commands.append(Publish(upcoming, state.commit_digests[upcoming]))
     return state
 
@@ -690,7 +690,7 @@ def _release_unneeded_versions(state: State, commands: list[Command]) -> State:
     published."""
     for version in state.retained:
         if not _version_needed(state, version):
-            state = replace(state, retained=tuple(v for v in state.retained if v != version))
+            state = evolve(state, retained=tuple(v for v in state.retained if v != version))
             commands.append(ReleaseVersion(version))
     return state
 
@@ -698,7 +698,7 @@ def _release_unneeded_versions(state: State, commands: list[Command]) -> State:
 def _arm_timer(state: State, commands: list[Command]) -> State:
     """The retry timer runs while any command awaits its reply (armed once, not again)."""
     if not state.timer_armed and (outstanding_commands(state)):
-        state = replace(state, timer_armed=True)
+        state = evolve(state, timer_armed=True)
         commands.append(SetTimer())
     return state
 
@@ -748,9 +748,9 @@ def _assign_pending(state: State, commands: list[Command]) -> State:
             for position in group:
                 changes[position] = slot
                 commands.append(_launch(state.config, requests[position], version, slot))
-        state = replace(state, batches=_set(state.batches, index, batch.with_slots(changes)))
+        state = evolve(state, batches=_set(state.batches, index, batch.with_slots(changes)))
         for w in ready:
-            state = _put_worker(state, replace(w, assigned=loads[w.name]))
+            state = _put_worker(state, evolve(w, assigned=loads[w.name]))
     return state
 
 
@@ -772,7 +772,7 @@ def _schedule_loads(state: State, commands: list[Command]) -> State:
                           and o.phase in (WorkerPhase.READY, WorkerPhase.LOADING))
                    for v in needed}
         target = min(needed, key=lambda v: (holders[v], v))
-        loading = replace(w, phase=WorkerPhase.LOADING, version=target, load=w.load + 1)
+        loading = evolve(w, phase=WorkerPhase.LOADING, version=target, load=w.load + 1)
         state = _put_worker(state, loading)
         commands.append(_load(state, loading))
     return state
@@ -796,18 +796,18 @@ def _requeue(state: State, worker: WorkerState) -> State:
     if worker.assigned == 0:
         return state
     mine = Assigned(worker.name, worker.incarnation)
-    return replace(state, batches=tuple(
+    return evolve(state, batches=tuple(
         batch.with_slots({p: None for p, slot in enumerate(batch.slots) if slot == mine})
         for batch in state.batches))
 
 
 def _put_worker(state: State, worker: WorkerState) -> State:
     others = [w for w in state.workers if w.name != worker.name]
-    return replace(state, workers=tuple(sorted([*others, worker], key=lambda w: w.name)))
+    return evolve(state, workers=tuple(sorted([*others, worker], key=lambda w: w.name)))
 
 
 def _put_batch(state: State, batch: BatchState) -> State:
-    return replace(state, batches=_set(state.batches, batch.batch - state.committed, batch))
+    return evolve(state, batches=_set(state.batches, batch.batch - state.committed, batch))
 
 
 def _set(items: tuple[Any, ...], index: int, value: Any) -> tuple[Any, ...]:

@@ -1,11 +1,16 @@
 """The protocol's phase machines as data (h11 style): which event moves which phase where.
 
 `step` consults these tables to decide whether an in-protocol event is expected; the spec's
-diagrams (`python -m invar.model.transitions`) and the checker's coverage read the same tables.
+diagrams (`python -m invar.model.transitions`) and the checker's coverage read the same tables,
+and the checker's `phase_moves_are_listed` (`checker.invar_model`) fails on any phase move a
+handler makes that they do not list: the tables are the phase machines, not notes on them.
 Events not listed for a phase are classified by `step` as duplicate, late or a ProtocolError.
 """
 
 from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from typing import Any
 
 from invar.model.messages import (
     ForwardObserved,
@@ -61,6 +66,19 @@ WORKER_INTERNAL: dict[W, tuple[W, ...]] = {
 
 def learner_accepts(phase: L, event_type: type) -> bool:
     return bool(LEARNER.get((phase, event_type)))
+
+
+def with_internal_moves(targets: Iterable[Any], internal: Mapping[Any, tuple[Any, ...]]) -> set[Any]:
+    """The phases `targets` and every phase the core's `internal` moves (`LEARNER_INTERNAL`,
+    `WORKER_INTERNAL`) take them to in the same step."""
+    reached = set(targets)
+    todo = list(reached)
+    while todo:
+        for target in internal.get(todo.pop(), ()):
+            if target not in reached:
+                reached.add(target)
+                todo.append(target)
+    return reached
 
 
 def to_dot() -> str:

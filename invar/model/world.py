@@ -72,8 +72,7 @@ from invar.model.messages import (
     matrix_digest,
 )
 from invar.model.shell import LEARNER, STORE, TIMER, Delivery, Verdict, deliver, route
-from invar.model.state import LearnerPhase, State, WorkerPhase, cached_repr
-from invar.model.state import evolve as replace
+from invar.model.state import LearnerPhase, State, WorkerPhase, cached_repr, evolve
 
 CORE = "core"
 RESPONSE_TOKENS = 2
@@ -227,14 +226,14 @@ class LearnerRules:
     def forwarded(self, command: RunForward, reply: ForwardObserved) -> LearnerRules:
         pending = PendingForward(command.observation, self.weights,
                                  matrix_digest(reply.current_logprobs))
-        return replace(self, pending=pending)
+        return evolve(self, pending=pending)
 
     def stepped_to(self, command: ApplyCotangent, digest: str) -> LearnerRules:
-        return replace(self, weights=digest, stepped=True, pending=None,
-                       applied=(command.observation, digest))
+        return evolve(self, weights=digest, stepped=True, pending=None,
+                      applied=(command.observation, digest))
 
     def committed(self, version: int, digest: str) -> LearnerRules:
-        return replace(self, weights=digest, version=version, stepped=False)
+        return evolve(self, weights=digest, version=version, stepped=False)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -322,13 +321,13 @@ def new_world(config: RunConfig, workers: tuple[str, ...] = ("w0",),
 
 
 def _send(world: World, *messages: Message) -> World:
-    return replace(world, network=world.network + messages)
+    return evolve(world, network=world.network + messages)
 
 
 def _take(world: World, key: str) -> tuple[World, Message]:
     for i, m in enumerate(world.network):
         if m.key == key:
-            return replace(world, network=world.network[:i] + world.network[i + 1:]), m
+            return evolve(world, network=world.network[:i] + world.network[i + 1:]), m
     raise KeyError(key)
 
 
@@ -366,7 +365,7 @@ def merge_replies(world: World, first: str, second: str) -> World:
 
 def merged(a: RequestsCompleted, b: RequestsCompleted) -> RequestsCompleted:
     """One frame with `a`'s completions, then `b`'s (both of one worker incarnation)."""
-    return replace(a, completions=a.completions + b.completions)
+    return evolve(a, completions=a.completions + b.completions)
 
 
 def split_reply(world: World, key: str) -> World:
@@ -375,8 +374,8 @@ def split_reply(world: World, key: str) -> World:
     head, tail = msg.body.completions[:1], msg.body.completions[1:]
     if not tail:
         raise ValueError(f"a reply of one completion cannot be split: {key!r}")
-    return _send(world, message(CORE, replace(msg.body, completions=head)),
-                 message(CORE, replace(msg.body, completions=tail)))
+    return _send(world, message(CORE, evolve(msg.body, completions=head)),
+                 message(CORE, evolve(msg.body, completions=tail)))
 
 
 def mergeable(a: Message, b: Message) -> bool:
@@ -387,7 +386,7 @@ def mergeable(a: Message, b: Message) -> bool:
 
 def fire_timer(world: World) -> World:
     """The armed retry timer expires: it disarms itself and tells the core."""
-    return to_core(replace(world, timer=False), TimerFired())
+    return to_core(evolve(world, timer=False), TimerFired())
 
 
 def to_core(world: World, event: Event) -> World:
@@ -395,7 +394,7 @@ def to_core(world: World, event: Event) -> World:
     delivery, routed = _delivered(world.core, event)
     if delivery.verdict is Verdict.REFUSED:
         assert delivery.error is not None
-        return replace(world, refused=f"{delivery.error.reason.value}: {delivery.error.detail}")
+        return evolve(world, refused=f"{delivery.error.reason.value}: {delivery.error.detail}")
     journal = delivery.state if delivery.durable else world.journal
     sent, timer = [], world.timer
     for command, where, msg in routed:
@@ -403,14 +402,14 @@ def to_core(world: World, event: Event) -> World:
             world = _to_store(world, command)  # the driver's own file system: done at once
         elif isinstance(command, LoadWeights) and command.version not in world.store:
             # The driver reads the weights from the store as it sends the load.
-            return replace(world, core=delivery.state, journal=journal, timer=timer,
+            return evolve(world, core=delivery.state, journal=journal, timer=timer,
                            broken=f"{command.worker} told to load version "
                                   f"{command.version}, which the store no longer holds")
         elif where == TIMER:
             timer = True
         else:
             sent.append(msg)
-    return replace(world, core=delivery.state, journal=journal, timer=timer,
+    return evolve(world, core=delivery.state, journal=journal, timer=timer,
                    network=world.network + tuple(sent))
 
 
@@ -444,8 +443,8 @@ def _to_learner(world: World, command: Command) -> World:
                                       _learner_answer(world.learner, command, *value))
     learner, reply = answer
     if reply is not None:
-        return replace(world, learner=learner, network=world.network + (reply,))
-    return world if learner is world.learner else replace(world, learner=learner)
+        return evolve(world, learner=learner, network=world.network + (reply,))
+    return world if learner is world.learner else evolve(world, learner=learner)
 
 
 _learner_answers = IdentityMemo(1 << 16)
@@ -473,24 +472,24 @@ def _learner_answer(learner: Learner, command: Command, reproducible_forwards: b
         noise = 0 if reproducible_forwards else rules.attempt + 1
         reply = forward_reply(command, k, noise)
         if decision is Decision.RUN:
-            learner = replace(learner, rules=rules.forwarded(command, reply))
+            learner = evolve(learner, rules=rules.forwarded(command, reply))
     elif isinstance(command, ApplyCotangent):
         obs = command.observation
         digest = step_digest(obs.update, obs.step + 1, k)
         if decision is Decision.RUN:
-            learner = replace(learner, rules=rules.stepped_to(command, digest))
+            learner = evolve(learner, rules=rules.stepped_to(command, digest))
         reply = StepFinished(obs, command.attempt, digest)
     elif isinstance(command, Commit):
         version = command.update + 1
         if decision is Decision.RUN:
             commits = learner.commits[:version] + (command.expected_digest,)
-            learner = replace(learner, commits=commits,
-                              rules=rules.committed(version, command.expected_digest))
+            learner = evolve(learner, commits=commits,
+                             rules=rules.committed(version, command.expected_digest))
         reply = UpdateCommitted(command.update, learner.commits[version])
     elif isinstance(command, Evaluate):
         reply = VersionEvaluated(command.version, evaluation_reward(command.version))
     elif isinstance(command, Checkpoint):
-        learner = replace(learner, checkpoints=learner.checkpoints + (command.version,))
+        learner = evolve(learner, checkpoints=learner.checkpoints + (command.version,))
         reply = CheckpointWritten(command.version, learner.commits[command.version])
     return learner, (message(CORE, reply) if reply is not None else None)
 
@@ -498,12 +497,12 @@ def _learner_answer(learner: Learner, command: Command, reproducible_forwards: b
 def _to_store(world: World, command: Command) -> World:
     if isinstance(command, Publish):
         if command.version >= len(world.learner.commits):
-            return replace(world, broken=f"publish of version {command.version}: no commit")
+            return evolve(world, broken=f"publish of version {command.version}: no commit")
         store = tuple(sorted({*world.store, command.version}))
         reply = VersionPublished(command.version, world.learner.commits[command.version])
-        return _send(replace(world, store=store), message(CORE, reply))
+        return _send(evolve(world, store=store), message(CORE, reply))
     if isinstance(command, ReleaseVersion):
-        return replace(world, store=tuple(v for v in world.store if v != command.version))
+        return evolve(world, store=tuple(v for v in world.store if v != command.version))
     return world  # RetainVersion: the store keeps what was published until released
 
 
@@ -531,7 +530,7 @@ def _worker_answer(worker: Worker, command: LoadWeights | LaunchRequest
         if not worker_accepts(worker, command):
             return worker, None
         # The weights travel with the command (read from the store when it was sent).
-        loaded = replace(worker, version=command.version, load=command.load)
+        loaded = evolve(worker, version=command.version, load=command.load)
         return loaded, message(CORE, WeightsLoaded(command.worker, command.incarnation,
                                                    command.load, command.version))
     if not worker_accepts(worker, command):
@@ -548,7 +547,7 @@ def worker_accepts(worker: Worker, command: LoadWeights | LaunchRequest) -> bool
 
 
 def _put_worker(world: World, worker: Worker) -> World:
-    return replace(world, workers=tuple(worker if w.name == worker.name else w
+    return evolve(world, workers=tuple(worker if w.name == worker.name else w
                                         for w in world.workers))
 
 
@@ -559,8 +558,8 @@ def crash_worker(world: World, name: str) -> World:
     """The worker process dies; the driver notices its connection end. Commands in flight to
     it die with the connection (its replies already sent may still be read)."""
     worker = world.worker(name)
-    world = _put_worker(world, replace(worker, alive=False, version=None))
-    world = replace(world, network=tuple(m for m in world.network if m.to != name))
+    world = _put_worker(world, evolve(worker, alive=False, version=None))
+    world = evolve(world, network=tuple(m for m in world.network if m.to != name))
     return _send(world, message(CORE, WorkerLost(name, worker.incarnation)))
 
 
@@ -576,7 +575,7 @@ def crash_learner(world: World) -> World:
     attempt = world.learner.rules.attempt
     network = tuple(m for m in world.network
                     if not (m.to == LEARNER and getattr(m.body, "attempt", None) == attempt))
-    return replace(world, learner=replace(world.learner, alive=False), network=network)
+    return evolve(world, learner=evolve(world.learner, alive=False), network=network)
 
 
 def restart_learner(world: World) -> World:
@@ -585,7 +584,7 @@ def restart_learner(world: World) -> World:
     version = len(learner.commits) - 1
     digest = learner.commits[version]
     rules = LearnerRules(attempt=learner.rules.attempt + 1, weights=digest, version=version)
-    world = replace(world, learner=replace(learner, alive=True, rules=rules))
+    world = evolve(world, learner=evolve(learner, alive=True, rules=rules))
     return _send(world, message(CORE, LearnerStarted(rules.attempt, version, digest)))
 
 
@@ -594,12 +593,12 @@ def restart_driver(world: World) -> World:
     with it (replies to it, its learner's queue, its worker connections, its publication
     tasks); its in-process learner restarts from its newest commit; every worker connection is
     new (a new incarnation); the resume fires the timer to re-send what is outstanding."""
-    world = replace(world, core=world.journal, network=(), timer=False,
-                    learner=replace(world.learner, alive=False))
+    world = evolve(world, core=world.journal, network=(), timer=False,
+                   learner=evolve(world.learner, alive=False))
     world = restart_learner(world)
     workers = tuple(Worker(w.name, w.incarnation + 1, True) for w in world.workers)
     hello = tuple(message(CORE, WorkerConnected(w.name, w.incarnation)) for w in workers)
-    return _send(replace(world, workers=workers), *hello, message(CORE, TimerFired()))
+    return _send(evolve(world, workers=workers), *hello, message(CORE, TimerFired()))
 
 
 # -- the adversary ----------------------------------------------------------------------------
@@ -643,14 +642,14 @@ def forgeries(state: State) -> tuple[Event, ...]:
                             request._replace(prompt=config.prompts_per_batch),
                             request._replace(sample=-1), request._replace(prompt=-1)):
                 out.append(RequestsCompleted(sender.name, sender.incarnation,
-                                             (replace(forged, request=outside),)))
+                                             (evolve(forged, request=outside),)))
             # A frame is judged whole: a good completion does not carry a bad one in.
             out.append(RequestsCompleted(sender.name, sender.incarnation, (
-                forged, replace(forged, request=request._replace(sample=config.group_size)))))
+                forged, evolve(forged, request=request._replace(sample=config.group_size)))))
         if sender is not None:
             wrong = version + 1 if batch is not None else version  # unadmitted: any version
             out.append(RequestsCompleted(sender.name, sender.incarnation,
-                                         (replace(forged, version=wrong),)))
+                                         (evolve(forged, version=wrong),)))
     if sender is not None:
         out.append(RequestsCompleted(sender.name, sender.incarnation, ()))
         # A batch before the first: no request was ever launched there.

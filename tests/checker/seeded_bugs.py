@@ -33,8 +33,7 @@ from invar.model.messages import (
     RetainVersion,
     VersionPublished,
 )
-from invar.model.state import LearnerPhase, Sample, initial_state
-from invar.model.state import evolve as replace
+from invar.model.state import LearnerPhase, Sample, evolve, initial_state
 from invar.model.transitions import learner_accepts
 
 REFUSED = "correct_components_never_refused"
@@ -74,7 +73,7 @@ def _duplicate_completion_applied_twice(mp: Any) -> None:
             # counted a second time.
             position = request.prompt * state.config.group_size + request.sample
             again = batch.with_slots({position: batch.slots[position]})
-            again = replace(again, completed=again.completed + 1)
+            again = evolve(again, completed=again.completed + 1)
             return core._put_batch(state, again), []
         return outcome
 
@@ -113,16 +112,16 @@ def _publish_before_commit(mp: Any) -> None:
         if (state.publishing is None and learner.phase is LearnerPhase.COMMITTING
                 and schedule.is_published(state.config, version)
                 and version not in state.published):
-            state = replace(state, publishing=version)
+            state = evolve(state, publishing=version)
             out = (*out, Publish(version, learner.step_digest))
         return state, out
 
     def accept_early(state, event):
         if (event.version == state.publishing and event.version not in state.published
                 and event.version >= len(state.commit_digests)):
-            state = replace(state, published=state.published + (event.version,),
-                            publishing=None,
-                            retained=tuple(sorted({*state.retained, event.version})))
+            state = evolve(state, published=state.published + (event.version,),
+                           publishing=None,
+                           retained=tuple(sorted({*state.retained, event.version})))
             return state, [RetainVersion(event.version)]
         return on_published(state, event)
 
@@ -141,8 +140,8 @@ def _committed_update_redone_after_restart(mp: Any) -> None:
             if after.committed > 0:
                 # The bug: a restarted learner resumes at the update *before* the last commit,
                 # so that committed update is done (and committed) again.
-                after = replace(after, commit_digests=after.commit_digests[:-1])
-                after = replace(after, learner=core._fresh_learner(after, event.incarnation))
+                after = evolve(after, commit_digests=after.commit_digests[:-1])
+                after = evolve(after, learner=core._fresh_learner(after, event.incarnation))
             return after, commands
         return outcome
 
@@ -161,9 +160,9 @@ def _cotangent_for_another_step(mp: Any) -> None:
             # forward of this attempt is taken as the current step's.
             plan = schedule.minibatch_plan(state.config, event.observation.update)[learner.step]
             command = core._cotangent(state, batch, plan, event)
-            learner = replace(learner, phase=LearnerPhase.APPLYING, cotangent=command,
-                              forward_digest=command.forward_digest)
-            return replace(state, learner=learner), [command]
+            learner = evolve(learner, phase=LearnerPhase.APPLYING, cotangent=command,
+                             forward_digest=command.forward_digest)
+            return evolve(state, learner=learner), [command]
         return original(state, event)
 
     mp.setitem(core._HANDLERS, ForwardObserved, handler)

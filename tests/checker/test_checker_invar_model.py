@@ -24,10 +24,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from seeded_bugs import BY_NAME  # noqa: E402
 
-from checker import Checker, Property  # noqa: E402
+from checker import Checker, Property, Verdict  # noqa: E402
 from checker.cli import main, regression_test  # noqa: E402
 from checker.invar_model import Bounds, InvarModel, _rename_core, load_bounds  # noqa: E402
-from invar.model import logical_projection  # noqa: E402
+from invar.model import LearnerPhase, logical_projection, transitions  # noqa: E402
+from invar.model.messages import StepFinished  # noqa: E402
 from invar.runtime.journal import write_events  # noqa: E402
 from invar.testing import canonical_run, edit_completion  # noqa: E402
 
@@ -124,6 +125,23 @@ def test_shortest_counterexample_is_pinned(monkeypatch: pytest.MonkeyPatch) -> N
     result = Checker(model, processes=1, finish_when="any_failure").bfs()
     trace = result.counterexample("batch_counters_consistent")
     assert [model.format_action(a) for a in trace.actions] == DUPLICATE_COMPLETION_PATH
+
+
+def test_a_phase_move_the_table_does_not_list_is_a_violation(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The phase tables are authoritative: strike the last StepFinished's move to COMMITTING
+    from the learner table (the handler still makes it, and `learner_accepts` still accepts
+    the event) and `phase_moves_are_listed` finds the unlisted move."""
+    table = dict(transitions.LEARNER)
+    table[(LearnerPhase.APPLYING, StepFinished)] = (LearnerPhase.FORWARD,)
+    monkeypatch.setattr(transitions, "LEARNER", table)
+    model = InvarModel(Bounds())
+    result = Checker(model, processes=1).bfs()
+    assert result.properties["phase_moves_are_listed"].verdict is Verdict.VIOLATED
+    assert [name for name, p in result.properties.items() if not p.ok] == ["phase_moves_are_listed"]
+    (_, before), (action, after) = result.counterexample("phase_moves_are_listed").steps[-2:]
+    assert model.format_action(action).startswith("deliver core|StepFinished(")
+    assert (before.world.core.learner.phase, after.world.core.learner.phase) == (
+        LearnerPhase.APPLYING, LearnerPhase.COMMITTING)
 
 
 # --------------------------------------------------------------------------- reductions

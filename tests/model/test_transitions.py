@@ -50,6 +50,7 @@ from invar.model.transitions import (  # noqa: E402
     WORKER_INTERNAL,
     to_dot,
     to_markdown,
+    with_internal_moves,
 )
 from invar.testing import reply, version_digest  # noqa: E402
 
@@ -57,18 +58,6 @@ L = LearnerPhase
 W = WorkerPhase
 CONFIG = small_config()  # K = 2, N = 3
 K = CONFIG.optimizer_steps
-
-
-def closure(targets, internal) -> set:
-    """The listed targets and where the core's internal moves may take them in the same step."""
-    out = set(targets)
-    frontier = list(targets)
-    while frontier:
-        for nxt in internal.get(frontier.pop(), ()):
-            if nxt not in out:
-                out.add(nxt)
-                frontier.append(nxt)
-    return out
 
 
 def finish(d: Driver) -> Driver:
@@ -153,7 +142,7 @@ def test_listed_learner_transition_agrees_with_step(key, index):
     outcome = step(d.state, event)
     assert not isinstance(outcome, ProtocolError), outcome
     after, _ = outcome
-    allowed = closure(LEARNER[key], LEARNER_INTERNAL)
+    allowed = with_internal_moves(LEARNER[key], LEARNER_INTERNAL)
     assert after.learner.phase in allowed, \
         f"{phase.value} --{event_type.__name__}--> {after.learner.phase.value}, table: {allowed}"
     assert after != d.state, "an in-protocol event must change the state"
@@ -286,7 +275,7 @@ def test_listed_worker_transition_agrees_with_step(key):
     outcome = step(d.state, event)
     assert not isinstance(outcome, ProtocolError), outcome
     after, _ = outcome
-    allowed = closure(WORKER[key], WORKER_INTERNAL)
+    allowed = with_internal_moves(WORKER[key], WORKER_INTERNAL)
     assert after.worker("w0").phase in allowed
 
 
@@ -340,7 +329,7 @@ def test_boundary_acknowledgements_move_the_learner_only_out_of_waiting():
     d.state = after
     after, commands = step(d.state, CheckpointWritten(1, version_digest(1)))
     assert after.learner.phase is L.SCORING
-    assert after.learner.phase in closure((L.WAITING,), LEARNER_INTERNAL)
+    assert after.learner.phase in with_internal_moves((L.WAITING,), LEARNER_INTERNAL)
     assert [type(c).__name__ for c in commands] == ["ScoreProbabilities"]
 
 

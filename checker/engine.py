@@ -1,0 +1,441 @@
+"""The engine's shared vocabulary: what every search strategy and the liveness checks speak.
+
+`checker.search` (the `Checker`), its strategies (`checker.bfs`, `checker.dfs`,
+`checker.simulate`, `checker.parallel`) and `checker.liveness` all import this module and
+none of them imports another strategy's, so the engine's modules form no import cycle:
+
+* `ModelContext` – the model's functions resolved once, and the fingerprints in use;
+* `Coverage`, `PropertyTracker` – transitions counted per action kind; the properties still
+  open and the first discovery (`Found`) for each;
+* `Outcome` – what a strategy hands back to `Checker` to become a `CheckResult`;
+* `SearchOptions` – what a strategy reads from the `Checker` that runs it;
+* `GraphRecorder` – the explored graph, for `record_graph` and the livelock check.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import Counter
+from collections.abc import Callable, Hashable
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from checker._expand import ExpandEnv, expander
+from checker.fingerprint import MASK64, all_hash_by_value, fast_fingerprint, fingerprint
+from checker.model import Property, PropertyKind, overrides, successors_of
+from checker.result import Progress
+from checker.trace import Trace
+
+__all__ = [
+    "NO_PARENT",
+    "Coverage",
+    "Found",
+    "GraphRecorder",
+    "ModelContext",
+    "Outcome",
+    "PropertyTracker",
+    "SearchOptions",
+    "UnsafeHash",
+]
+
+NO_PARENT = -1  # parent pointer of an initial state
+
+
+class UnsafeHash(Exception):
+    """A state met during a search with fast fingerprints does not hash by value (the search
+    starts again with stable ones; see `checker.fingerprint.hashes_by_value`)."""
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(reason)
+        self.reason = reason
+
+
+@dataclass
+class Found:
+    """The first discovery for one property: a violation, a witness, or a deadlock.
+
+    `fp` is the fingerprint of the state where it was seen (for a transition property: the
+    source state; `action`/`state` then hold the transition's action and target)."""
+
+    name: str
+    kind: str
+    depth: int
+    fp: int
+    action: Any = None
+    state: Any = None
+    transition: bool = False
+    trace: Trace[Any, Any] | None = None  # set directly by searches that keep their path
+
+
+class ModelContext:
+    """The model's functions, resolved once (defaults skipped) for the hot loops, and the
+    fingerprints in use (`fp` computes them as the hot loops do, which inline them).
+
+    When the initial states' keys are ints (`int_keys`), an int key below 2**64 is its own
+    fingerprint, and any other key gets the stable one (never Python's hash, under which a
+    large int would collide with its residue modulo 2**61 - 1); `inexact` turns true once
+    such a key is met.  Otherwise every key gets `fingerprint`: ``"fast"`` (Python's hash,
+    valid in this process and its forks) or ``"stable"`` (see `checker.fingerprint`)."""
+
+    def __init__(self, model: Any, check_deadlock: bool, fingerprints: str = "stable") -> None:
+        self.model = model
+        self.successors = successors_of(model)
+        self.key: Callable[[Any], Hashable] | None = (
+            model.fingerprint_key if overrides(model, "fingerprint_key") else None
+        )
+        self.int_keys = self._first_key_is_int()
+        self.fp_kind = "stable" if self.int_keys else fingerprints
+        self.fingerprint: Callable[[Hashable], int] = fast_fingerprint if self.fp_kind == "fast" else fingerprint
+        self.inexact = not self.int_keys
+        # With fast fingerprints chosen automatically, a sample of the new states is checked
+        # to hash by value (`sample_keys`); a search that meets one that does not restarts.
+        self.sampling = False
+        self.is_final: Callable[[Any], bool] | None = model.is_final if overrides(model, "is_final") else None
+        self.kind_by_type = not overrides(model, "action_kind")
+        self.action_kind: Callable[[Any], str] = (
+            model.action_kind if hasattr(model, "action_kind") else (lambda a: type(a).__name__)
+        )
+        self.format_action: Callable[[Any], str] = getattr(model, "format_action", repr)
+        self.check_deadlock = check_deadlock
+        props = list(model.properties()) if hasattr(model, "properties") else []
+        names = [p.name for p in props]
+        dupes = {n for n in names if names.count(n) > 1}
+        if dupes:
+            raise ValueError(f"duplicate property names: {sorted(dupes)}")
+        if "deadlock" in names or "livelock" in names:
+            raise ValueError("'deadlock' and 'livelock' are reserved property names")
+        self.properties: list[Property] = props
+        by = {k: [(p.name, p.predicate) for p in props if p.kind is k] for k in PropertyKind}
+        self.always = by[PropertyKind.ALWAYS]
+        self.sometimes = by[PropertyKind.SOMETIMES]
+        self.transition = by[PropertyKind.TRANSITION]
+        self.final = by[PropertyKind.FINAL]
+        self.eventually = by[PropertyKind.EVENTUALLY]
+
+    def expand_env(
+        self, visited: dict[int, Any], nxt_append: Callable[[Any], None], cov: Coverage, props: PropertyTracker
+    ) -> ExpandEnv:
+        """What the hot loop (`checker._expand`) reads: this model's functions and the search's state."""
+        return ExpandEnv(
+            succ=self.successors,
+            key=self.key,
+            fp=self.fp_of_key,
+            visited=visited,
+            nxt_append=nxt_append,
+            cov_buf=cov.buf,
+            props=props,
+            is_final=self.is_final,
+        )
+
+    def expander(
+        self, cov: Coverage, props: PropertyTracker, *, check_new: bool, graph: bool = False
+    ) -> Callable[[list[tuple[Any, int]], int, ExpandEnv], int]:
+        """The hot loop specialised for this model and the properties still open."""
+        return expander(
+            coverage=cov.enabled,
+            transition=bool(props.transition),
+            key=self.key is not None,
+            int_keys=self.int_keys,
+            fast=self.fp_kind == "fast",
+            check_new=check_new,
+            final=self.is_final is not None,
+            deadlock=props.deadlock,
+            graph=graph,
+        )
+
+    def fp(self, state: Any) -> int:
+        """The fingerprint of `state` (outside the hot loops, which inline it)."""
+        key = self.key
+        k = key(state) if key is not None else state
+        if self.int_keys and k.__class__ is int and -1 < k <= MASK64:
+            return k  # type: ignore[no-any-return]
+        self.inexact = True
+        return self.fingerprint(k)
+
+    def fp_of_key(self, k: Any) -> int:
+        """The hot loops' fingerprint of a key they do not inline (see `fp`)."""
+        self.inexact = True
+        return self.fingerprint(k)
+
+    def sample_keys(self, items: list[Any], start: int, at: int = 0) -> None:
+        """Check that the first and the last of the states ``items[i][at]`` added since
+        ``i = start`` hash by value; raise `UnsafeHash` if one does not.  (Two per chunk of
+        256 expansions: a walk through a large state costs microseconds.)"""
+        if len(items) <= start or not self.sampling:
+            return
+        key = self.key
+        picks = (items[start][at], items[-1][at])
+        problem = all_hash_by_value(key(s) if key is not None else s for s in picks)
+        if problem is not None:
+            raise UnsafeHash(problem)
+
+    def initial(self) -> list[tuple[Any, int]]:
+        """The initial states with their fingerprints, duplicates (by fingerprint) dropped."""
+        seen: set[int] = set()
+        out = []
+        for s in self.model.init_states():
+            g = self.fp(s)
+            if g not in seen:
+                seen.add(g)
+                out.append((s, g))
+        return out
+
+    def _first_key_is_int(self) -> bool:
+        """True when the initial states' fingerprint keys are ints (enables a fast path)."""
+        key = self.key
+        for s in self.model.init_states():
+            k = key(s) if key is not None else s
+            return k.__class__ is int
+        return False
+
+    def final_state(self, state: Any) -> bool:
+        return self.is_final(state) if self.is_final is not None else False
+
+    def replay(self, chain: list[int]) -> list[tuple[Any, Any]]:
+        """The concrete steps along a chain of fingerprints starting at an initial state."""
+        inits = {g: s for s, g in self.initial()}
+        try:
+            state = inits[chain[0]]
+        except KeyError:
+            raise RuntimeError("trace replay failed: no initial state has the recorded fingerprint") from None
+        steps: list[tuple[Any, Any]] = [(None, state)]
+        fp = self.fp
+        for want in chain[1:]:
+            for action, nxt in self.successors(state):
+                if fp(nxt) == want:
+                    steps.append((action, nxt))
+                    state = nxt
+                    break
+            else:
+                raise RuntimeError(
+                    "trace replay failed: the model is not deterministic (a recorded successor "
+                    "is not produced again from the same state)"
+                )
+        return steps
+
+
+class Coverage:
+    """Counts explored transitions per action kind.
+
+    The hot loop only appends each action to a buffer; `flush` folds the buffer into counts
+    in C (``Counter.update``), keyed by action type when the model keeps the default
+    `action_kind` (``type(action).__name__``), else by `Model.action_kind`.
+    """
+
+    def __init__(self, ctx: ModelContext, enabled: bool = True) -> None:
+        self.enabled = enabled
+        self._buf: list[Any] = []
+        self.buf: list[Any] | None = self._buf if enabled else None
+        self.append: Callable[[Any], None] | None = self._buf.append if enabled else None
+        self._counts: Counter[Any] = Counter()
+        self._by_type = ctx.kind_by_type
+        self._kind = ctx.action_kind
+
+    def flush(self) -> None:
+        if self._buf:
+            # Counted in a fresh Counter first: its counts stay small ints (cached up to 256),
+            # while adding one at a time to the running totals allocates an int per transition.
+            self._counts.update(Counter(map(type if self._by_type else self._kind, self._buf)))
+            self._buf.clear()
+
+    def kinds(self) -> dict[str, int]:
+        self.flush()
+        if not self._by_type:
+            return dict(self._counts)
+        out: dict[str, int] = {}
+        for cls, n in self._counts.items():
+            out[cls.__name__] = out.get(cls.__name__, 0) + n
+        return out
+
+
+class PropertyTracker:
+    """Which properties are still open, and the first discovery for each."""
+
+    def __init__(self, ctx: ModelContext, finish_when: str) -> None:
+        self.ctx = ctx
+        self.finish_when = finish_when
+        self.found: dict[str, Found] = {}
+        self.always = list(ctx.always)
+        self.sometimes = list(ctx.sometimes)
+        self.transition = list(ctx.transition)
+        self.final = list(ctx.final)
+        self.deadlock = ctx.check_deadlock
+        self.any_failure = False
+        self.stop = False
+
+    def open_count(self) -> int:
+        return len(self.always) + len(self.sometimes) + len(self.transition) + len(self.final) + int(self.deadlock)
+
+    def record(self, f: Found) -> bool:
+        """Keep `f` if it is the first (or a shallower) discovery for its property."""
+        old = self.found.get(f.name)
+        if old is not None and old.depth <= f.depth:
+            return False
+        self.found[f.name] = f
+        self._close(f.name, f.kind)
+        return True
+
+    def close(self, name: str) -> None:
+        """Stop checking property `name` (decided elsewhere)."""
+        if name == "deadlock":
+            self.deadlock = False
+            return
+        for attr in ("always", "sometimes", "transition", "final"):
+            lst = getattr(self, attr)
+            if any(n == name for n, _ in lst):
+                setattr(self, attr, [(n, p) for n, p in lst if n != name])
+
+    def _close(self, name: str, kind: str) -> None:
+        self.close(name)
+        if kind != PropertyKind.SOMETIMES.value:
+            self.any_failure = True
+        self._update_stop()
+
+    def _update_stop(self) -> None:
+        if self.finish_when == "any_failure":
+            self.stop = self.any_failure
+        elif self.finish_when == "all_decided":
+            self.stop = bool(self.found) and self.open_count() == 0
+
+    def restore(self, found: dict[str, Found]) -> None:
+        for f in found.values():
+            self.record(f)
+
+    # --- checks used by the hot loops (only called when the matching list is non-empty) ---
+
+    def check_new(self, state: Any, fp: int, depth: int) -> None:
+        for name, pred in self.always:
+            if not pred(state):
+                self.record(Found(name, PropertyKind.ALWAYS.value, depth, fp))
+        for name, pred in self.sometimes:
+            if pred(state):
+                self.record(Found(name, PropertyKind.SOMETIMES.value, depth, fp))
+
+    def fail_always(self, name: str, fp: int, depth: int) -> None:
+        self.record(Found(name, PropertyKind.ALWAYS.value, depth, fp))
+
+    def hit_sometimes(self, name: str, fp: int, depth: int) -> None:
+        self.record(Found(name, PropertyKind.SOMETIMES.value, depth, fp))
+
+    def check_transition(self, s: Any, fs: int, depth: int, action: Any, t: Any) -> None:
+        for name, pred in self.transition:
+            if not pred(s, action, t):
+                self.record(Found(name, PropertyKind.TRANSITION.value, depth + 1, fs, action, t, True))
+
+    def check_expanded(self, s: Any, fs: int, depth: int, n_succ: int, final: bool) -> None:
+        if final:
+            for name, pred in self.final:
+                if not pred(s):
+                    self.record(Found(name, PropertyKind.FINAL.value, depth, fs))
+        elif n_succ == 0 and self.deadlock:
+            self.record(Found("deadlock", "deadlock", depth, fs))
+
+    @property
+    def wants_new(self) -> bool:
+        return bool(self.always or self.sometimes)
+
+
+@dataclass
+class Outcome:
+    """What a search hands to `Checker._result` (internal)."""
+
+    strategy: str
+    generated: int
+    distinct: int
+    max_depth: int
+    elapsed: float
+    coverage: dict[str, int]
+    complete: bool
+    stop_reason: str
+    found: dict[str, Found]
+    parent_of: Callable[[int], int] | None
+    graph: Any = None
+    processes: int = 1
+    notes: list[str] = field(default_factory=list)
+
+
+class SearchOptions(Protocol):
+    """What a strategy reads from the `Checker` running it (see `Checker` for each option).
+
+    A protocol, not the `Checker` class itself: `checker.search` imports the strategies, so
+    they cannot import it back."""
+
+    model: Any
+    max_states: int | None
+    max_depth: int | None
+    processes: int
+    check_deadlock: bool
+    record_graph: bool
+    _labelled: bool
+    finish_when: str
+    progress: Callable[[Progress], None] | None
+    progress_interval: float
+    checkpoint_path: str | None
+    checkpoint_interval: float | None
+    resume_from: str | None
+    coverage: bool
+    checkpoints_written: int
+    _checkpoint_requested: threading.Event
+    _stop_requested: threading.Event
+
+    def _why_stopped(self, props: PropertyTracker) -> str: ...
+
+    def _signature(self) -> str: ...
+
+
+class GraphRecorder:
+    """Adds the explored states and transitions to a networkx graph of fingerprints; labels
+    them (for DOT/GraphML) only when `labelled`: the livelock check needs the graph's shape
+    alone, and a state's repr costs. Unlabelled, the graph is recorded as plain lists (an
+    append per transition instead of an `add_edge` call) and built once, when `graph` is first
+    read: the same nodes and edges in the same order, so the livelock check walks it alike."""
+
+    def __init__(self, ctx: ModelContext, labelled: bool) -> None:
+        import networkx as nx  # optional dependency, needed only when a graph is recorded
+
+        self._graph = nx.DiGraph()
+        self.ctx = ctx
+        self.labelled = labelled
+        self._nodes: dict[int, bool] = {}
+        self._finals: list[int] = []
+        self._edges: list[tuple[int, int]] = []
+
+    @property
+    def graph(self) -> Any:
+        if not self.labelled and (self._nodes or self._edges):
+            self._graph.add_nodes_from((g, {"init": init, "final": False})
+                                       for g, init in self._nodes.items())
+            self._graph.add_edges_from(self._edges)
+            for f in self._finals:
+                self._graph.nodes[f]["final"] = True
+            self._nodes, self._edges, self._finals = {}, [], []
+        return self._graph
+
+    def node(self, state: Any, g: int, init: bool = False) -> None:
+        if not self.labelled:
+            self._nodes[g] = init
+            return
+        label = repr(state)
+        if len(label) > 200:
+            label = label[:197] + "..."
+        self._graph.add_node(g, label=label, init=init, final=False)
+
+    def edge(self, f: int, g: int, action: Any) -> None:
+        if not self.labelled:
+            # A new target's `node` follows at once: where `add_edge` would have added it.
+            self._edges.append((f, g))
+            return
+        graph = self._graph
+        text = self.ctx.format_action(action)
+        if graph.has_edge(f, g):
+            data = graph.edges[f, g]
+            if text not in data["label"].split(" | "):
+                data["label"] += " | " + text
+        else:
+            graph.add_edge(f, g, label=text)
+
+    def mark_final(self, f: int) -> None:
+        if not self.labelled:
+            self._finals.append(f)
+            return
+        self._graph.nodes[f]["final"] = True
