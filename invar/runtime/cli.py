@@ -16,8 +16,16 @@ from typing import Any
 from invar.model.errors import ConfigError
 from invar.model.schedule import report
 from invar.runtime.backend import LearnerBackend
-from invar.runtime.config import (OPERATIONAL, ROUNDING, TrainConfig, changed_keys,
-                                  describe_bad_byte, load_config, task_vocabulary, to_dict)
+from invar.runtime.config import (
+    OPERATIONAL,
+    ROUNDING,
+    TrainConfig,
+    changed_keys,
+    describe_bad_byte,
+    load_config,
+    task_vocabulary,
+    to_dict,
+)
 
 
 def make_learner(config: TrainConfig) -> LearnerBackend:

@@ -24,9 +24,10 @@ import json
 import logging
 import os
 import time
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Awaitable, Callable
+from typing import Any
 
 import numpy as np
 
@@ -133,7 +134,7 @@ class Driver:
         self.spawn_worker = spawn_worker or self._spawn_configured_worker
         self.learner_inputs = learner_inputs
         self.stats = Stats()
-        self.events: asyncio.Queue[Event] = asyncio.Queue()
+        self.events: asyncio.Queue[Event | _Crash] = asyncio.Queue()
         self.learner_queue: asyncio.Queue[tuple[Command, np.ndarray | None]] = asyncio.Queue()
         self.workers: dict[str, WorkerHandle] = {}
         self.resume = resume
@@ -154,7 +155,8 @@ class Driver:
         self._update_started = time.perf_counter()
         # Learner, rollout, core seconds and rollout replies at the last metrics row.
         self._timing_marks: tuple[float, ...] = (0.0, 0.0, 0.0, 0)
-        self._received: dict[int, dict[str, Any]] = {}
+        self._received: dict[int, str] = {}
+        """A worker event's JSON text as received, by the event's id, until it is journalled."""
         self._digest_of: State | None = None
         self._digest = ""
         self.state: State = initial_state(config.protocol)
@@ -214,9 +216,9 @@ class Driver:
                         self.events.put_nowait(WorkerLost(known.name, known.incarnation))
             self._spawn_task(self._watchdog())
             for name in worker_names(self.config.rollout.workers):
-                known = self.state.worker(name)
-                self._spawn_task(self._start_worker(name, 0 if known is None
-                                                    else known.incarnation + 1))
+                previous = self.state.worker(name)
+                self._spawn_task(self._start_worker(name, 0 if previous is None
+                                                    else previous.incarnation + 1))
             with self.metrics.progress(self.config.protocol.total_updates,
                                        self.config.output.progress) as progress:
                 self._progress = progress
@@ -257,7 +259,7 @@ class Driver:
 
     # -- the event path ----------------------------------------------------------------------
 
-    def _apply(self, event: Event) -> None:
+    def _apply(self, event: Event | _Crash) -> None:
         if isinstance(event, _Crash):
             if isinstance(event.error, RunStopped):
                 raise event.error
@@ -279,7 +281,7 @@ class Driver:
         self.stats.core_seconds += time.perf_counter() - began
         self.stats.core_cpu_seconds += time.thread_time() - began_cpu
 
-    def _accept(self, event: Event, delivery: Delivery, encoded: dict[str, Any] | None) -> None:
+    def _accept(self, event: Event, delivery: Delivery, encoded: str | None) -> None:
         """Journal an accepted event (synced when the delivery is durable), then dispatch."""
         before_state, after_state = self.state, delivery.state
         # The digest of the state before is the one computed after the previous event.
@@ -324,6 +326,7 @@ class Driver:
             elif isinstance(command, LaunchRequest):  # to worker `where`, sent in one frame
                 launches.setdefault((where, command.incarnation), []).append(encode(command))
             else:
+                assert isinstance(command, LoadWeights), command  # route: the one other kind
                 self._send_load(command)
         for (name, incarnation), messages in launches.items():
             handle = self.workers.get(name)

@@ -267,6 +267,7 @@ class HFPolicy(nn.Module):
         # built from a config for the digit tasks): no mapping.
         self._mapped = bool(spec.symbol_ids) and \
             spec.symbol_ids != tuple(range(config.vocab_size))
+        self.symbol_ids: Tensor
         self.register_buffer("symbol_ids", torch.tensor(spec.symbol_ids), persistent=False)
         # transformers 5 calls the cache argument `cache`; earlier releases `past_key_values`.
         parameters = inspect.signature(model.forward).parameters
@@ -279,8 +280,9 @@ class HFPolicy(nn.Module):
         self.model.eval()
         return self
 
-    def state_dict(self, *args: Any, **kwargs: Any) -> dict[str, Tensor]:
-        """The wrapped model's state under its Hugging Face names."""
+    def state_dict(self, *args: Any, **kwargs: Any) -> Any:
+        """The wrapped model's state under its Hugging Face names (the same arguments as
+        `nn.Module.state_dict`, passed through)."""
         return self.model.state_dict(*args, **kwargs)
 
     def load_state_dict(self, state_dict: Any, strict: bool = True, assign: bool = False) -> Any:

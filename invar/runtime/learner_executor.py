@@ -151,10 +151,12 @@ class LearnerExecutor:
         assert rules is not None
         start = self.task.prompt_length
         if isinstance(command, ScoreProbabilities):
+            assert inputs is not None, command  # `learner_inputs` builds them for this kind
             proximal, reference = self.learner.score(inputs, start, command.reference)
             return ProbabilitiesReported(command.update, command.attempt, _rows(proximal),
                                          None if reference is None else _rows(reference))
         if isinstance(command, RunForward):
+            assert inputs is not None, command  # as for scoring
             obs = command.observation
             digest, current = self.learner.forward(obs.update, obs.step, obs.serial, inputs, start)
             reply = ForwardObserved(obs, command.attempt, digest, _rows(current))
@@ -244,9 +246,7 @@ def _padded(rows: tuple[tuple[float, ...], ...]) -> list[list[float]]:
 
 def learner_inputs(state: State, task: Task, command: Command) -> np.ndarray | None:
     """The token sequences (prompt + response) a learner command works on, from the state."""
-    if isinstance(command, ScoreProbabilities):
-        requests = command.requests
-    elif isinstance(command, RunForward):
+    if isinstance(command, (ScoreProbabilities, RunForward)):
         requests = command.requests
     else:
         return None
@@ -261,11 +261,29 @@ def learner_inputs(state: State, task: Task, command: Command) -> np.ndarray | N
                 return None
         sample = batch.slots[request.prompt * group + request.sample]
         assert isinstance(sample, Sample)
-        prompt = _prompt(task, schedule.prompt_index(config, request.batch, request.prompt))
+        prompt = _prompt(_ByIdentity(task),
+                         schedule.prompt_index(config, request.batch, request.prompt))
         rows.append(prompt + sample.tokens)
     return np.array(rows, dtype=np.int64)
 
 
+class _ByIdentity:
+    """A task as a cache key, by identity: a plug-in task need not be hashable (an `eq`
+    dataclass is not), and the key keeps it alive, so its id is not reused while cached."""
+
+    __slots__ = ("task",)
+
+    def __init__(self, task: Task) -> None:
+        self.task = task
+
+    def __hash__(self) -> int:
+        return id(self.task)
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, _ByIdentity) and other.task is self.task
+
+
 @functools.lru_cache(maxsize=8192)
-def _prompt(task: Task, index: int) -> tuple[int, ...]:
-    return tuple(task.prompt(index))
+def _prompt(key: _ByIdentity, index: int) -> tuple[int, ...]:
+    """A prompt's tokens: each is read by the scoring and by every forward of its update."""
+    return tuple(key.task.prompt(index))

@@ -6,9 +6,9 @@ Two guarantees matter to the rest of Invar:
   drawn from (after temperature, top-k and top-p renormalisation), so importance ratios
   against it are exact.
 * Row i's randomness is a function of `seeds[i]` alone: its Gumbel noise is drawn from a
-  private CPU generator, position by position. A request re-issued alone, or in another batch, meets the
-  same noise and so draws the same tokens (up to float rounding of the logits themselves,
-  which can depend on the batch shape).
+  private CPU generator, position by position. A request re-issued alone, or in another batch,
+  meets the same noise and so draws the same tokens (up to float rounding of the logits
+  themselves, which can depend on the batch shape).
 """
 
 from __future__ import annotations

@@ -19,6 +19,7 @@ from invar.model.messages import (
     Event,
     LaunchRequest,
     LearnerStarted,
+    LoadWeights,
     Publish,
     ReleaseVersion,
     RequestsCompleted,
@@ -120,6 +121,7 @@ def run_serial(config: TrainConfig, learner: LearnerBackend) -> State:
                 elif isinstance(command, LaunchRequest):
                     launches.setdefault(where, []).append(command)
                 else:
+                    assert isinstance(command, LoadWeights), command  # route: the one other kind
                     loaded = workers[where].load(command, *store.read(command.version))
                     if loaded is not None:
                         queue.append(loaded)

@@ -46,14 +46,22 @@ class Task(Protocol):
     worker's death must get the same prompt, and the same response the same reward, or an
     asynchronous run would not compute what the serial one does."""
 
-    name: str
-    """Shown in reports and logs."""
-    prompt_length: int
-    """Tokens in every prompt (pad or refuse, never vary: generation has fixed shapes)."""
-    response_length: int
-    """Tokens the policy generates for every prompt."""
-    vocab_size: int
-    """Token ids are 0..vocab_size-1; `policy.vocab_size` must be at least this."""
+    # Read-only (plain attributes satisfy them too).
+    @property
+    def name(self) -> str:
+        """Shown in reports and logs."""
+
+    @property
+    def prompt_length(self) -> int:
+        """Tokens in every prompt (pad or refuse, never vary: generation has fixed shapes)."""
+
+    @property
+    def response_length(self) -> int:
+        """Tokens the policy generates for every prompt."""
+
+    @property
+    def vocab_size(self) -> int:
+        """Token ids are 0..vocab_size-1; `policy.vocab_size` must be at least this."""
 
     def prompt(self, index: int, split: str = "train") -> list[int]:
         """The `index`-th prompt of `split` ("train" or "heldout"), `prompt_length` token ids.
@@ -141,13 +149,13 @@ class HuggingFaceTokenizer:
         return list(self._tokenizer.encode(text, add_special_tokens=False))
 
     def decode(self, ids: Sequence[int]) -> str:
-        return self._tokenizer.decode([i for i in ids if 0 <= i < self.vocab_size],
-                                      skip_special_tokens=True)
+        return str(self._tokenizer.decode([i for i in ids if 0 <= i < self.vocab_size],
+                                          skip_special_tokens=True))
 
     def apply_chat_template(self, messages: list[dict[str, str]], tokenize: bool,
                             add_generation_prompt: bool) -> str:
-        return self._tokenizer.apply_chat_template(messages, tokenize=tokenize,
-                                                   add_generation_prompt=add_generation_prompt)
+        return str(self._tokenizer.apply_chat_template(
+            messages, tokenize=tokenize, add_generation_prompt=add_generation_prompt))
 
 
 TOKENIZERS = {"bytes": ByteTokenizer}
@@ -310,7 +318,8 @@ class JsonlTask:
         if self.verifier == "exact":
             return float(text.strip() == answer.strip())
         given, expected = last_number(text), last_number(answer)
-        return float(given is not None and math.isclose(given, expected, rel_tol=1e-6))
+        return float(given is not None and expected is not None
+                     and math.isclose(given, expected, rel_tol=1e-6))
 
 
 def load_factory(spec: str) -> Any:

@@ -89,7 +89,7 @@ class TorchLearner(CommittedLearner):
         # The process's torch RNG (kept in every commit) starts from the run's seed, so two
         # identical runs write byte-identical commits.
         torch.manual_seed(derive_seed(seed, "learner", "torch_rng"))
-        self.model = build_policy(policy_config, seed, task_vocabulary).to(self.device)
+        self.model: Any = build_policy(policy_config, seed, task_vocabulary).to(self.device)
         # The reference is the initial policy, frozen: the anchor for KL penalties.
         self.reference = copy.deepcopy(self.model).requires_grad_(False)
         self.optimizer = torch.optim.AdamW(
