@@ -41,7 +41,13 @@ Typical use::
 from checker.checkpoint import CheckpointError, load_checkpoint, save_checkpoint
 from checker.fingerprint import canonical, fingerprint
 from checker.model import BaseModel, Model, Property, PropertyKind
-from checker.report import ProgressPrinter, coverage_table, print_result, render_trace, summary_table
+from checker.report import (
+    ProgressPrinter,
+    coverage_table,
+    print_result,
+    render_trace,
+    summary_table,
+)
 from checker.result import CheckResult, Progress, PropertyResult, Verdict, write_dot, write_graphml
 from checker.search import Checker, check
 from checker.trace import Trace, diff_states, to_jsonable, trace_to_json

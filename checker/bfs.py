@@ -13,7 +13,15 @@ import time
 from typing import Any
 
 from checker.checkpoint import CheckpointError, load_checkpoint, pending_states, save_checkpoint
-from checker.engine import NO_PARENT, Coverage, GraphRecorder, ModelContext, Outcome, PropertyTracker, SearchOptions
+from checker.engine import (
+    NO_PARENT,
+    Coverage,
+    GraphRecorder,
+    ModelContext,
+    Outcome,
+    PropertyTracker,
+    SearchOptions,
+)
 from checker.result import Progress
 
 __all__ = ["CHUNK", "run_sequential_bfs"]

@@ -122,7 +122,7 @@ def main(argv: list[str] | None = None) -> int:
     model = InvarModel(bounds, symmetry=options["symmetry"] and not args.no_symmetry,
                        reduction=options["reduction"] and not args.no_reduction)
     livelock = args.livelock or options["livelock"] or bool(args.dot or args.graphml)
-    checker = Checker(
+    checker: Checker[Any, Any] = Checker(
         model, max_states=args.max_states or options["max_states"], max_depth=args.max_depth,
         processes=1 if livelock else (args.processes or options["processes"]),
         check_livelock=livelock,
@@ -232,7 +232,7 @@ def _any_model(args: argparse.Namespace, console: Console) -> int:
     # model need not have final states, so the livelock check stays the --livelock flag's.
     graph = args.livelock or bool(args.dot or args.graphml)
     try:
-        checker = Checker(
+        checker: Checker[Any, Any] = Checker(
             model, max_states=args.max_states, max_depth=args.max_depth,
             processes=1 if graph else (args.processes or 1), check_livelock=args.livelock,
             record_graph=graph,

@@ -8,7 +8,15 @@ import time
 from typing import Any
 
 from checker.checkpoint import CheckpointError
-from checker.engine import NO_PARENT, Coverage, GraphRecorder, ModelContext, Outcome, PropertyTracker, SearchOptions
+from checker.engine import (
+    NO_PARENT,
+    Coverage,
+    GraphRecorder,
+    ModelContext,
+    Outcome,
+    PropertyTracker,
+    SearchOptions,
+)
 from checker.result import Progress
 
 __all__ = ["run_dfs"]
@@ -35,7 +43,7 @@ def run_dfs(checker: SearchOptions, ctx: ModelContext) -> Outcome:
     succ = ctx.successors
     fp = ctx.fp
     need_final = ctx.is_final is not None
-    is_final = ctx.is_final
+    is_final: Any = ctx.is_final  # called only when need_final
     cov = Coverage(ctx, checker.coverage)
     cov_append = cov.append
     max_states = checker.max_states

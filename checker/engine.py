@@ -148,7 +148,7 @@ class ModelContext:
         key = self.key
         k = key(state) if key is not None else state
         if self.int_keys and k.__class__ is int and -1 < k <= MASK64:
-            return k  # type: ignore[no-any-return]
+            return k
         self.inexact = True
         return self.fingerprint(k)
 

@@ -19,11 +19,13 @@ from __future__ import annotations
 import itertools
 import tomllib
 from collections import Counter
+from collections.abc import Iterator
 from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
+from checker.model import BaseModel, Property
 from invar.model import transitions
 from invar.model import world as w
 from invar.model.config import RunConfig
@@ -42,8 +44,6 @@ from invar.model.objective import ObjectiveConfig
 from invar.model.state import Assigned, NoOps, Sample, State, cached_repr, evolve
 from invar.model.world import CORE, Message, World, message
 from invar.testing import canonical_run
-
-from checker.model import BaseModel, Property
 
 
 @dataclass(frozen=True)

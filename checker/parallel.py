@@ -46,6 +46,7 @@ from __future__ import annotations
 import multiprocessing as mp
 import time
 import traceback
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -365,7 +366,7 @@ def run_parallel_bfs(checker: SearchOptions, ctx: ModelContext) -> Outcome:
         next_ck = now + ck_interval if (ck_interval is not None and checker.checkpoint_path) else float("inf")
         complete, stop_reason = True, "exhausted"
         frontier = 0
-        verdicts: list[bytes | None] = [None] * n
+        verdicts: Sequence[bytes | None] = [None] * n
         # CPU seconds: each worker's steps, the slowest worker's per level (what a level takes
         # when every worker has a core of its own), and the coordinator's judging
         worker_cpu = [0.0] * n

@@ -352,7 +352,7 @@ def check(model: Any, strategy: str = "bfs", **options: Any) -> CheckResult:
     `Checker.simulate`.
     """
     sim = {k: options.pop(k) for k in ("runs", "sim_depth", "seed") if k in options}
-    checker = Checker(model, **options)
+    checker: Checker[Any, Any] = Checker(model, **options)
     if strategy == "bfs":
         return checker.bfs()
     if strategy == "dfs":

@@ -41,8 +41,9 @@ Reference counts (unreduced): R=3: 288 states; R=5: 8,832; R=7: 296,448 distinct
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Iterator, Union
+from typing import Union
 
 from checker.model import BaseModel, Property
 
