@@ -36,7 +36,8 @@ import mlx.nn as nn
 import numpy as np
 import torch
 
-from invar.runtime import mlx_policy, sampler as torch_sampler
+from invar.runtime import mlx_policy
+from invar.runtime import sampler as torch_sampler
 from invar.runtime.mlx_learner import MLXLearner, clip_grad_norm, response_logprobs
 from invar.runtime.mlx_policy import MLXPolicy
 from invar.runtime.mlx_sampler import generate as mlx_generate

@@ -14,7 +14,7 @@ import argparse
 import statistics
 import tempfile
 import time
-from typing import Callable
+from collections.abc import Callable
 
 import numpy as np
 import torch

@@ -16,9 +16,10 @@ from __future__ import annotations
 
 import dataclasses
 import json
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 from invar.model.config import RunConfig
 from invar.model.errors import ConfigError

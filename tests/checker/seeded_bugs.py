@@ -15,15 +15,15 @@ which properties the last event violates: the check that a trace really is a cou
 from __future__ import annotations
 
 import types
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
 
 from checker.invar_model import Bounds, InvarModel
 from invar.model import core, schedule
 from invar.model.core import logical_projection, run_complete
 from invar.model.errors import ProtocolError
 from invar.model.invariants import transition_violations, violations
-from invar.model.shell import deliver
 from invar.model.messages import (
     ForwardObserved,
     LaunchRequest,
@@ -33,6 +33,7 @@ from invar.model.messages import (
     RetainVersion,
     VersionPublished,
 )
+from invar.model.shell import deliver
 from invar.model.state import LearnerPhase, Sample, evolve, initial_state
 from invar.model.transitions import learner_accepts
 

@@ -8,7 +8,14 @@ from pathlib import Path
 
 import pytest
 
-from checker import CheckpointError, Checker, CheckResult, Progress, load_checkpoint, save_checkpoint
+from checker import (
+    Checker,
+    CheckpointError,
+    CheckResult,
+    Progress,
+    load_checkpoint,
+    save_checkpoint,
+)
 from checker.examples import TwoPhaseCommit
 
 

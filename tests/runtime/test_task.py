@@ -68,7 +68,7 @@ def test_rewards_match_reward_row_by_row(data):
     responses = np.array(data.draw(st.lists(row, min_size=6, max_size=6)))
     rewards = task.rewards(prompts, responses)
     assert rewards.tolist() == [task.reward(p, r) for p, r in zip(prompts, responses)]
-    assert ((0 <= rewards) & (rewards <= 1)).all()
+    assert ((rewards >= 0) & (rewards <= 1)).all()
 
 
 def test_malformed_inputs_are_refused():

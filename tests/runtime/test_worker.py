@@ -8,10 +8,10 @@ import torch
 
 from invar.model.messages import Completion, LaunchRequest, LoadWeights, WeightsLoaded
 from invar.model.schedule import RequestId
+from invar.runtime.config import reverse_task
 from invar.runtime.policy import Policy, PolicyConfig
 from invar.runtime.task import DigitReversal
 from invar.runtime.weights import state_dict_to_bytes, weights_digest
-from invar.runtime.config import reverse_task
 from invar.runtime.worker import RolloutWorker, WorkerArgs
 
 TASK = DigitReversal(4)
