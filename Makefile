@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: setup test test-all check train bench clean
+.PHONY: setup lint test test-all check train bench clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -15,6 +15,12 @@ $(STAMP): pyproject.toml
 	touch $(STAMP)
 
 setup: $(STAMP)
+
+# ruff, mypy (--strict's flags on invar/model) and the generated parts of spec/PROTOCOL.md.
+lint: $(STAMP)
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/mypy
+	$(PY) spec/generate.py --check
 
 test: $(STAMP)
 	$(PY) -m pytest -m "not slow"
