@@ -106,7 +106,8 @@ def run(spec: Spec, root: Path, base: dict[str, Any], total: int, window_start: 
     run_dir = root / spec.name
     args = command_line(spec, run_dir, base)
     settings = {**base, **spec.sets}
-    log = open(root / f"{spec.name}.log", "wb")
+    # The child writes to it until it ends, after this function returns.
+    log = open(root / f"{spec.name}.log", "wb")  # noqa: SIM115
     load_before = loadavg()
     busy0, children0, self0 = machine_busy_seconds(), children_cpu_seconds(), self_cpu_seconds()
     began = time.perf_counter()

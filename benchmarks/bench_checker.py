@@ -49,7 +49,8 @@ from checker.examples import TwoPhaseCommit, TwoPhaseReadable  # noqa: E402
 from checker.model import PropertyKind, overrides, reachable_states, successors_of  # noqa: E402
 from checker.search import _quiet_gc  # noqa: E402
 
-_ENGINE_FILES = ("engine.py", "bfs.py", "search.py")  # where the sequential BFS calls the model from
+# where the sequential BFS calls the model from
+_ENGINE_FILES = ("engine.py", "bfs.py", "search.py")
 
 TLC_CPU_S = 16.0  # TLC 2.15, one worker, TwoPhase with 7 RMs (the figure)
 TLC_WALL_S = 18.0

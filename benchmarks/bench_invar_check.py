@@ -13,9 +13,9 @@ is still measured: its row shows what its bookkeeping costs.
 
 A search cut by `--max-states` or `--max-depth` is marked incomplete. Under a depth bound
 every configuration explores every state up to that depth, so the reductions' state counts
-stay comparable; under a state bound only states/s is. CPU seconds (this process and its children) are printed next
-to the wall clock, with the load average: on a shared machine, other processes' load
-distorts wall-clock figures.
+stay comparable; under a state bound only states/s is. CPU seconds (this process and its
+children) are printed next to the wall clock, with the load average: on a shared machine,
+other processes' load distorts wall-clock figures.
 """
 
 from __future__ import annotations

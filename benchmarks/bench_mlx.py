@@ -130,7 +130,9 @@ def main() -> None:
         first_call[name] = timed(learner_step(learner, all_rows))  # includes any compiling
 
     # 1. One step on every sample.
-    steps = interleaved({n: learner_step(l, all_rows) for n, l in learners.items()}, repeats)
+    steps = interleaved(
+        {n: learner_step(learner, all_rows) for n, learner in learners.items()}, repeats
+    )
     base = steps["torch"]
     table(f"1. one learner step on {rows} samples (forward + backward + clip + AdamW + digest)",
           [(n, ms(t), f"{t / base:.1f}x", ms(first_call[n])) for n, t in steps.items()],
@@ -301,7 +303,7 @@ def profile_operations(config, rows, positions, repeats) -> None:
             cases[("torch", name)] = torch_run
     results = interleaved(cases, repeats)
     rows_out = []
-    for name, _, torch_run in operations:
+    for name, _, _torch_run in operations:
         mlx_time = results[("mlx", name)]
         torch_time = results.get(("torch", name))
         rows_out.append((name, ms(mlx_time), "" if torch_time is None else ms(torch_time),

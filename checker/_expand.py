@@ -5,8 +5,8 @@ fingerprint and look up).  A single loop full of ``if feature_enabled:`` tests p
 feature on every transition, so the loop is generated from a template holding only the lines a
 given configuration needs (coverage by type or by action, transition properties, a
 fingerprint key, an integer-key fast path, Python's hash as the fingerprint, graph
-recording), compiled once and cached; the parallel engine's workers run it too.  The generated code is plain Python and can be printed
-with ``expander_source(...)`` for inspection.
+recording), compiled once and cached; the parallel engine's workers run it too.  The
+generated code is plain Python and can be printed with ``expander_source(...)`` for inspection.
 """
 
 from __future__ import annotations

@@ -152,13 +152,18 @@ class _SequentialBFS:
             if self.i >= len(self.current) and not self.nxt:
                 self._stop(True, "exhausted")
             else:
-                self._stop(False, "all_decided" if checker.finish_when == "all_decided" else "violation")
+                reason = "all_decided" if checker.finish_when == "all_decided" else "violation"
+                self._stop(False, reason)
             return True
         if checker._stop_requested.is_set():
             self._stop(False, "stop_requested")
             return True
         max_states = checker.max_states
-        if max_states is not None and len(self.visited) >= max_states and (self.i < len(self.current) or self.nxt):
+        if (
+            max_states is not None
+            and len(self.visited) >= max_states
+            and (self.i < len(self.current) or self.nxt)
+        ):
             self._stop(False, "max_states")
             return True
         return False
@@ -183,7 +188,9 @@ class _SequentialBFS:
     def _checkpoint_due(self, now: float) -> float:
         checker = self.checker
         interval = checker.checkpoint_interval
-        return now + interval if (interval is not None and checker.checkpoint_path) else float("inf")
+        if interval is not None and checker.checkpoint_path:
+            return now + interval
+        return float("inf")
 
     def _frontier(self) -> int:
         return len(self.current) - self.i + len(self.nxt)
@@ -217,11 +224,15 @@ class _SequentialBFS:
     def _finish(self) -> Outcome:
         checker = self.checker
         elapsed = self.elapsed_before + time.perf_counter() - self.start
-        if not self.complete and checker.checkpoint_path and self.stop_reason in ("max_states", "stop_requested"):
+        if (
+            not self.complete
+            and checker.checkpoint_path
+            and self.stop_reason in ("max_states", "stop_requested")
+        ):
             self._save_checkpoint()
         if checker.progress:
-            checker.progress(Progress("bfs", self.generated, len(self.visited), self._frontier(), self.max_seen,
-                                      elapsed, done=True))
+            checker.progress(Progress("bfs", self.generated, len(self.visited), self._frontier(),
+                                      self.max_seen, elapsed, done=True))
         return Outcome(
             "bfs",
             self.generated,

@@ -13,7 +13,14 @@ import os
 import pickle
 from typing import Any
 
-__all__ = ["CHECKPOINT_FORMAT", "CHECKPOINT_VERSION", "CheckpointError", "load_checkpoint", "pending_states", "save_checkpoint"]
+__all__ = [
+    "CHECKPOINT_FORMAT",
+    "CHECKPOINT_VERSION",
+    "CheckpointError",
+    "load_checkpoint",
+    "pending_states",
+    "save_checkpoint",
+]
 
 CHECKPOINT_FORMAT = "invar-check/checkpoint"
 CHECKPOINT_VERSION = 1
@@ -50,7 +57,9 @@ def save_checkpoint(path: str | os.PathLike[str], payload: dict[str, Any]) -> in
     return len(blob)
 
 
-def load_checkpoint(path: str | os.PathLike[str], model_signature: str | None = None) -> dict[str, Any]:
+def load_checkpoint(
+    path: str | os.PathLike[str], model_signature: str | None = None
+) -> dict[str, Any]:
     """Read a checkpoint written by `save_checkpoint` (checking format, version, model)."""
     with open(path, "rb") as fh:
         try:
@@ -60,7 +69,9 @@ def load_checkpoint(path: str | os.PathLike[str], model_signature: str | None = 
     if not isinstance(data, dict) or data.get("format") != CHECKPOINT_FORMAT:
         raise CheckpointError(f"{path}: not an invar-check checkpoint")
     if data.get("version") != CHECKPOINT_VERSION:
-        raise CheckpointError(f"{path}: checkpoint version {data.get('version')}, expected {CHECKPOINT_VERSION}")
+        raise CheckpointError(
+            f"{path}: checkpoint version {data.get('version')}, expected {CHECKPOINT_VERSION}"
+        )
     if model_signature is not None and data.get("model") != model_signature:
         raise CheckpointError(
             f"{path}: checkpoint of model {data.get('model')!r}, not of {model_signature!r}"

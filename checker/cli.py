@@ -206,10 +206,12 @@ def load_model(spec: str, kwargs: dict[str, Any]) -> Any:
         model = factory(**kwargs)
     except TypeError as error:
         raise UsageError(f"--model {spec!r}: {attr}(**{kwargs!r}) failed: {error}") from error
-    missing = [m for m in ("init_states", "actions", "next_state") if not callable(getattr(model, m, None))]
+    missing = [
+        m for m in ("init_states", "actions", "next_state") if not callable(getattr(model, m, None))
+    ]
     if missing:
-        raise UsageError(f"--model {spec!r}: {attr}(...) returned {type(model).__name__}, not a model "
-                         f"(no {', '.join(missing)})")
+        raise UsageError(f"--model {spec!r}: {attr}(...) returned {type(model).__name__}, "
+                         f"not a model (no {', '.join(missing)})")
     return model
 
 
@@ -355,7 +357,7 @@ def _describe(b: Bounds) -> str:
 def core_events(trace: Trace, model: InvarModel) -> list[Any]:
     """The events the core saw along a trace, in order (what a regression test replays)."""
     events = []
-    for index, (action, state) in enumerate(trace.steps):
+    for index, (action, _state) in enumerate(trace.steps):
         if action is None:
             continue
         kind, arg = action

@@ -98,7 +98,9 @@ def run_dfs(checker: SearchOptions, ctx: ModelContext) -> Outcome:
             now = time.perf_counter()
             if now >= next_progress:
                 next_progress = now + checker.progress_interval
-                progress(Progress("dfs", generated, len(visited), len(stack), max_seen, now - start))  # type: ignore[misc]
+                progress(  # type: ignore[misc]
+                    Progress("dfs", generated, len(visited), len(stack), max_seen, now - start)
+                )
     if stack:
         complete, stop_reason = False, checker._why_stopped(props)
     elapsed = time.perf_counter() - start

@@ -85,12 +85,16 @@ class ModelContext:
         )
         self.int_keys = self._first_key_is_int()
         self.fp_kind = "stable" if self.int_keys else fingerprints
-        self.fingerprint: Callable[[Hashable], int] = fast_fingerprint if self.fp_kind == "fast" else fingerprint
+        self.fingerprint: Callable[[Hashable], int] = (
+            fast_fingerprint if self.fp_kind == "fast" else fingerprint
+        )
         self.inexact = not self.int_keys
         # With fast fingerprints chosen automatically, a sample of the new states is checked
         # to hash by value (`sample_keys`); a search that meets one that does not restarts.
         self.sampling = False
-        self.is_final: Callable[[Any], bool] | None = model.is_final if overrides(model, "is_final") else None
+        self.is_final: Callable[[Any], bool] | None = (
+            model.is_final if overrides(model, "is_final") else None
+        )
         self.kind_by_type = not overrides(model, "action_kind")
         self.action_kind: Callable[[Any], str] = (
             model.action_kind if hasattr(model, "action_kind") else (lambda a: type(a).__name__)
@@ -113,9 +117,14 @@ class ModelContext:
         self.eventually = by[PropertyKind.EVENTUALLY]
 
     def expand_env(
-        self, visited: dict[int, Any], nxt_append: Callable[[Any], None], cov: Coverage, props: PropertyTracker
+        self,
+        visited: dict[int, Any],
+        nxt_append: Callable[[Any], None],
+        cov: Coverage,
+        props: PropertyTracker,
     ) -> ExpandEnv:
-        """What the hot loop (`checker._expand`) reads: this model's functions and the search's state."""
+        """What the hot loop (`checker._expand`) reads: this model's functions and the search's
+        state."""
         return ExpandEnv(
             succ=self.successors,
             key=self.key,
@@ -197,7 +206,9 @@ class ModelContext:
         try:
             state = inits[chain[0]]
         except KeyError:
-            raise RuntimeError("trace replay failed: no initial state has the recorded fingerprint") from None
+            raise RuntimeError(
+                "trace replay failed: no initial state has the recorded fingerprint"
+            ) from None
         steps: list[tuple[Any, Any]] = [(None, state)]
         fp = self.fp
         for want in chain[1:]:
@@ -264,7 +275,13 @@ class PropertyTracker:
         self.stop = False
 
     def open_count(self) -> int:
-        return len(self.always) + len(self.sometimes) + len(self.transition) + len(self.final) + int(self.deadlock)
+        return (
+            len(self.always)
+            + len(self.sometimes)
+            + len(self.transition)
+            + len(self.final)
+            + int(self.deadlock)
+        )
 
     def record(self, f: Found) -> bool:
         """Keep `f` if it is the first (or a shallower) discovery for its property."""
@@ -320,7 +337,9 @@ class PropertyTracker:
     def check_transition(self, s: Any, fs: int, depth: int, action: Any, t: Any) -> None:
         for name, pred in self.transition:
             if not pred(s, action, t):
-                self.record(Found(name, PropertyKind.TRANSITION.value, depth + 1, fs, action, t, True))
+                self.record(
+                    Found(name, PropertyKind.TRANSITION.value, depth + 1, fs, action, t, True)
+                )
 
     def check_expanded(self, s: Any, fs: int, depth: int, n_succ: int, final: bool) -> None:
         if final:

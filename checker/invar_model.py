@@ -477,7 +477,8 @@ def _event_to_core(world: World, action: tuple) -> Any:
     return None
 
 
-def _phase_move_listed(table: dict[tuple[Any, type], tuple[Any, ...]], internal: dict[Any, tuple[Any, ...]],
+def _phase_move_listed(table: dict[tuple[Any, type], tuple[Any, ...]],
+                       internal: dict[Any, tuple[Any, ...]],
                        phase: Any, event: Any, after: Any) -> bool:
     """Whether `table` (with the core's `internal` moves after it) takes a component from
     `phase` to `after` on the accepted `event` (None: no event of this component's)."""

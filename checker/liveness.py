@@ -47,7 +47,15 @@ def check_eventually(
         path: list[tuple[Any, int, Any]] = []
         iters: list[Iterator[tuple[Any, Any]]] = []
 
-        def push(state: Any, f: int, action: Any) -> PropertyResult | None:
+        # Called only within this iteration of the loop: the defaults bind this iteration's
+        # path and iters explicitly.
+        def push(
+            state: Any,
+            f: int,
+            action: Any,
+            path: list[tuple[Any, int, Any]] = path,
+            iters: list[Iterator[tuple[Any, Any]]] = iters,
+        ) -> PropertyResult | None:
             nonlocal bounded
             path.append((state, f, action))
             on_stack[f] = len(path) - 1
@@ -56,7 +64,9 @@ def check_eventually(
                 return _violation(name, path, None, "a final state is reached without it")
             succs = list(succ(state))
             if not succs:
-                return _violation(name, path, None, "a state without successors is reached without it")
+                return _violation(
+                    name, path, None, "a state without successors is reached without it"
+                )
             if max_depth is not None and len(path) - 1 >= max_depth:
                 bounded = True
                 succs = []
@@ -101,7 +111,9 @@ def check_eventually(
     return PropertyResult(name, "eventually", Verdict.HOLDS, note=note)
 
 
-def _violation(name: str, path: list[tuple[Any, int, Any]], loop: int | None, note: str) -> PropertyResult:
+def _violation(
+    name: str, path: list[tuple[Any, int, Any]], loop: int | None, note: str
+) -> PropertyResult:
     steps = tuple((a, st) for st, _, a in path)
     return PropertyResult(name, "eventually", Verdict.VIOLATED, Trace(steps, loop), note)
 
@@ -175,4 +187,6 @@ def check_livelock(ctx: ModelContext, graph: Any) -> PropertyResult:
     else:
         note = "a non-final state without successors"
     steps = ctx.replay(chain)
-    return PropertyResult("livelock", "livelock", Verdict.VIOLATED, Trace(tuple(steps), loop_start), note)
+    return PropertyResult(
+        "livelock", "livelock", Verdict.VIOLATED, Trace(tuple(steps), loop_start), note
+    )

@@ -138,8 +138,9 @@ class BaseModel(Generic[S, A]):
     """Base class with the defaults of every optional `Model` method.
 
     Subclasses must implement `init_states`, `actions` and `next_state`, and usually
-    `properties`.  `view_state` is a display-only hook used by `checker.report`.  A model may also override `successors` with a fused, faster generator of
-    ``(action, next_state)`` pairs; it must then agree exactly with `actions` + `next_state`
+    `properties`.  `view_state` is a display-only hook used by `checker.report`.  A model may
+    also override `successors` with a fused, faster generator of ``(action, next_state)``
+    pairs; it must then agree exactly with `actions` + `next_state`
     (same pairs, same order, disabled actions skipped), which `check_successors` verifies.
     """
 

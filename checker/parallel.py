@@ -109,7 +109,8 @@ class _Worker:
         # awaiting a verdict); -> _ELSEWHERE for those another worker holds
         self.seen: dict[int, Any] = {}
         self.cur: list[tuple[Any, int]] = []  # its share of the frontier
-        self.ready: list[tuple[Any, int]] = []  # next-level states already visited (a resumed checkpoint's)
+        # next-level states already visited (a resumed checkpoint's)
+        self.ready: list[tuple[Any, int]] = []
         self.pending: list[tuple[Any, int]] = []  # candidates for the next level
 
     def serve(self) -> None:
@@ -125,7 +126,8 @@ class _Worker:
                 self.settle(decided)
                 self.accept(depth, verdicts)
                 given = []
-                if give:  # to even the levels out: states with their parents, no longer this worker's
+                # to even the levels out: states with their parents, no longer this worker's
+                if give:
                     for t, g in self.cur[-give:]:
                         given.append((t, g, self.seen[g]))
                         self.seen[g] = _ELSEWHERE
@@ -187,7 +189,9 @@ class _Worker:
                 seen[g] = _ELSEWHERE
         self.cur, self.ready, self.pending = cur, [], []
 
-    def step(self, depth: int, verdicts: bytes | None, decided: list[str], expand_ok: bool) -> dict[str, Any]:
+    def step(
+        self, depth: int, verdicts: bytes | None, decided: list[str], expand_ok: bool
+    ) -> dict[str, Any]:
         began = time.process_time()
         self.settle(decided)
         self.accept(depth, verdicts)
@@ -248,7 +252,9 @@ class _Pool:
         try:
             status, payload = self.conns[w].recv()
         except EOFError:
-            raise RuntimeError(f"checker worker {w} died (exit code {self.procs[w].exitcode})") from None
+            raise RuntimeError(
+                f"checker worker {w} died (exit code {self.procs[w].exitcode})"
+            ) from None
         if status == "error":
             raise RuntimeError(f"checker worker {w} failed:\n{payload}")
         return payload
@@ -308,8 +314,8 @@ def run_parallel_bfs(checker: SearchOptions, ctx: ModelContext) -> Outcome:
     elapsed_before = 0.0
     base_cov: dict[str, int] = {}
     visited: dict[int, int] = {}  # fingerprint -> the worker holding its state
-    pool = _Pool(n, checker.model, _WorkerOptions(checker.check_deadlock, checker.coverage, ctx.fp_kind,
-                                                  ctx.sampling))
+    options = _WorkerOptions(checker.check_deadlock, checker.coverage, ctx.fp_kind, ctx.sampling)
+    pool = _Pool(n, checker.model, options)
 
     def merge(events: list[Found]) -> None:
         for f in events:
@@ -321,7 +327,9 @@ def run_parallel_bfs(checker: SearchOptions, ctx: ModelContext) -> Outcome:
             levels = sorted(data["levels"], key=lambda lv: lv[0])
             depth = levels[0][0] if levels else data["depth"]
             cur_parts = _partition(list(levels[0][1]) if levels else [], n, lambda it: it[1])
-            ready_parts = _partition(list(levels[1][1]) if len(levels) > 1 else [], n, lambda it: it[1])
+            ready_parts = _partition(
+                list(levels[1][1]) if len(levels) > 1 else [], n, lambda it: it[1]
+            )
             seen_parts: list[dict[int, int]] = [{} for _ in range(n)]
             for g, parent in data["visited"].items():
                 w = owner_of(g, n)
@@ -352,8 +360,10 @@ def run_parallel_bfs(checker: SearchOptions, ctx: ModelContext) -> Outcome:
                 cur_parts[w].append((s, g))
                 if props.wants_new:
                     props.check_new(s, g, 0)
-        for reply in pool.call_all([("load", depth, seen_parts[w], cur_parts[w], ready_parts[w], pending_parts[w])
-                                    for w in range(n)]):
+        for reply in pool.call_all(
+            [("load", depth, seen_parts[w], cur_parts[w], ready_parts[w], pending_parts[w])
+             for w in range(n)]
+        ):
             merge(reply["events"])
         del seen_parts, cur_parts, ready_parts, pending_parts
 
@@ -363,7 +373,11 @@ def run_parallel_bfs(checker: SearchOptions, ctx: ModelContext) -> Outcome:
         ck_interval = checker.checkpoint_interval
         now = time.perf_counter()
         next_progress = now + checker.progress_interval if progress else float("inf")
-        next_ck = now + ck_interval if (ck_interval is not None and checker.checkpoint_path) else float("inf")
+        next_ck = (
+            now + ck_interval
+            if (ck_interval is not None and checker.checkpoint_path)
+            else float("inf")
+        )
         complete, stop_reason = True, "exhausted"
         frontier = 0
         verdicts: Sequence[bytes | None] = [None] * n
@@ -380,8 +394,10 @@ def run_parallel_bfs(checker: SearchOptions, ctx: ModelContext) -> Outcome:
             given: list[Any] = []
             if any(v is not None for v in verdicts):
                 decided = sorted(props.found)
-                for w, reply in enumerate(pool.call_all([("accept", depth, verdicts[w], decided, give[w] if give else 0)
-                                                         for w in range(n)])):
+                for _w, reply in enumerate(pool.call_all(
+                    [("accept", depth, verdicts[w], decided, give[w] if give else 0)
+                     for w in range(n)]
+                )):
                     merge(reply["events"])
                     given.extend(reply["given"])
                 verdicts = [None] * n
@@ -408,7 +424,9 @@ def run_parallel_bfs(checker: SearchOptions, ctx: ModelContext) -> Outcome:
         while True:
             expand_ok = max_depth is None or depth < max_depth
             decided = sorted(props.found)
-            replies = pool.call_all([("step", depth, verdicts[w], decided, expand_ok) for w in range(n)])
+            replies = pool.call_all(
+                [("step", depth, verdicts[w], decided, expand_ok) for w in range(n)]
+            )
             verdicts = [None] * n
             generated += sum(r["generated"] for r in replies)
             frontier = sum(r["frontier"] for r in replies)
@@ -452,13 +470,25 @@ def run_parallel_bfs(checker: SearchOptions, ctx: ModelContext) -> Outcome:
                     settle()
                     _write_checkpoint(checker, pool, depth, generated, max_seen, props.found,
                                       _coverage(pool, base_cov), elapsed_before + now - start)
-                next_ck = now + ck_interval if (ck_interval is not None and checker.checkpoint_path) else float("inf")
+                next_ck = (
+                    now + ck_interval
+                    if (ck_interval is not None and checker.checkpoint_path)
+                    else float("inf")
+                )
         coverage = _coverage(pool, base_cov)
         elapsed = elapsed_before + time.perf_counter() - start
-        if not complete and checker.checkpoint_path and stop_reason in ("max_states", "stop_requested"):
-            _write_checkpoint(checker, pool, depth, generated, max_seen, props.found, coverage, elapsed)
+        if (
+            not complete
+            and checker.checkpoint_path
+            and stop_reason in ("max_states", "stop_requested")
+        ):
+            _write_checkpoint(
+                checker, pool, depth, generated, max_seen, props.found, coverage, elapsed
+            )
         if progress:
-            progress(Progress("bfs", generated, len(visited), frontier, max_seen, elapsed, done=True))
+            progress(
+                Progress("bfs", generated, len(visited), frontier, max_seen, elapsed, done=True)
+            )
         # Rebuild the parent chains now, while the workers are alive.
         chains: dict[int, int] = {}
         for f in props.found.values():
@@ -469,12 +499,13 @@ def run_parallel_bfs(checker: SearchOptions, ctx: ModelContext) -> Outcome:
         found: dict[str, Found] = dict(props.found)
     finally:
         pool.close()
-    outcome = Outcome("bfs", generated, len(visited), max_seen, elapsed, coverage, complete, stop_reason, found,
-                      chains.__getitem__, None, processes=n)
+    outcome = Outcome("bfs", generated, len(visited), max_seen, elapsed, coverage, complete,
+                      stop_reason, found, chains.__getitem__, None, processes=n)
     outcome.notes.append(
         f"states expanded per worker: {', '.join(f'{e:,}' for e in expanded)}; "
-        f"CPU seconds in the workers' steps: {', '.join(f'{c:.2f}' for c in worker_cpu)}; the slowest "
-        f"worker's, level by level: {critical:.2f}; the coordinator's judging: {judging:.2f} (on {n} idle "
+        f"CPU seconds in the workers' steps: {', '.join(f'{c:.2f}' for c in worker_cpu)}; "
+        f"the slowest worker's, level by level: {critical:.2f}; "
+        f"the coordinator's judging: {judging:.2f} (on {n} idle "
         f"cores the search would take about {critical + judging:.2f} s)"
     )
     return outcome

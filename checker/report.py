@@ -72,7 +72,10 @@ def summary_table(result: CheckResult) -> Table:
     table.add_column("trace", justify="right")
     table.add_column("note")
     for p in result.properties.values():
-        length = "" if p.trace is None else str(len(p.trace)) + (" (lasso)" if p.trace.is_lasso else "")
+        length = (
+            "" if p.trace is None
+            else str(len(p.trace)) + (" (lasso)" if p.trace.is_lasso else "")
+        )
         table.add_row(p.name, p.kind, _verdict_text(p), length, p.note)
     return table
 
@@ -110,8 +113,15 @@ def render_trace(
 def fingerprint_line(result: CheckResult) -> str:
     """Which fingerprints were used, and the chance that a collision hid a state (as TLC)."""
     if result.fingerprints == "exact":
-        return "fingerprints: exact (every state is an int, its own fingerprint): no collision possible"
-    kind = "fast (Python's hash, in this process)" if result.fingerprints == "fast" else "stable (SHA-1, 64 bits)"
+        return (
+            "fingerprints: exact (every state is an int, its own fingerprint): "
+            "no collision possible"
+        )
+    kind = (
+        "fast (Python's hash, in this process)"
+        if result.fingerprints == "fast"
+        else "stable (SHA-1, 64 bits)"
+    )
     return (
         f"fingerprints: {kind}; probability that a collision hid a state, calculated (optimistic) "
         f"as TLC does: {result.collision_probability:.1e}"
@@ -130,7 +140,8 @@ def print_result(
     s = result
     console.print(
         f"[bold]{s.strategy}[/bold] ({s.processes} process{'es' if s.processes > 1 else ''}): "
-        f"{s.states_generated:,} states generated, {s.distinct_states:,} distinct, depth {s.max_depth}, "
+        f"{s.states_generated:,} states generated, {s.distinct_states:,} distinct, "
+        f"depth {s.max_depth}, "
         f"{s.duration_s:.2f} s ({s.states_per_s:,.0f} distinct states/s); "
         f"{'complete' if s.complete else 'incomplete: ' + s.stop_reason}"
     )
@@ -146,4 +157,5 @@ def print_result(
     view = getattr(model, "view_state", None) if model is not None else None
     for p in result.properties.values():
         if p.verdict is Verdict.VIOLATED and p.trace is not None:
-            console.print(render_trace(p.trace, fmt, view, title=f"counterexample for {p.name!r} ({p.kind})"))
+            title = f"counterexample for {p.name!r} ({p.kind})"
+            console.print(render_trace(p.trace, fmt, view, title=title))

@@ -121,7 +121,11 @@ class CheckResult:
     @property
     def violations(self) -> list[PropertyResult]:
         """The failing properties (violated or not reached)."""
-        return [p for p in self.properties.values() if p.verdict in (Verdict.VIOLATED, Verdict.NOT_REACHED)]
+        return [
+            p
+            for p in self.properties.values()
+            if p.verdict in (Verdict.VIOLATED, Verdict.NOT_REACHED)
+        ]
 
     def verdict(self, name: str) -> Verdict:
         return self.properties[name].verdict

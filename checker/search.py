@@ -143,7 +143,9 @@ class Checker(Generic[S, A]):
         if finish_when not in FINISH_MODES:
             raise ValueError(f"finish_when must be one of {FINISH_MODES}, not {finish_when!r}")
         if fingerprints not in FINGERPRINT_MODES:
-            raise ValueError(f"fingerprints must be one of {FINGERPRINT_MODES}, not {fingerprints!r}")
+            raise ValueError(
+                f"fingerprints must be one of {FINGERPRINT_MODES}, not {fingerprints!r}"
+            )
         if fingerprints == "fast" and (checkpoint_path or resume_from):
             raise ValueError(
                 "fast fingerprints are valid in one process only: checkpoints need "
@@ -301,14 +303,18 @@ class Checker(Generic[S, A]):
             elif hit is None:
                 results[prop.name] = PropertyResult(prop.name, kind, Verdict.HOLDS)
             else:
-                results[prop.name] = PropertyResult(prop.name, kind, Verdict.VIOLATED, self._trace_of(ctx, outcome, hit))
+                results[prop.name] = PropertyResult(
+                    prop.name, kind, Verdict.VIOLATED, self._trace_of(ctx, outcome, hit)
+                )
         for name, pred in ctx.eventually:
             if outcome.strategy == "simulate":
                 hit = found.get(name)
                 if hit is not None:
                     results[name] = PropertyResult(name, "eventually", Verdict.VIOLATED, hit.trace)
                 else:
-                    results[name] = PropertyResult(name, "eventually", Verdict.HOLDS, note="on the simulated walks")
+                    results[name] = PropertyResult(
+                        name, "eventually", Verdict.HOLDS, note="on the simulated walks"
+                    )
                 continue
             results[name] = check_eventually(ctx, name, pred, self.max_depth, self.max_states)
         if self.check_deadlock:
@@ -322,7 +328,10 @@ class Checker(Generic[S, A]):
         if self.check_livelock:
             if outcome.graph is None or not outcome.complete:
                 results["livelock"] = PropertyResult(
-                    "livelock", "livelock", Verdict.UNKNOWN, note="needs a complete search with the graph recorded"
+                    "livelock",
+                    "livelock",
+                    Verdict.UNKNOWN,
+                    note="needs a complete search with the graph recorded",
                 )
             else:
                 results["livelock"] = check_livelock(ctx, outcome.graph)
@@ -341,7 +350,11 @@ class Checker(Generic[S, A]):
             graph=outcome.graph,
             notes=list(outcome.notes),
             fingerprints=kind,
-            collision_probability=0.0 if kind == "exact" else collision_probability(outcome.distinct, outcome.generated),
+            collision_probability=(
+                0.0
+                if kind == "exact"
+                else collision_probability(outcome.distinct, outcome.generated)
+            ),
         )
 
 
@@ -358,5 +371,7 @@ def check(model: Any, strategy: str = "bfs", **options: Any) -> CheckResult:
     if strategy == "dfs":
         return checker.dfs()
     if strategy == "simulate":
-        return checker.simulate(sim.get("runs", 100), sim.get("sim_depth", 1000), sim.get("seed", 0))
+        return checker.simulate(
+            sim.get("runs", 100), sim.get("sim_depth", 1000), sim.get("seed", 0)
+        )
     raise ValueError(f"unknown strategy {strategy!r} (bfs, dfs, simulate)")

@@ -14,7 +14,9 @@ from checker.trace import Trace
 __all__ = ["run_simulation"]
 
 
-def run_simulation(checker: SearchOptions, ctx: ModelContext, runs: int, max_depth: int, seed: int) -> Outcome:
+def run_simulation(
+    checker: SearchOptions, ctx: ModelContext, runs: int, max_depth: int, seed: int
+) -> Outcome:
     rng = random.Random(seed)
     props = PropertyTracker(ctx, checker.finish_when)
     start = time.perf_counter()
@@ -46,7 +48,9 @@ def run_simulation(checker: SearchOptions, ctx: ModelContext, runs: int, max_dep
             if fin or not succs:
                 _check_end(props, s, f, depth, len(succs), fin, path)
                 for name, _p in ev_open:
-                    ev_found.setdefault(name, Found(name, "eventually", depth, f, trace=Trace(tuple(path))))
+                    ev_found.setdefault(
+                        name, Found(name, "eventually", depth, f, trace=Trace(tuple(path)))
+                    )
                 break
             if depth == max_depth:
                 break
@@ -58,8 +62,9 @@ def run_simulation(checker: SearchOptions, ctx: ModelContext, runs: int, max_dep
             if props.transition:
                 for name, pred in props.transition:
                     if not pred(s, a, t):
+                        trace = Trace(tuple(path))
                         props.record(
-                            Found(name, "transition", depth + 1, f, a, t, True, trace=Trace(tuple(path)))
+                            Found(name, "transition", depth + 1, f, a, t, True, trace=trace)
                         )
             g = ctx.fp(t)
             seen.add(g)
@@ -71,8 +76,9 @@ def run_simulation(checker: SearchOptions, ctx: ModelContext, runs: int, max_dep
                 if g in index and ev_open:
                     loop = index[g]
                     for name, _p in ev_open:
+                        trace = Trace(tuple(path), loop)
                         ev_found.setdefault(
-                            name, Found(name, "eventually", depth + 1, g, trace=Trace(tuple(path), loop))
+                            name, Found(name, "eventually", depth + 1, g, trace=trace)
                         )
                     ev_open = []
                 index.setdefault(g, depth + 1)
@@ -82,7 +88,9 @@ def run_simulation(checker: SearchOptions, ctx: ModelContext, runs: int, max_dep
         now = time.perf_counter()
         if now >= next_progress:
             next_progress = now + checker.progress_interval
-            progress(Progress("simulate", generated, len(seen), runs - runs_done, max_seen, now - start))  # type: ignore[misc]
+            progress(  # type: ignore[misc]
+                Progress("simulate", generated, len(seen), runs - runs_done, max_seen, now - start)
+            )
     elapsed = time.perf_counter() - start
     if progress:
         progress(Progress("simulate", generated, len(seen), 0, max_seen, elapsed, done=True))
@@ -115,7 +123,13 @@ def _check_state(props: PropertyTracker, s: Any, f: int, path: list[tuple[Any, A
 
 
 def _check_end(
-    props: PropertyTracker, s: Any, f: int, depth: int, n: int, fin: bool, path: list[tuple[Any, Any]]
+    props: PropertyTracker,
+    s: Any,
+    f: int,
+    depth: int,
+    n: int,
+    fin: bool,
+    path: list[tuple[Any, Any]],
 ) -> None:
     if fin:
         for name, pred in props.final:

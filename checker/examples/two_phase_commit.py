@@ -43,7 +43,6 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Union
 
 from checker.model import BaseModel, Property
 
@@ -103,7 +102,15 @@ class RMRcvAbortMsg:
     rm: int
 
 
-TwoPhaseAction = Union[TMRcvPrepared, TMCommit, TMAbort, RMPrepare, RMChooseToAbort, RMRcvCommitMsg, RMRcvAbortMsg]
+TwoPhaseAction = (
+    TMRcvPrepared
+    | TMCommit
+    | TMAbort
+    | RMPrepare
+    | RMChooseToAbort
+    | RMRcvCommitMsg
+    | RMRcvAbortMsg
+)
 
 
 @dataclass(frozen=True)
@@ -227,7 +234,9 @@ class TwoPhaseCommit(BaseModel[int, TwoPhaseAction]):
             yield self._tm_abort, state | (_TM_ABORTED << self._tm_shift) | self._abort_bit
         commit = state & self._commit_bit
         abort = state & self._abort_bit
-        for mask, prepared, committed, aborted, tmp, msg, rcvp, prep, choose, rcvc, rcva in self._rm_table:
+        for (
+            mask, prepared, committed, aborted, tmp, msg, rcvp, prep, choose, rcvc, rcva
+        ) in self._rm_table:
             if tm_init and state & msg:
                 yield rcvp, state | tmp
             if state & mask == 0:
@@ -266,7 +275,11 @@ class TwoPhaseCommit(BaseModel[int, TwoPhaseAction]):
     def rm_triples(self, state: int) -> list[tuple[int, int, int]]:
         """(rmState, in tmPrepared, Prepared msg sent) per RM."""
         return [
-            ((state >> (2 * i)) & 3, (state >> (self._tmp_shift + i)) & 1, (state >> (self._msg_shift + i)) & 1)
+            (
+                (state >> (2 * i)) & 3,
+                (state >> (self._tmp_shift + i)) & 1,
+                (state >> (self._msg_shift + i)) & 1,
+            )
             for i in range(self.rms)
         ]
 

@@ -96,7 +96,9 @@ class TwoPhaseReadable(BaseModel[TwoPhaseState, TwoPhaseAction]):
 
     def rm_prepare(self, s: TwoPhaseState, rm: int) -> TwoPhaseState | None:
         if s.rm_state[rm] == "working":
-            return s._replace(rm_state=_set(s.rm_state, rm, "prepared"), msgs=s.msgs | {Message("Prepared", rm)})
+            return s._replace(
+                rm_state=_set(s.rm_state, rm, "prepared"), msgs=s.msgs | {Message("Prepared", rm)}
+            )
         return None
 
     def rm_choose_to_abort(self, s: TwoPhaseState, rm: int) -> TwoPhaseState | None:
@@ -120,7 +122,13 @@ class TwoPhaseReadable(BaseModel[TwoPhaseState, TwoPhaseAction]):
         """Every action of the spec, in its order (disabled ones give ``None`` below)."""
         out: list[TwoPhaseAction] = [TMCommit(), TMAbort()]
         for rm in range(self.rms):
-            out += [TMRcvPrepared(rm), RMPrepare(rm), RMChooseToAbort(rm), RMRcvCommitMsg(rm), RMRcvAbortMsg(rm)]
+            out += [
+                TMRcvPrepared(rm),
+                RMPrepare(rm),
+                RMChooseToAbort(rm),
+                RMRcvCommitMsg(rm),
+                RMRcvAbortMsg(rm),
+            ]
         return out
 
     def next_state(self, s: TwoPhaseState, action: TwoPhaseAction) -> TwoPhaseState | None:
@@ -156,18 +164,30 @@ class TwoPhaseReadable(BaseModel[TwoPhaseState, TwoPhaseAction]):
                 yield TMRcvPrepared(rm), TwoPhaseState(rm_state, tm_state, tm_prepared | {rm}, msgs)
             if phase == "working":
                 prepared = Message("Prepared", rm)
-                yield RMPrepare(rm), TwoPhaseState(_set(rm_state, rm, "prepared"), tm_state, tm_prepared, msgs | {prepared})
-                yield RMChooseToAbort(rm), TwoPhaseState(_set(rm_state, rm, "aborted"), tm_state, tm_prepared, msgs)
+                yield RMPrepare(rm), TwoPhaseState(
+                    _set(rm_state, rm, "prepared"), tm_state, tm_prepared, msgs | {prepared}
+                )
+                yield RMChooseToAbort(rm), TwoPhaseState(
+                    _set(rm_state, rm, "aborted"), tm_state, tm_prepared, msgs
+                )
             if commit:
-                yield RMRcvCommitMsg(rm), TwoPhaseState(_set(rm_state, rm, "committed"), tm_state, tm_prepared, msgs)
+                yield RMRcvCommitMsg(rm), TwoPhaseState(
+                    _set(rm_state, rm, "committed"), tm_state, tm_prepared, msgs
+                )
             if abort:
-                yield RMRcvAbortMsg(rm), TwoPhaseState(_set(rm_state, rm, "aborted"), tm_state, tm_prepared, msgs)
+                yield RMRcvAbortMsg(rm), TwoPhaseState(
+                    _set(rm_state, rm, "aborted"), tm_state, tm_prepared, msgs
+                )
 
     def properties(self) -> list[Property]:
         return [
             Property.always("consistent", self.consistent),
-            Property.sometimes("commit agreement", lambda s: all(p == "committed" for p in s.rm_state)),
-            Property.sometimes("abort agreement", lambda s: all(p == "aborted" for p in s.rm_state)),
+            Property.sometimes(
+                "commit agreement", lambda s: all(p == "committed" for p in s.rm_state)
+            ),
+            Property.sometimes(
+                "abort agreement", lambda s: all(p == "aborted" for p in s.rm_state)
+            ),
         ]
 
     @staticmethod

@@ -68,7 +68,9 @@ def learner_accepts(phase: L, event_type: type) -> bool:
     return bool(LEARNER.get((phase, event_type)))
 
 
-def with_internal_moves(targets: Iterable[Any], internal: Mapping[Any, tuple[Any, ...]]) -> set[Any]:
+def with_internal_moves(
+    targets: Iterable[Any], internal: Mapping[Any, tuple[Any, ...]]
+) -> set[Any]:
     """The phases `targets` and every phase the core's `internal` moves (`LEARNER_INTERNAL`,
     `WORKER_INTERNAL`) take them to in the same step."""
     reached = set(targets)

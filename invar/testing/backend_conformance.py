@@ -63,7 +63,7 @@ CONFIG = PolicyConfig(max_len=TASK.sequence_length)
 START = TASK.prompt_length  # where responses begin in a sequence
 
 
-# -- adapters: one per framework ----------------------------------------------------------------------------------
+# -- adapters: one per framework -----------------------------------------------------------------
 
 
 def decoupled_ppo_loss(ops, current, proximal, behavior, advantages, config):

@@ -234,7 +234,9 @@ def test_parallel_bfs_gives_the_same_counts(rms: int) -> None:
         seq.max_depth,
     )
     assert par.coverage == seq.coverage
-    assert {n: p.verdict for n, p in par.properties.items()} == {n: p.verdict for n, p in seq.properties.items()}
+    assert {n: p.verdict for n, p in par.properties.items()} == {
+        n: p.verdict for n, p in seq.properties.items()
+    }
     # sometimes-witnesses are shortest in both
     for name in ("commit agreement", "abort agreement"):
         assert len(par.witness(name)) == len(seq.witness(name))

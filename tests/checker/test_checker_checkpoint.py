@@ -21,9 +21,15 @@ from checker.examples import TwoPhaseCommit
 
 def _same(a: CheckResult, b: CheckResult) -> None:
     assert a.complete and b.complete
-    assert (a.distinct_states, a.states_generated, a.max_depth) == (b.distinct_states, b.states_generated, b.max_depth)
+    assert (a.distinct_states, a.states_generated, a.max_depth) == (
+        b.distinct_states,
+        b.states_generated,
+        b.max_depth,
+    )
     assert a.coverage == b.coverage
-    assert {n: p.verdict for n, p in a.properties.items()} == {n: p.verdict for n, p in b.properties.items()}
+    assert {n: p.verdict for n, p in a.properties.items()} == {
+        n: p.verdict for n, p in b.properties.items()
+    }
     for name, p in a.properties.items():
         q = b.properties[name]
         assert (p.trace is None) == (q.trace is None)
@@ -87,7 +93,9 @@ def test_periodic_checkpoints(tmp_path: Path, reference: CheckResult) -> None:
     checker = Checker(model, checkpoint_path=path, checkpoint_interval=0.0)
     _same(checker.bfs(), reference)
     assert checker.checkpoints_written > 1
-    par = Checker(model, checkpoint_path=tmp_path / "par.ckpt", checkpoint_interval=0.0, processes=2)
+    par = Checker(
+        model, checkpoint_path=tmp_path / "par.ckpt", checkpoint_interval=0.0, processes=2
+    )
     _same(par.bfs(), reference)
     assert par.checkpoints_written > 1
     _same(Checker(model, resume_from=tmp_path / "par.ckpt").bfs(), reference)
@@ -101,7 +109,10 @@ def test_a_violation_found_before_the_interruption_survives(tmp_path: Path) -> N
     assert part.counterexample("consistent") is not None  # found at depth 3
     resumed = Checker(model, resume_from=path, finish_when="exhausted").bfs()
     _same(resumed, whole)
-    assert resumed.counterexample("consistent").actions == whole.counterexample("consistent").actions
+    assert (
+        resumed.counterexample("consistent").actions
+        == whole.counterexample("consistent").actions
+    )
 
 
 def test_resume_refuses_another_model_or_garbage(tmp_path: Path) -> None:

@@ -14,7 +14,9 @@ from checker.cli import UsageError, main, parse_model_args
 READABLE = "checker.examples.two_phase_readable:TwoPhaseReadable"
 
 
-def test_the_readable_2pc_from_the_command_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_the_readable_2pc_from_the_command_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     out = tmp_path / "r.json"
     assert main(["--model", READABLE, "--arg", "rms=3", "--quiet", "--json", str(out)]) == 0
     doc = json.loads(out.read_text())
@@ -28,10 +30,18 @@ def test_the_readable_2pc_from_the_command_line(tmp_path: Path, capsys: pytest.C
 
 def test_a_violation_exits_1_with_its_trace_in_the_json(tmp_path: Path) -> None:
     out = tmp_path / "r.json"
-    code = main(["--model", READABLE, "--arg", "rms=3", "--arg", "buggy=true", "--quiet", "--json", str(out)])
+    code = main(
+        ["--model", READABLE, "--arg", "rms=3", "--arg", "buggy=true", "--quiet",
+         "--json", str(out)]
+    )
     assert code == 1
     trace = json.loads(out.read_text())["counterexamples"]["consistent"]
-    assert [s["action"] for s in trace["steps"]] == [None, "TMCommit", "RMChooseToAbort(0)", "RMRcvCommitMsg(1)"]
+    assert [s["action"] for s in trace["steps"]] == [
+        None,
+        "TMCommit",
+        "RMChooseToAbort(0)",
+        "RMRcvCommitMsg(1)",
+    ]
     assert trace["steps"][-1]["state"]["rm_state"] == ["aborted", "committed", "working"]
 
 
@@ -49,7 +59,9 @@ def test_search_options_apply(tmp_path: Path, capsys: pytest.CaptureFixture[str]
     assert main(["--model", READABLE, "--arg", "rms=3", "--fingerprints", "stable", "--quiet"]) == 0
     assert "fingerprints: stable" in capsys.readouterr().out
     dot, graphml = tmp_path / "g.dot", tmp_path / "g.graphml"
-    assert main(["--model", READABLE, "--arg", "rms=2", "--quiet", "--dot", str(dot), "--graphml", str(graphml)]) == 0
+    args = ["--model", READABLE, "--arg", "rms=2", "--quiet",
+            "--dot", str(dot), "--graphml", str(graphml)]
+    assert main(args) == 0
     assert dot.read_text().startswith("digraph states {")
     assert nx.read_graphml(graphml).number_of_nodes() == 56
 
@@ -88,7 +100,10 @@ def test_a_users_own_model_in_the_current_folder(tmp_path: Path, monkeypatch: py
     monkeypatch.chdir(tmp_path)
     assert main(["--model", "my_clock:make", "--arg", "hours=24", "--quiet"]) == 0
     assert "24 distinct" in capsys.readouterr().out
-    assert main(["--model", "my_clock:Clock", "--arg", "hours=5", "--arg", "stuck_at=2", "--quiet"]) == 1
+    assert (
+        main(["--model", "my_clock:Clock", "--arg", "hours=5", "--arg", "stuck_at=2", "--quiet"])
+        == 1
+    )
     assert "deadlock" in capsys.readouterr().out
 
 
@@ -118,7 +133,8 @@ def test_bad_input_exits_2_saying_what_is_wrong(argv: list[str], message: str,
 
 
 def test_arguments_are_json_when_they_parse_else_strings() -> None:
-    assert parse_model_args(["n=7", "on=true", "x=1.5", "xs=[1, 2]", "s=\"7\"", "name=alice", "empty="]) == {
-        "n": 7, "on": True, "x": 1.5, "xs": [1, 2], "s": "7", "name": "alice", "empty": ""}
+    assert parse_model_args(
+        ["n=7", "on=true", "x=1.5", "xs=[1, 2]", "s=\"7\"", "name=alice", "empty="]
+    ) == {"n": 7, "on": True, "x": 1.5, "xs": [1, 2], "s": "7", "name": "alice", "empty": ""}
     with pytest.raises(UsageError):
         parse_model_args(["1x=2"])

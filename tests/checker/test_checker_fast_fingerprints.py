@@ -15,7 +15,7 @@ from checker import BaseModel, Checker, Property
 from checker.examples import TwoPhaseCommit, TwoPhaseReadable
 from checker.fingerprint import collision_probability, hashes_by_value
 
-# --------------------------------------------------------------------------- which states hash by value
+# -------------------------------------------------------------------- which states hash by value
 
 
 class Phase(enum.Enum):
@@ -65,7 +65,9 @@ class NoEq:
 
 def test_ordinary_states_hash_by_value() -> None:
     node = Node(Phase.BUSY, Point(1, "a"), frozenset({Envelope("k", body=[1, 2])}))
-    for key in (0, "s", b"b", 1.5, None, True, (1, ("a", None)), frozenset({1, 2}), Phase.IDLE, node):
+    for key in (
+        0, "s", b"b", 1.5, None, True, (1, ("a", None)), frozenset({1, 2}), Phase.IDLE, node
+    ):
         assert hashes_by_value(key) is None, key
 
 
@@ -94,7 +96,9 @@ def test_collision_probability_is_tlcs_optimistic_estimate() -> None:
 class Hidden(BaseModel[tuple, str]):
     """A counter whose states from `at` on carry a new `payload()` (None before)."""
 
-    def __init__(self, payload: Callable[[], object] | None, at: int = 300, limit: int = 600) -> None:
+    def __init__(
+        self, payload: Callable[[], object] | None, at: int = 300, limit: int = 600
+    ) -> None:
         self.payload, self.at, self.limit = payload, at, limit
 
     def init_states(self) -> list[tuple]:
@@ -154,7 +158,8 @@ def test_dfs_and_simulation_sample_states_too() -> None:
 
 def test_states_that_hash_by_value_get_fast_fingerprints_ints_exact_ones() -> None:
     assert Checker(Hidden(None)).bfs().fingerprints == "fast"
-    assert Checker(Hidden(lambda: Node(Phase.BUSY, Point(1, "a"), frozenset()))).bfs().fingerprints == "fast"
+    hidden = Hidden(lambda: Node(Phase.BUSY, Point(1, "a"), frozenset()))
+    assert Checker(hidden).bfs().fingerprints == "fast"
     packed = Checker(TwoPhaseCommit(3)).bfs()
     assert packed.fingerprints == "exact" and packed.collision_probability == 0.0
     readable = Checker(TwoPhaseReadable(3)).bfs()
@@ -169,7 +174,8 @@ def test_an_initial_state_that_does_not_hash_by_value_means_stable_from_the_star
 
 def test_fingerprints_leaving_the_process_are_stable(tmp_path: Path) -> None:
     model = TwoPhaseReadable(3)
-    assert Checker(model, checkpoint_path=tmp_path / "c", max_states=50).bfs().fingerprints == "stable"
+    checkpointed = Checker(model, checkpoint_path=tmp_path / "c", max_states=50)
+    assert checkpointed.bfs().fingerprints == "stable"
     for options in ({"checkpoint_path": tmp_path / "c"}, {"resume_from": tmp_path / "c"}):
         with pytest.raises(ValueError, match="stable"):
             Checker(model, fingerprints="fast", **options)  # type: ignore[arg-type]

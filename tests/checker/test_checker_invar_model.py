@@ -127,7 +127,9 @@ def test_shortest_counterexample_is_pinned(monkeypatch: pytest.MonkeyPatch) -> N
     assert [model.format_action(a) for a in trace.actions] == DUPLICATE_COMPLETION_PATH
 
 
-def test_a_phase_move_the_table_does_not_list_is_a_violation(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_phase_move_the_table_does_not_list_is_a_violation(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     """The phase tables are authoritative: strike the last StepFinished's move to COMMITTING
     from the learner table (the handler still makes it, and `learner_accepts` still accepts
     the event) and `phase_moves_are_listed` finds the unlisted move."""

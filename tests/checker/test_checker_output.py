@@ -122,7 +122,9 @@ def test_diff_states_shows_only_changed_leaves() -> None:
     assert diff_states((1, 2), (1, 2, 3)) == ["state: (1, 2) -> (1, 2, 3)"]
     assert diff_states(3, 4) == ["state: 3 -> 4"]
     assert diff_states(Pair(1, (2, 3)), Pair(1, (2, 4))) == ["right[1]: 3 -> 4"]
-    assert diff_states(Inner(1, ()), State("y", Inner(1, ()), frozenset(), {}))[0].startswith("state: Inner(")
+    assert diff_states(Inner(1, ()), State("y", Inner(1, ()), frozenset(), {}))[0].startswith(
+        "state: Inner("
+    )
 
 
 # --------------------------------------------------------------------------- JSON
@@ -131,9 +133,16 @@ def test_diff_states_shows_only_changed_leaves() -> None:
 def test_trace_to_json_default_and_custom_encoders() -> None:
     model = TwoPhaseCommit(3, buggy=True)
     trace = Checker(model).bfs().counterexample("consistent")
-    doc = json.loads(trace_to_json(trace, model.format_action, lambda s: to_jsonable(model.view_state(s))))
+    doc = json.loads(
+        trace_to_json(trace, model.format_action, lambda s: to_jsonable(model.view_state(s)))
+    )
     assert doc["length"] == 3 and doc["loop_start"] is None
-    assert [s["action"] for s in doc["steps"]] == [None, "TMCommit", "RMChooseToAbort(0)", "RMRcvCommitMsg(1)"]
+    assert [s["action"] for s in doc["steps"]] == [
+        None,
+        "TMCommit",
+        "RMChooseToAbort(0)",
+        "RMRcvCommitMsg(1)",
+    ]
     last = doc["steps"][-1]["state"]
     assert last["_type"] == "TwoPhaseView"
     assert last["rm_state"] == ["aborted", "committed", "working"]

@@ -29,18 +29,34 @@ def _as_view(state: TwoPhaseState) -> tuple:
 def test_the_state_space_is_the_packed_models(buggy: bool) -> None:
     readable = TwoPhaseReadable(3, buggy=buggy)
     packed = TwoPhaseCommit(3, buggy=buggy)
-    views = {(v.rm_state, v.tm_state, v.tm_prepared, v.msgs) for v in map(packed.view_state, reachable_states(packed))}
+    views = {
+        (v.rm_state, v.tm_state, v.tm_prepared, v.msgs)
+        for v in map(packed.view_state, reachable_states(packed))
+    }
     assert {_as_view(s) for s in _reachable(readable)} == views
 
 
-@pytest.mark.parametrize(("rms", "distinct", "generated", "depth"), [(3, 288, 1_146, 10), (5, 8_832, 58_146, 16)])
-def test_counts_coverage_and_verdicts_equal_the_packed_models(rms: int, distinct: int, generated: int,
-                                                              depth: int) -> None:
+@pytest.mark.parametrize(
+    ("rms", "distinct", "generated", "depth"),
+    [
+        (3, 288, 1_146, 10),
+        (5, 8_832, 58_146, 16),
+    ],
+)
+def test_counts_coverage_and_verdicts_equal_the_packed_models(
+    rms: int, distinct: int, generated: int, depth: int
+) -> None:
     readable = Checker(TwoPhaseReadable(rms)).bfs()
     packed = Checker(TwoPhaseCommit(rms)).bfs()
-    assert (readable.distinct_states, readable.states_generated, readable.max_depth) == (distinct, generated, depth)
+    assert (readable.distinct_states, readable.states_generated, readable.max_depth) == (
+        distinct,
+        generated,
+        depth,
+    )
     assert readable.coverage == packed.coverage
-    assert {n: p.verdict for n, p in readable.properties.items()} == {n: p.verdict for n, p in packed.properties.items()}
+    assert {n: p.verdict for n, p in readable.properties.items()} == {
+        n: p.verdict for n, p in packed.properties.items()
+    }
     assert readable.ok
     # witnesses: as short as the packed model's, through the same actions
     for name in ("commit agreement", "abort agreement"):
@@ -50,7 +66,11 @@ def test_counts_coverage_and_verdicts_equal_the_packed_models(rms: int, distinct
 @pytest.mark.slow
 def test_seven_resource_managers_as_tlc_counts_them() -> None:
     result = Checker(TwoPhaseReadable(7)).bfs()
-    assert (result.distinct_states, result.states_generated, result.max_depth) == (296_448, 2_744_706, 22)
+    assert (result.distinct_states, result.states_generated, result.max_depth) == (
+        296_448,
+        2_744_706,
+        22,
+    )
     assert result.fingerprints == "fast"
     assert result.collision_probability == collision_probability(296_448, 2_744_706)
 
@@ -69,9 +89,14 @@ def test_the_buggy_tm_gives_the_packed_models_counterexample() -> None:
     trace = result.counterexample("consistent")
     packed = Checker(TwoPhaseCommit(3, buggy=True)).bfs().counterexample("consistent")
     assert trace.actions == packed.actions
-    assert [model.format_action(a) for a in trace.actions] == ["TMCommit", "RMChooseToAbort(0)", "RMRcvCommitMsg(1)"]
-    assert trace.last_state == TwoPhaseState(("aborted", "committed", "working"), "committed", frozenset(),
-                                             frozenset({COMMIT}))
+    assert [model.format_action(a) for a in trace.actions] == [
+        "TMCommit",
+        "RMChooseToAbort(0)",
+        "RMRcvCommitMsg(1)",
+    ]
+    assert trace.last_state == TwoPhaseState(
+        ("aborted", "committed", "working"), "committed", frozenset(), frozenset({COMMIT})
+    )
 
 
 def test_stable_fast_and_parallel_searches_agree() -> None:
@@ -85,7 +110,9 @@ def test_stable_fast_and_parallel_searches_agree() -> None:
             fast.distinct_states, fast.states_generated, fast.coverage)
     # One process explores in the same order whatever the fingerprints: the same traces.  The
     # workers' interleaving picks another of the shortest ones.
-    assert {n: p.trace for n, p in stable.properties.items()} == {n: p.trace for n, p in fast.properties.items()}
+    assert {n: p.trace for n, p in stable.properties.items()} == {
+        n: p.trace for n, p in fast.properties.items()
+    }
     assert {n: p.trace and len(p.trace) for n, p in parallel.properties.items()} == {
         n: p.trace and len(p.trace) for n, p in fast.properties.items()}
 
@@ -97,7 +124,9 @@ def test_messages_read_as_the_specs_records() -> None:
 
 
 @pytest.mark.parametrize(("first", "second"), [(1, 2), (2, 1)])
-def test_a_checkpoint_resumes_under_another_process_count(tmp_path: Path, first: int, second: int) -> None:
+def test_a_checkpoint_resumes_under_another_process_count(
+    tmp_path: Path, first: int, second: int
+) -> None:
     model = TwoPhaseReadable(4)
     path = tmp_path / "run.ckpt"
     part = Checker(model, max_states=700, checkpoint_path=path, processes=first).bfs()

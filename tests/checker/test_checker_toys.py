@@ -14,7 +14,9 @@ from checker import BaseModel, Checker, Progress, Property, Trace, Verdict, diff
 class Counter(BaseModel[int, str]):
     """0 -inc-> 1 -inc-> ... -> limit; nothing is enabled at `limit`."""
 
-    def __init__(self, limit: int = 3, final_at_limit: bool = False, props: tuple[Property, ...] = ()) -> None:
+    def __init__(
+        self, limit: int = 3, final_at_limit: bool = False, props: tuple[Property, ...] = ()
+    ) -> None:
         self.limit = limit
         self.final_at_limit = final_at_limit
         self.props = props
@@ -64,7 +66,9 @@ class Clock(BaseModel[int, str]):
 class Graph(BaseModel[str, str]):
     """A model given as an explicit graph {state: [(action, next), ...]}."""
 
-    def __init__(self, edges: dict[str, list[tuple[str, str]]], finals: set[str], props: list[Property]) -> None:
+    def __init__(
+        self, edges: dict[str, list[tuple[str, str]]], finals: set[str], props: list[Property]
+    ) -> None:
         self.edges = edges
         self.finals = finals
         self.props = props
@@ -135,7 +139,9 @@ class Mutex(BaseModel[MutexState, tuple[str, int]]):
 
     def properties(self) -> list[Property]:
         return [
-            Property.always("mutual exclusion", lambda s: sum(p.pc == "critical" for p in s.procs) <= 1),
+            Property.always(
+                "mutual exclusion", lambda s: sum(p.pc == "critical" for p in s.procs) <= 1
+            ),
             Property.sometimes("both entered", lambda s: s.entered == frozenset({0, 1})),
         ]
 
@@ -299,7 +305,9 @@ def test_max_states_bounds_the_search() -> None:
 
 def test_progress_callback_and_request_stop() -> None:
     seen: list[Progress] = []
-    checker = Checker(Counter(5_000, final_at_limit=True), progress=seen.append, progress_interval=0.0)
+    checker = Checker(
+        Counter(5_000, final_at_limit=True), progress=seen.append, progress_interval=0.0
+    )
     result = checker.bfs()
     assert result.complete
     assert seen[-1].done and seen[-1].distinct == 5_001
@@ -309,7 +317,9 @@ def test_progress_callback_and_request_stop() -> None:
         if p.distinct > 100:
             checker2.request_stop()
 
-    checker2 = Checker(Counter(100_000, final_at_limit=True), progress=stop_soon, progress_interval=0.0)
+    checker2 = Checker(
+        Counter(100_000, final_at_limit=True), progress=stop_soon, progress_interval=0.0
+    )
     stopped = checker2.bfs()
     assert not stopped.complete and stopped.stop_reason == "stop_requested"
 
@@ -359,7 +369,12 @@ def test_dataclass_states_mutex() -> None:
     assert set(good.coverage) == {"want", "enter", "leave"}
     bad = Checker(Mutex(broken=True)).bfs()
     trace = bad.counterexample("mutual exclusion")
-    assert [Mutex().format_action(a) for a in trace.actions] == ["want(0)", "enter(0)", "want(1)", "enter(1)"]
+    assert [Mutex().format_action(a) for a in trace.actions] == [
+        "want(0)",
+        "enter(0)",
+        "want(1)",
+        "enter(1)",
+    ]
     assert diff_states(trace.states[-2], trace.states[-1]) == [
         "procs[1].pc: 'waiting' -> 'critical'",
         "entered: +1",

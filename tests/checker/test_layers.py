@@ -46,7 +46,11 @@ def module_name(path: Path) -> str:
 
 
 def modules() -> dict[str, Path]:
-    return {module_name(p): p for package in PACKAGES for p in sorted((ROOT / package).rglob("*.py"))}
+    return {
+        module_name(p): p
+        for package in PACKAGES
+        for p in sorted((ROOT / package).rglob("*.py"))
+    }
 
 
 def imports_of(path: Path, name: str, known: set[str]) -> set[str]:
@@ -95,14 +99,20 @@ def test_the_import_graph_has_no_cycle() -> None:
 def test_every_checker_module_has_a_layer() -> None:
     layered = set().union(*CHECKER_LAYERS)
     checker_modules = {m for m in GRAPH if m.split(".")[0] == "checker"}
-    assert checker_modules == layered, "add the new module to CHECKER_LAYERS (and checker/__init__.py)"
+    assert checker_modules == layered, (
+        "add the new module to CHECKER_LAYERS (and checker/__init__.py)"
+    )
 
 
 @pytest.mark.parametrize("level", range(len(CHECKER_LAYERS)))
 def test_checker_modules_import_only_the_layers_below(level: int) -> None:
     below = set().union(*CHECKER_LAYERS[:level])
     for name in sorted(CHECKER_LAYERS[level]):
-        wrong = sorted(t for t in GRAPH.successors(name) if t.split(".")[0] == "checker" and t not in below)
+        wrong = sorted(
+            t
+            for t in GRAPH.successors(name)
+            if t.split(".")[0] == "checker" and t not in below
+        )
         assert not wrong, f"{name} (layer {level}) imports {wrong}, not below it"
 
 
@@ -115,7 +125,10 @@ def test_the_checker_never_imports_the_runtime() -> None:
     for name in sorted(m for m in GRAPH if m.split(".")[0] == "checker"):
         for target in GRAPH.successors(name):
             if target.split(".")[0] == "invar":
-                assert target == "invar" or target.startswith(CHECKER_MAY_IMPORT_FROM_INVAR), (name, target)
+                assert target == "invar" or target.startswith(CHECKER_MAY_IMPORT_FROM_INVAR), (
+                    name,
+                    target,
+                )
                 assert not target.startswith("invar.testing.runtime"), (name, target)
 
 

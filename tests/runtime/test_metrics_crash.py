@@ -17,7 +17,8 @@ UPDATES = 3
 def _start(rt, run_dir: Path) -> subprocess.Popen:
     overrides = rt.tiny_overrides(run_dir, f"protocol.total_updates={UPDATES}")
     command = rt.cli("train", *(arg for item in overrides for arg in ("--set", item)))
-    out = open(run_dir.parent / f"{run_dir.name}.out", "wb")
+    # The train process writes to it for as long as it runs, past this function.
+    out = open(run_dir.parent / f"{run_dir.name}.out", "wb")  # noqa: SIM115
     return subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT,
                             start_new_session=True)
 
