@@ -252,6 +252,7 @@ def learner_inputs(state: State, task: Task, command: Command) -> np.ndarray | N
         return None
     config = state.config
     group = config.group_size
+    key = _ByIdentity(task)
     rows = []
     batch = None
     for request in requests:
@@ -261,8 +262,7 @@ def learner_inputs(state: State, task: Task, command: Command) -> np.ndarray | N
                 return None
         sample = batch.slots[request.prompt * group + request.sample]
         assert isinstance(sample, Sample)
-        prompt = _prompt(_ByIdentity(task),
-                         schedule.prompt_index(config, request.batch, request.prompt))
+        prompt = _prompt(key, schedule.prompt_index(config, request.batch, request.prompt))
         rows.append(prompt + sample.tokens)
     return np.array(rows, dtype=np.int64)
 
