@@ -313,7 +313,7 @@ class Driver:
 
     def _dispatch(self, commands: tuple[Command, ...]) -> None:
         """The one place where commands meet the world: each goes where `shell.route` says."""
-        launches: dict[tuple[str, int], list[dict[str, Any]]] = {}
+        launches: list[LaunchRequest] = []
         for command in commands:
             where = route(command)
             if where == LEARNER:
@@ -324,14 +324,15 @@ class Driver:
             elif where == TIMER:
                 self._timer_armed = True
             elif isinstance(command, LaunchRequest):  # to worker `where`, sent in one frame
-                launches.setdefault((where, command.incarnation), []).append(encode(command))
+                launches.append(command)
             else:
                 assert isinstance(command, LoadWeights), command  # route: the one other kind
                 self._send_load(command)
-        for (name, incarnation), messages in launches.items():
-            handle = self.workers.get(name)
-            if handle is not None and handle.incarnation == incarnation:
-                self._spawn_task(self._send(handle, {"kind": "commands", "messages": messages}))
+        if launches:
+            for (name, incarnation), header in launch_frames(launches).items():
+                handle = self.workers.get(name)
+                if handle is not None and handle.incarnation == incarnation:
+                    self._spawn_task(self._send(handle, header))
 
     def _to_store(self, command: Command) -> None:
         if isinstance(command, Publish):
@@ -515,12 +516,7 @@ class Driver:
         self.stats.load_seconds += float(header.get("load_seconds", 0.0))
         if kind != "event":
             raise FrameError(f"unexpected frame kind {kind!r}")
-        try:
-            raw = blob.decode("utf-8")
-            data = json.loads(raw)
-        except ValueError as error:  # UnicodeDecodeError and JSONDecodeError both are
-            raise FrameError(f"event is not JSON text: {error}") from None
-        event = decode(data)
+        event, raw = decode_event_frame(blob)
         if not isinstance(event, (RequestsCompleted, WeightsLoaded)):
             raise FrameError(f"a worker cannot report {type(event).__name__}")
         if isinstance(event, RequestsCompleted):
@@ -578,6 +574,25 @@ class Driver:
         self._update_started = now
         self._progress(update + 1, float(np.mean(rewards)),
                        schedule.staleness(self.config.protocol, update))
+
+
+def launch_frames(launches: list[LaunchRequest]) -> dict[tuple[str, int], dict[str, Any]]:
+    """The frame each worker incarnation gets for `launches` (one dispatch's, in order)."""
+    frames: dict[tuple[str, int], list[dict[str, Any]]] = {}
+    for command in launches:
+        frames.setdefault((command.worker, command.incarnation), []).append(encode(command))
+    return {key: {"kind": "commands", "messages": messages}
+            for key, messages in frames.items()}
+
+
+def decode_event_frame(blob: bytes) -> tuple[Event, str]:
+    """A worker's event frame: the event, and its JSON text as received (journalled as is)."""
+    try:
+        raw = blob.decode("utf-8")
+        data = json.loads(raw)
+    except ValueError as error:  # UnicodeDecodeError and JSONDecodeError both are
+        raise FrameError(f"event is not JSON text: {error}") from None
+    return decode(data), raw
 
 
 class ResumeError(RuntimeError):

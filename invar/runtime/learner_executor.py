@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import functools
 import logging
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -14,6 +15,7 @@ from typing import Any
 import numpy as np
 
 from invar.model import schedule
+from invar.model.config import RunConfig
 from invar.model.messages import (
     ApplyCotangent,
     Checkpoint,
@@ -31,7 +33,8 @@ from invar.model.messages import (
     UpdateCommitted,
     VersionEvaluated,
 )
-from invar.model.state import Sample, State
+from invar.model.schedule import RequestId
+from invar.model.state import BatchState, Sample, State
 from invar.model.world import Decision, LearnerRules
 from invar.runtime.backend import LearnerBackend
 from invar.runtime.commits import commit_path
@@ -245,18 +248,42 @@ def _padded(rows: tuple[tuple[float, ...], ...]) -> list[list[float]]:
 
 
 def learner_inputs(state: State, task: Task, command: Command) -> np.ndarray | None:
-    """The token sequences (prompt + response) a learner command works on, from the state."""
+    """The token sequences (prompt + response) a learner command works on, from the state.
+
+    A command's requests share a batch: its rows are gathered with numpy from the batch's
+    token table (`_batch_table`, built once per batch), not row by row in Python."""
     if isinstance(command, (ScoreProbabilities, RunForward)):
         requests = command.requests
     else:
         return None
+    config = state.config
+    if requests:
+        first = requests[0].batch
+        batch = state.batch(first)
+        if batch is None:
+            return None
+        table = _batch_table(_ByIdentity(task), batch, config)
+        if table is not None:
+            if requests is schedule.request_ids(config, first):  # all, in slot order
+                return table.copy()
+            group = config.group_size
+            positions = [p * group + g for b, p, g in requests if b == first]
+            if len(positions) == len(requests):
+                return table[positions]
+    return _request_rows(state, task, requests)
+
+
+def _request_rows(state: State, task: Task, requests: tuple[RequestId, ...]
+                  ) -> np.ndarray | None:
+    """`learner_inputs` row by row: requests of several batches, ragged rows, or a batch with
+    samples missing (the fast path's fallback, with the same result)."""
     config = state.config
     group = config.group_size
     key = _ByIdentity(task)
     rows = []
     batch = None
     for request in requests:
-        if batch is None or batch.batch != request.batch:  # a command's requests share a batch
+        if batch is None or batch.batch != request.batch:
             batch = state.batch(request.batch)
             if batch is None:
                 return None
@@ -265,6 +292,40 @@ def learner_inputs(state: State, task: Task, command: Command) -> np.ndarray | N
         prompt = _prompt(key, schedule.prompt_index(config, request.batch, request.prompt))
         rows.append(prompt + sample.tokens)
     return np.array(rows, dtype=np.int64)
+
+
+_TABLES: dict[tuple[int, int], tuple[Any, ...]] = {}
+"""`_batch_table`'s cache: (task, slots, table) by their ids (kept alive, so not reused)."""
+_TABLES_KEPT = 4
+_tables_lock = threading.Lock()
+
+
+def _batch_table(key: _ByIdentity, batch: BatchState, config: RunConfig) -> np.ndarray | None:
+    """Every slot's row (prompt + response tokens) of a complete batch, in slot order, as an
+    int64 matrix; None when a slot is not yet a sample or rows differ in length. Cached by
+    the identity of the (immutable) slots: a batch's commands all read the same table."""
+    slots = batch.slots
+    ident = (id(key.task), id(slots))
+    with _tables_lock:
+        cached = _TABLES.get(ident)
+    if cached is not None and cached[0] is key.task and cached[1] is slots:
+        table: np.ndarray | None = cached[2]
+        return table
+    table = None
+    if all(isinstance(s, Sample) for s in slots):
+        group = config.group_size
+        prompts = [_prompt(key, schedule.prompt_index(config, batch.batch, p))
+                   for p in range(len(slots) // group)]
+        responses = [s.tokens for s in slots]  # type: ignore[union-attr]
+        if (len(prompts) * group == len(slots) and len({len(p) for p in prompts}) == 1
+                and len({len(r) for r in responses}) == 1):
+            table = np.concatenate((np.repeat(np.array(prompts, dtype=np.int64), group, axis=0),
+                                    np.array(responses, dtype=np.int64)), axis=1)
+    with _tables_lock:
+        _TABLES[ident] = (key.task, slots, table)
+        while len(_TABLES) > _TABLES_KEPT:
+            del _TABLES[next(iter(_TABLES))]
+    return table
 
 
 class _ByIdentity:

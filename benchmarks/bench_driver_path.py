@@ -1,0 +1,134 @@
+"""Benchmark of the driver's own costs per event, outside `step`: what `Driver._apply` and
+`Driver._accept_frame` spend beside the core (issue 11: core + driver < 2 % of wall time).
+
+    python benchmarks/bench_driver_path.py RUN_DIR     # a real run's journal (default run)
+    python benchmarks/bench_driver_path.py             # the canonical run's journal, framed
+
+The journal's events are replayed through `shell.deliver` once (not timed); then each driver
+piece is timed on its own over the whole run, best of `--repeat`: learner inputs of the
+learner commands, encoding the launches of each dispatch (one frame per worker), decoding each
+worker frame, appending every line to a journal (without fsync: the syncs are the same
+before and after), and the state digests. Milliseconds per update are printed per piece.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+
+def _journal(run_dir: str | None, scratch: Path) -> Path:
+    if run_dir:
+        return Path(run_dir) / "journal.jsonl"
+    from invar.runtime import journal
+    from invar.runtime.config import load_config
+    from invar.testing import canonical_run, framed
+    config = load_config(None, []).protocol
+    path = scratch / "canonical.jsonl"
+    journal.write_events(path, config, framed(canonical_run(config).events))
+    return path
+
+
+def _best(repeat: int, work: Callable[[], Any]) -> float:
+    times = []
+    for _ in range(repeat):
+        began = time.perf_counter()
+        work()
+        times.append(time.perf_counter() - began)
+    return min(times)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("run_dir", nargs="?")
+    parser.add_argument("--repeat", type=int, default=5)
+    args = parser.parse_args(argv)
+
+    from invar.model.messages import RequestsCompleted, WeightsLoaded
+    from invar.model.shell import LEARNER, deliver, route
+    from invar.model.state import initial_state, state_digest
+    from invar.runtime import driver as driver_module
+    from invar.runtime import journal as journal_io
+    from invar.runtime.config import load_config, task_section
+    from invar.runtime.learner_executor import learner_inputs
+    from invar.runtime.tasks import build_task
+
+    with tempfile.TemporaryDirectory() as scratch_dir:
+        scratch = Path(scratch_dir)
+        path = _journal(args.run_dir, scratch)
+        lines = path.read_text().splitlines()[1:]
+        config, entries = journal_io.read(path)
+        task = build_task(task_section(load_config(None, [])))
+        state = initial_state(config)
+        # (state after, commands) per accepted event, and the worker frames as received.
+        dispatches = []
+        frames = []
+        for line, entry in zip(lines, entries):
+            delivery = deliver(state, entry.event)
+            state = delivery.state
+            dispatches.append((state, delivery.commands))
+            if isinstance(entry.event, (RequestsCompleted, WeightsLoaded)):
+                raw = json.loads(line)["event"]
+                frames.append(json.dumps(raw, separators=(",", ":")).encode())
+        updates = max(state.committed, 1)
+        learner = [(s, c) for s, cs in dispatches for c in cs if route(c) == LEARNER]
+        launch_lists = [[c for c in cs if type(c).__name__ == "LaunchRequest"]
+                        for _, cs in dispatches]
+        launch_lists = [cs for cs in launch_lists if cs]
+        states = [s for s, _ in dispatches]
+
+        def inputs() -> None:
+            from invar.runtime import learner_executor
+            learner_executor._prompt.cache_clear()
+            for s, command in learner:
+                learner_inputs(s, task, command)
+
+        def launches() -> None:
+            for commands in launch_lists:
+                driver_module.launch_frames(commands)
+
+        def decode() -> None:
+            for blob in frames:
+                driver_module.decode_event_frame(blob)
+
+        def append() -> None:
+            writer = journal_io.Journal(scratch / "bench.jsonl", config)
+            for seq, (line, entry) in enumerate(zip(lines, entries)):
+                # A worker's event is journalled as received; the others are encoded.
+                encoded = None
+                if isinstance(entry.event, (RequestsCompleted, WeightsLoaded)):
+                    encoded = line[line.index('"event":') + 8:-1]
+                writer.append(seq, entry.event, entry.before, entry.after, sync=False,
+                              encoded=encoded)
+            writer.close()
+            (scratch / "bench.jsonl").unlink()
+
+        def digests() -> None:
+            for s in states:
+                state_digest(s)
+
+        pieces = {"learner_inputs": inputs, "launch encoding": launches,
+                  "frame decoding": decode, "journal append (no fsync)": append,
+                  "state digests": digests}
+        print(f"{path}: {len(entries)} events, {updates} updates, "
+              f"{len(learner)} learner commands, {len(frames)} worker frames")
+        total = 0.0
+        for name, work in pieces.items():
+            seconds = _best(args.repeat, work)
+            total += seconds
+            print(f"  {name:28s} {1e3 * seconds / updates:7.3f} ms per update")
+        print(f"  {'total':28s} {1e3 * total / updates:7.3f} ms per update")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
