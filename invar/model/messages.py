@@ -395,7 +395,7 @@ def _pack(values: list[float] | list[int], dtype: str) -> str:
     return base64.b64encode(np.asarray(values, dtype=dtype).tobytes()).decode("ascii")
 
 
-def _unpack(text: Any, dtype: str, count: int, where: str) -> list[Any]:
+def _unpack_array(text: Any, dtype: str, count: int, where: str) -> np.ndarray:
     if not isinstance(text, str):
         raise DecodeError(f"{where}: expected base64 text, got {type(text).__name__}")
     try:
@@ -405,12 +405,18 @@ def _unpack(text: Any, dtype: str, count: int, where: str) -> list[Any]:
     if len(data) != 8 * count:
         raise DecodeError(f"{where}: {len(data)} bytes, expected {8 * count} "
                           f"({count} values of 8 bytes)")
-    values: list[Any] = np.frombuffer(data, dtype=dtype).tolist()
+    return np.frombuffer(data, dtype=dtype)
+
+
+def _unpack(text: Any, dtype: str, count: int, where: str) -> list[Any]:
+    values: list[Any] = _unpack_array(text, dtype, count, where).tolist()
     return values
 
 
 def _lengths(value: Any, where: str) -> list[int]:
-    if type(value) is not list or not all(type(n) is int and n >= 0 for n in value):
+    # One pass in C for the common case (every length an int, none negative); bool is not int.
+    if type(value) is not list or not (set(map(type, value)) <= {int}
+                                       and (not value or min(value) >= 0)):
         raise DecodeError(f"{where}: expected a list of non-negative row lengths")
     return value
 
@@ -441,7 +447,7 @@ def pack_matrix(matrix: Matrix) -> dict[str, Any]:
 def unpack_matrix(value: Any, where: str) -> Matrix:
     data = _object(value, ("rows", "f64"), where)
     lengths = _lengths(data["rows"], f"{where}.rows")
-    return _split(_unpack(data["f64"], "<f8", sum(lengths), f"{where}.f64"), lengths)
+    return _rows(data["f64"], "<f8", lengths, f"{where}.f64")
 
 
 _COMPLETION_COLUMNS = ("n", "request", "version", "tokens", "behavior_logprobs", "reward")
@@ -463,24 +469,103 @@ def pack_completions(completions: tuple[Completion, ...]) -> dict[str, Any]:
 
 def unpack_completions(value: Any, where: str) -> tuple[Completion, ...]:
     data = _object(value, _COMPLETION_COLUMNS, where)
-    count = data["n"]
-    if type(count) is not int or count < 0:
-        raise DecodeError(f"{where}.n: expected a non-negative integer, got {count!r}")
-    flat_requests = _unpack(data["request"], "<i8", 3 * count, f"{where}.request")
+    count = _count(data["n"], f"{where}.n")
+    requests = _request_rows(data["request"], count, f"{where}.request")
     versions = _unpack(data["version"], "<i8", count, f"{where}.version")
     rewards = _unpack(data["reward"], "<f8", count, f"{where}.reward")
     tokens_data = _object(data["tokens"], ("rows", "i64"), f"{where}.tokens")
     token_lengths = _lengths(tokens_data["rows"], f"{where}.tokens.rows")
-    logprobs = unpack_matrix(data["behavior_logprobs"], f"{where}.behavior_logprobs")
-    if len(token_lengths) != count or len(logprobs) != count:
+    logprobs_data = _object(data["behavior_logprobs"], ("rows", "f64"),
+                            f"{where}.behavior_logprobs")
+    logprob_lengths = _lengths(logprobs_data["rows"], f"{where}.behavior_logprobs.rows")
+    if len(token_lengths) != count or len(logprob_lengths) != count:
         raise DecodeError(f"{where}: {count} completions, but {len(token_lengths)} token rows "
-                          f"and {len(logprobs)} log-prob rows")
-    tokens = _split(_unpack(tokens_data["i64"], "<i8", sum(token_lengths),
-                            f"{where}.tokens.i64"), token_lengths)
-    return tuple(
-        Completion(RequestId(*flat_requests[3 * k:3 * k + 3]), versions[k], tokens[k],
-                   logprobs[k], rewards[k])
-        for k in range(count))
+                          f"and {len(logprob_lengths)} log-prob rows")
+    tokens = _rows(tokens_data["i64"], "<i8", token_lengths, f"{where}.tokens.i64")
+    logprobs = _rows(logprobs_data["f64"], "<f8", logprob_lengths,
+                     f"{where}.behavior_logprobs.f64")
+    # Built as dataclass __init__ builds them, one dict per object (no per-field setattr).
+    new, set_dict = object.__new__, object.__setattr__
+    completions = []
+    for request, version, row, logprob_row, reward in zip(requests, versions, tokens, logprobs,
+                                                           rewards):
+        completion = new(Completion)
+        set_dict(completion, "__dict__", {
+            "request": request, "version": version, "tokens": row,
+            "behavior_logprobs": logprob_row, "reward": reward})
+        completions.append(completion)
+    return tuple(completions)
+
+
+def _request_rows(text: Any, count: int, where: str) -> list[RequestId]:
+    """`count` request ids packed as rows of 3 int64."""
+    rows = _unpack_array(text, "<i8", 3 * count, where).reshape(count, 3).tolist()
+    make = tuple.__new__  # what RequestId._make does, without its Python-level call
+    return [make(RequestId, row) for row in rows]
+
+
+def _count(value: Any, where: str) -> int:
+    if type(value) is not int or value < 0:
+        raise DecodeError(f"{where}: expected a non-negative integer, got {value!r}")
+    return value
+
+
+def _rows(text: Any, dtype: str, lengths: list[int], where: str) -> tuple[tuple[Any, ...], ...]:
+    """A packed ragged array's rows; rows of one length are cut by numpy, not in Python."""
+    total = sum(lengths)
+    if lengths and lengths.count(lengths[0]) == len(lengths):
+        width = lengths[0]
+        array = _unpack_array(text, dtype, total, where)
+        if width == 0:
+            return ((),) * len(lengths)
+        return tuple(map(tuple, array.reshape(len(lengths), width).tolist()))
+    return _split(_unpack(text, dtype, total, where), lengths)
+
+
+_LAUNCH_FIELDS = ("type", "v", "worker", "incarnation", "n", "request", "version", "seed",
+                  "prompt_index")
+
+
+def pack_launches(launches: list[LaunchRequest] | tuple[LaunchRequest, ...]) -> dict[str, Any]:
+    """The launches of one frame, all for one worker incarnation, as columns (like
+    `pack_completions`): `n`, requests as n rows of 3, version, seed and prompt index packed;
+    the worker and its incarnation once. `unpack_launches` gives the same commands back."""
+    if not launches:
+        raise ValueError("pack_launches: no launches")
+    worker, incarnation = launches[0].worker, launches[0].incarnation
+    if any(c.worker != worker or c.incarnation != incarnation for c in launches):
+        raise ValueError("pack_launches: launches for more than one worker incarnation")
+    return {
+        "type": "LaunchRequest", "v": ENCODING_VERSION, "worker": worker,
+        "incarnation": incarnation, "n": len(launches),
+        "request": _pack([x for c in launches for x in c.request], "<i8"),
+        "version": _pack([c.version for c in launches], "<i8"),
+        "seed": _pack([c.seed for c in launches], "<i8"),
+        "prompt_index": _pack([c.prompt_index for c in launches], "<i8"),
+    }
+
+
+def unpack_launches(value: Any, where: str = "launches") -> tuple[LaunchRequest, ...]:
+    """`pack_launches`' commands; refuses anything else, naming the field at fault."""
+    data = _object(value, _LAUNCH_FIELDS, where)
+    if data["type"] != "LaunchRequest":
+        raise DecodeError(f"{where}.type: expected 'LaunchRequest', got {data['type']!r}")
+    if data["v"] != ENCODING_VERSION:
+        raise DecodeError(f"{where}.v: launches encoded with version {data['v']!r}, "
+                          f"expected {ENCODING_VERSION}")
+    worker = data["worker"]
+    if not isinstance(worker, str):
+        raise DecodeError(f"{where}.worker: expected str, got {worker!r}")
+    incarnation = data["incarnation"]
+    if type(incarnation) is not int:
+        raise DecodeError(f"{where}.incarnation: expected an integer, got {incarnation!r}")
+    count = _count(data["n"], f"{where}.n")
+    requests = _request_rows(data["request"], count, f"{where}.request")
+    versions = _unpack(data["version"], "<i8", count, f"{where}.version")
+    seeds = _unpack(data["seed"], "<i8", count, f"{where}.seed")
+    prompts = _unpack(data["prompt_index"], "<i8", count, f"{where}.prompt_index")
+    return tuple(LaunchRequest(worker, incarnation, request, version, seed, prompt)
+                 for request, version, seed, prompt in zip(requests, versions, seeds, prompts))
 
 
 _PACKERS: dict[Any, Any] = {

@@ -53,6 +53,7 @@ from invar.model.messages import (
     WorkerLost,
     decode,
     encode,
+    pack_launches,
 )
 from invar.model.shell import LEARNER, STORE, TIMER, Delivery, Verdict, deliver, route
 from invar.model.state import Sample, State, WorkerPhase, initial_state, state_digest
@@ -577,12 +578,13 @@ class Driver:
 
 
 def launch_frames(launches: list[LaunchRequest]) -> dict[tuple[str, int], dict[str, Any]]:
-    """The frame each worker incarnation gets for `launches` (one dispatch's, in order)."""
-    frames: dict[tuple[str, int], list[dict[str, Any]]] = {}
+    """The frame each worker incarnation gets for `launches` (one dispatch's, in order): its
+    launches as columns (`pack_launches`), encoded once per frame, not once per command."""
+    by_worker: dict[tuple[str, int], list[LaunchRequest]] = {}
     for command in launches:
-        frames.setdefault((command.worker, command.incarnation), []).append(encode(command))
-    return {key: {"kind": "commands", "messages": messages}
-            for key, messages in frames.items()}
+        by_worker.setdefault((command.worker, command.incarnation), []).append(command)
+    return {key: {"kind": "launches", "launches": pack_launches(commands)}
+            for key, commands in by_worker.items()}
 
 
 def decode_event_frame(blob: bytes) -> tuple[Event, str]:

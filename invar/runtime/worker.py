@@ -35,6 +35,7 @@ from invar.model.messages import (
     WeightsLoaded,
     decode,
     dumps,
+    unpack_launches,
 )
 from invar.runtime.policy import Policy, PolicyConfig
 from invar.runtime.sampler import generate
@@ -295,8 +296,8 @@ def serve(worker: RolloutWorker, args: WorkerArgs) -> int:
             if item is None:
                 return 0
             header, blob = item
-            if header["kind"] == "commands":
-                launches.extend(decode(raw) for raw in header["messages"])
+            if header["kind"] == "launches":
+                launches.extend(unpack_launches(header["launches"]))
                 continue
             message = decode(header["message"])
             if isinstance(message, LoadWeights):

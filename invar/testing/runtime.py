@@ -26,7 +26,6 @@ import numpy as np
 from invar.model.messages import (
     Command,
     Event,
-    LaunchRequest,
     LoadWeights,
     ObservationId,
     RunForward,
@@ -34,6 +33,7 @@ from invar.model.messages import (
     WeightsLoaded,
     decode,
     dumps,
+    unpack_launches,
 )
 from invar.model.schedule import RequestId
 from invar.model.state import State
@@ -207,9 +207,9 @@ class MemoryWorkers:
         sent = 0
         while (item := await transport.to_worker.get()) is not None:
             header, blob = item
-            if header["kind"] == "commands":
-                launches = [c for c in map(decode, header["messages"])
-                            if isinstance(c, LaunchRequest) and c.version == version]
+            if header["kind"] == "launches":
+                launches = [c for c in unpack_launches(header["launches"])
+                            if c.version == version]
                 if limit is not None:
                     launches = launches[:max(limit - sent, 0)]
                 sent += len(launches)

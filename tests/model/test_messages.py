@@ -252,6 +252,71 @@ def test_packed_arrays_are_exact_and_keep_ragged_rows():
     assert [len(r) for r in back.proximal] == [2, 0, 1]
 
 
+def test_decoded_completions_are_ordinary_dataclass_instances():
+    """Completions are decoded without their __init__ (one dict each): they must still compare,
+    hash, print, replace and convert like constructed ones, in rows of one length or several."""
+    made = (m.Completion(RequestId(3, 1, 0), 2, (1, 2), (-0.5, -0.25), 1.0),
+            m.Completion(RequestId(3, 1, 1), 2, (4, 5), (-1.5, -0.0), 0.0))
+    for completions in (made, (made[0], dataclasses.replace(made[1], tokens=(7,))),
+                        tuple(dataclasses.replace(c, tokens=(), behavior_logprobs=())
+                              for c in made)):
+        back = loads(dumps(m.RequestsCompleted("w", 1, completions))).completions
+        assert back == completions and hash(back) == hash(completions)
+        assert [repr(c) for c in back] == [repr(c) for c in completions]
+        assert [dataclasses.asdict(c) for c in back] == [dataclasses.asdict(c) for c in completions]
+        assert all(type(c.request) is RequestId and type(c.tokens) is tuple for c in back)
+        with pytest.raises(dataclasses.FrozenInstanceError):
+            back[0].reward = 2.0  # type: ignore[misc]
+
+
+launch_lists = st.tuples(names, small).flatmap(lambda key: st.lists(st.builds(
+    m.LaunchRequest, worker=st.just(key[0]), incarnation=st.just(key[1]), request=request_ids,
+    version=small, seed=ints, prompt_index=small), min_size=1, max_size=5))
+
+
+@given(launch_lists)
+@settings(max_examples=100, deadline=None)
+def test_packed_launches_round_trip(launches):
+    """A frame's launches (one worker incarnation) travel as columns and come back equal."""
+    packed = json.loads(json.dumps(m.pack_launches(launches)))
+    back = m.unpack_launches(packed)
+    assert back == tuple(launches)
+    assert all(type(c.request) is RequestId for c in back)
+
+
+def test_pack_launches_takes_one_worker_incarnation():
+    first = m.LaunchRequest("w0", 0, RequestId(0, 0, 0), 0, 1, 0)
+    with pytest.raises(ValueError, match="more than one worker incarnation"):
+        m.pack_launches([first, dataclasses.replace(first, incarnation=1)])
+    with pytest.raises(ValueError, match="no launches"):
+        m.pack_launches([])
+
+
+@pytest.mark.parametrize("mutate, where", [
+    (lambda d: d.__setitem__("request", d["request"][:-4]), "launches.request: 45 bytes"),
+    (lambda d: d.__setitem__("seed", "not base64!"), "launches.seed: not base64"),
+    (lambda d: d.__setitem__("version", [0, 0]), "launches.version: expected base64"),
+    (lambda d: d.__setitem__("prompt_index", d["version"][:4]), "launches.prompt_index: 3 bytes"),
+    (lambda d: d.__setitem__("n", 3), "launches.request: 48 bytes, expected 72"),
+    (lambda d: d.__setitem__("n", True), "launches.n: expected a non-negative integer"),
+    (lambda d: d.__setitem__("worker", 7), "launches.worker: expected str"),
+    (lambda d: d.__setitem__("incarnation", "0"), "launches.incarnation: expected an integer"),
+    (lambda d: d.__setitem__("v", ENCODING_VERSION - 1), "launches.v: launches encoded with"),
+    (lambda d: d.__setitem__("type", "LoadWeights"), "launches.type: expected 'LaunchRequest'"),
+    (lambda d: d.pop("seed"), "launches: expected exactly the fields"),
+    (lambda d: d.__setitem__("extra", 1), "launches: expected exactly the fields"),
+])
+def test_packed_launch_errors_name_the_field(mutate, where):
+    launch = m.LaunchRequest("w0", 0, RequestId(0, 1, 0), 0, 12345, 7)
+    data = m.pack_launches([launch, dataclasses.replace(launch, request=RequestId(0, 1, 1))])
+    mutate(data)
+    with pytest.raises(DecodeError) as info:
+        m.unpack_launches(data)
+    assert where in str(info.value)
+    with pytest.raises(DecodeError, match="launches: expected an object"):
+        m.unpack_launches([data])
+
+
 def test_nested_dataclass_error_names_the_path():
     command = m.ApplyCotangent(ObservationId(0, 0, 0), 0, "w0", "f0", ((0.1,),),
                                ObjectiveTerms(0.0, 0.0, 1.0, 1.0, 0.0, 0.0, 1))
