@@ -15,6 +15,7 @@ import binascii
 import dataclasses
 import functools
 import hashlib
+import itertools
 import json
 import struct
 import types
@@ -500,8 +501,8 @@ def unpack_completions(value: Any, where: str) -> tuple[Completion, ...]:
 def _request_rows(text: Any, count: int, where: str) -> list[RequestId]:
     """`count` request ids packed as rows of 3 int64."""
     rows = _unpack_array(text, "<i8", 3 * count, where).reshape(count, 3).tolist()
-    make = tuple.__new__  # what RequestId._make does, without its Python-level call
-    return [make(RequestId, row) for row in rows]
+    # What RequestId._make does, without a Python-level call per row.
+    return list(map(tuple.__new__, itertools.repeat(RequestId, count), rows))
 
 
 def _count(value: Any, where: str) -> int:

@@ -158,6 +158,8 @@ class Driver:
         self._timing_marks: tuple[float, ...] = (0.0, 0.0, 0.0, 0)
         self._received: dict[int, str] = {}
         """A worker event's JSON text as received, by the event's id, until it is journalled."""
+        self._deleting: dict[int, asyncio.Future[None]] = {}
+        """Store deletions of released versions, running in a thread, by version."""
         self._digest_of: State | None = None
         self._digest = ""
         self.state: State = initial_state(config.protocol)
@@ -243,6 +245,10 @@ class Driver:
         for task in list(self._tasks):
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
+        # Released versions are gone from the store when the run returns (a failure is
+        # logged by `_log_failed_deletion`).
+        deleting, self._deleting = list(self._deleting.values()), {}
+        await asyncio.gather(*deleting, return_exceptions=True)
         self.journal.close()
         self.metrics.close(complete=run_complete(self.state))
         self.verifier.close()
@@ -265,7 +271,10 @@ class Driver:
             if isinstance(event.error, RunStopped):
                 raise event.error
             raise RuntimeError("a driver task failed") from event.error
-        began, began_cpu = time.perf_counter(), time.thread_time()
+        # The CPU clock is read outside the wall-clock window: reading it is a system call
+        # (often a reschedule point) that is the measurement's cost, not the driver's.
+        began_cpu = time.thread_time()
+        began = time.perf_counter()
         # Popped first, while `event` is alive: its id cannot have been reused.
         encoded = self._received.pop(id(event), None)
         delivery = deliver(self.state, event)
@@ -345,7 +354,13 @@ class Driver:
             if self.journal.synced_seq != self.seq - 1:
                 raise RuntimeError(f"release of version {command.version} before its journal "
                                    f"line {self.seq - 1} is durable")
-            self.store.delete(command.version)
+            # The unlinks run off the event loop (on a busy disk they cost milliseconds); a
+            # later publication of the version, and the shutdown, wait for them.
+            deleting = asyncio.get_running_loop().run_in_executor(None, self.store.delete,
+                                                                  command.version)
+            deleting.add_done_callback(_log_failed_deletion)
+            self._deleting = {v: f for v, f in self._deleting.items() if not f.done()}
+            self._deleting[command.version] = deleting
         # RetainVersion: the store keeps what Publish wrote until ReleaseVersion.
 
     async def _watchdog(self) -> None:
@@ -373,6 +388,9 @@ class Driver:
                 self.events.put_nowait(reply)
 
     async def _publish(self, command: Publish) -> None:
+        deleting = self._deleting.pop(command.version, None)
+        if deleting is not None:
+            await deleting
         digest = await asyncio.to_thread(publish, self.learner, self.store, command.version)
         self.events.put_nowait(VersionPublished(command.version, digest))
 
@@ -503,7 +521,8 @@ class Driver:
     def _accept_frame(self, name: str, header: dict[str, Any], blob: bytes) -> None:
         """A worker's event travels as its compact JSON text in the blob: decoded once here,
         and journalled as that very text (no second encoding)."""
-        began, began_cpu = time.perf_counter(), time.thread_time()
+        began_cpu = time.thread_time()  # outside the wall window, as in `_apply`
+        began = time.perf_counter()
         try:
             self._decode_frame(name, header, blob)
         finally:
@@ -561,9 +580,10 @@ class Driver:
                   zip(("learner_seconds", "rollout_seconds", "core_seconds", "rollout_replies"),
                       marks, self._timing_marks)}
         self._timing_marks = marks
+        reward = float(np.mean(rewards))
         self.metrics.update(
             update=update,
-            reward=float(np.mean(rewards)),
+            reward=reward,
             staleness=schedule.staleness(self.config.protocol, update),
             terms={k: float(np.mean([t[k] for t in terms])) for k in (terms[0] if terms else {})},
             seconds=now - self._update_started,
@@ -573,8 +593,14 @@ class Driver:
             timing=timing,
         )
         self._update_started = now
-        self._progress(update + 1, float(np.mean(rewards)),
+        self._progress(update + 1, reward,
                        schedule.staleness(self.config.protocol, update))
+
+
+def _log_failed_deletion(future: asyncio.Future[None]) -> None:
+    if not future.cancelled() and future.exception() is not None:
+        log.error("a released version could not be deleted from the store",
+                  exc_info=future.exception())
 
 
 def launch_frames(launches: list[LaunchRequest]) -> dict[tuple[str, int], dict[str, Any]]:

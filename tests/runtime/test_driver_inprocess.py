@@ -178,10 +178,17 @@ def test_a_release_deletes_weights_only_after_its_journal_line_is_synced(tmp_pat
                                                                          monkeypatch):
     """Finding 2: the store file of a released version is deleted only once the journal line
     that released it is durable (fsynced), so a restart from the journal never needs a version
-    that is gone."""
+    that is gone. (The deletion runs in a thread: later lines may be appended meanwhile.)"""
+    from invar.model.messages import ReleaseVersion
     config = config_for(rt, tmp_path)
     happened: list[tuple] = []
     append, sync, delete = journal.Journal.append, journal.Journal.sync, WeightsStore.delete
+    to_store = Driver._to_store
+
+    def spy_to_store(self, command):
+        if isinstance(command, ReleaseVersion):  # dispatched after the line of self.seq - 1
+            happened.append(("release", command.version, self.seq - 1))
+        to_store(self, command)
 
     def spy_append(self, seq, event, *args, **kwargs):
         happened.append(("append", seq))
@@ -198,14 +205,18 @@ def test_a_release_deletes_weights_only_after_its_journal_line_is_synced(tmp_pat
     monkeypatch.setattr(journal.Journal, "append", spy_append)
     monkeypatch.setattr(journal.Journal, "sync", spy_sync)
     monkeypatch.setattr(WeightsStore, "delete", spy_delete)
+    monkeypatch.setattr(Driver, "_to_store", spy_to_store)
     _, state = run(config)
     assert_canonical(config, state)
     deletes = [i for i, h in enumerate(happened) if h[0] == "delete"]
     assert deletes, "no version was released: the test tests nothing"
     for i in deletes:
-        last_line = max(h[1] for h in happened[:i] if h[0] == "append")
+        version = happened[i][1]
+        released = [h[2] for h in happened[:i] if h[0] == "release" and h[1] == version]
+        assert released, f"version {version} deleted before its release was dispatched"
         synced = [h[1] for h in happened[:i] if h[0] == "sync"]
-        assert synced and synced[-1] == last_line, happened[max(i - 4, 0):i + 1]
+        assert synced and synced[-1] >= released[-1], happened[max(i - 4, 0):i + 1]
+    assert not (tmp_path / "store" / f"weights-{happened[deletes[0]][1]:06d}.bin").exists()
 
 
 def test_a_release_that_is_not_durable_stops_the_driver(tmp_path, rt, monkeypatch):
