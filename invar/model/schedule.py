@@ -37,6 +37,19 @@ def sampling_seed(config: RunConfig, request: RequestId) -> int:
     return int.from_bytes(hashlib.blake2b(text, digest_size=8).digest(), "big") >> 1
 
 
+def group_seeds(config: RunConfig, batch: int, prompt: int) -> tuple[int, ...]:
+    """`sampling_seed` of samples 0..G-1 of one prompt, in one go: the text they share is
+    hashed once and each sample's hash continues from a copy of it (blake2b is streaming, so
+    the seeds are the very same)."""
+    shared = hashlib.blake2b(f"{config.seed}:sample:{batch}:{prompt}:".encode(), digest_size=8)
+    seeds = []
+    for sample in range(config.group_size):
+        hashed = shared.copy()
+        hashed.update(b"%d" % sample)
+        seeds.append(int.from_bytes(hashed.digest(), "big") >> 1)
+    return tuple(seeds)
+
+
 def prompt_index(config: RunConfig, batch: int, prompt: int) -> int:
     """Which task prompt fills slot `prompt` of `batch` (the task maps it to tokens)."""
     return batch * config.prompts_per_batch + prompt
