@@ -64,6 +64,7 @@ from invar.model.schedule import RequestId
 from invar.model.state import (
     AppliedStep,
     Assigned,
+    BatchInputs,
     BatchState,
     Consumption,
     LearnerPhase,
@@ -371,12 +372,8 @@ def _on_probabilities_reported(state: State, event: ProbabilitiesReported) -> Ha
         problem = "reference: not requested (kl_coef is 0)"
     if problem:
         return ProtocolError(state, event, Reason.MALFORMED_PAYLOAD, problem)
-    config = state.config
-    rewards = np.array([s.reward for s in batch.slots], dtype=np.float64)  # type: ignore[union-attr]
-    advantages = group_advantages(rewards, config.group_size,
-                                  config.objective.normalize_advantages)
     scores = Scores(matrix_digest(event.proximal, event.reference), event.proximal,
-                    event.reference, tuple(advantages.tolist()))
+                    event.reference, _batch_inputs(state.config, batch, event))
     learner = evolve(learner, scores=scores)
     return _request_forward(evolve(state, learner=learner), step=0)
 
@@ -560,20 +557,38 @@ def _commit_command(update: int, learner: LearnerState) -> Commit:
     return Commit(update, learner.attempt, learner.step_digest)
 
 
+def _batch_inputs(config: RunConfig, batch: BatchState,
+                  scores: ProbabilitiesReported) -> BatchInputs:
+    samples: list[Sample] = list(batch.slots)  # type: ignore[arg-type]
+    rewards = np.array([s.reward for s in samples], dtype=np.float64)
+    inputs = BatchInputs(
+        advantages=group_advantages(rewards, config.group_size,
+                                    config.objective.normalize_advantages),
+        behavior=pad([s.behavior_logprobs for s in samples])[0],
+        proximal=pad(scores.proximal)[0],
+        reference=None if scores.reference is None else pad(scores.reference)[0],
+    )
+    for values in inputs:
+        if values is not None:
+            values.flags.writeable = False
+    return inputs
+
+
 def _cotangent(state: State, batch: BatchState, plan: tuple[int, ...],
                event: ForwardObserved) -> ApplyCotangent:
     """Objective terms and dL/d(current log-prob) of one minibatch (see objective.py)."""
     config = state.config
-    samples: list[Sample] = list(batch.slots)  # type: ignore[arg-type]
     scores = state.learner.scores
     assert scores is not None
-    advantages = np.array([scores.advantages[i] for i in plan], dtype=np.float64)
     current, mask = pad(event.current_logprobs)
-    proximal, _ = pad([scores.proximal[i] for i in plan])
-    behavior, _ = pad([samples[i].behavior_logprobs for i in plan])
-    reference = None
-    if scores.reference is not None:
-        reference, _ = pad([scores.reference[i] for i in plan])
+    # The minibatch's rows of the batch's arrays, as wide as its longest response: exactly
+    # what padding its own rows would give.
+    rows, width = list(plan), current.shape[1]
+    inputs = scores.inputs
+    advantages = inputs.advantages[rows]
+    proximal = inputs.proximal[rows, :width]
+    behavior = inputs.behavior[rows, :width]
+    reference = None if inputs.reference is None else inputs.reference[rows, :width]
     staleness = np.full(len(plan), schedule.staleness(config, batch.batch), dtype=np.float64)
     terms, cotangent = objective(config.objective, advantages, current, proximal, behavior, mask,
                                  reference=reference, staleness=staleness)

@@ -16,7 +16,9 @@ import sys
 from array import array
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, TypeVar
+from typing import Any, NamedTuple, TypeVar
+
+import numpy as np
 
 from invar.model.config import RunConfig
 from invar.model.messages import ApplyCotangent, Matrix, ObservationId
@@ -241,9 +243,20 @@ class Scores:
     digest: str
     proximal: Matrix = field(compare=False, repr=False)
     reference: Matrix | None = field(compare=False, repr=False)
-    advantages: tuple[float, ...] = field(compare=False, repr=False)
-    """Each sample's advantage, from the batch's rewards (which are fixed by then): computed
-    once per update, not once per minibatch."""
+    inputs: BatchInputs = field(compare=False, repr=False)
+    """The batch's objective inputs as arrays, built once per update: each minibatch takes
+    its rows."""
+
+
+class BatchInputs(NamedTuple):
+    """Per-sample objective inputs of a whole batch (read-only arrays, rows in slot order;
+    log-probs padded with 0.0 to the batch's longest response)."""
+
+    advantages: np.ndarray
+    """(n,): from the batch's rewards, which are final once the batch is scored."""
+    behavior: np.ndarray
+    proximal: np.ndarray
+    reference: np.ndarray | None
 
 
 @cached_repr

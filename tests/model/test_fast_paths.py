@@ -109,13 +109,20 @@ def test_matrix_digest_is_the_spec_formula(first, second):
     assert matrix_digest(a) == spec_matrix_digest(a)
 
 
+@given(st.integers(0, 2**40), st.lists(st.one_of(st.integers(-5, 10**6), st.text(max_size=3)),
+                                     max_size=3), st.integers(0, 12))
+def test_derive_seeds_are_derive_seed_along_a_path(root, path, count):
+    assert schedule.derive_seeds(root, *path, count=count) == [
+        schedule.derive_seed(root, *path, i) for i in range(count)]
+
+
 def test_group_seeds_are_the_sampling_seeds():
     for config in (RunConfig(), RunConfig(seed=7, group_size=3, prompts_per_batch=2)):
         for batch in range(3):
             for prompt in range(config.prompts_per_batch):
-                assert schedule.group_seeds(config, batch, prompt) == tuple(
+                assert schedule.group_seeds(config, batch, prompt) == [
                     schedule.sampling_seed(config, RequestId(batch, prompt, s))
-                    for s in range(config.group_size))
+                    for s in range(config.group_size)]
 
 
 def slot_term(position, slot):
