@@ -41,6 +41,7 @@ from invar.model.messages import (
     WorkerLost,
 )
 from invar.model.objective import ObjectiveConfig
+from invar.model.shell import Delivery
 from invar.model.state import Assigned, NoOps, Sample, State, cached_repr, evolve
 from invar.model.world import CORE, Message, World, message
 from invar.testing import canonical_run
@@ -160,7 +161,8 @@ class InvarModel(BaseModel[Explored, tuple]):
                            if perm != self.worker_names]
         self._renames = IdentityMemo()
         self._transitions = IdentityMemo()
-        self._shared_cores = IdentityMemo()
+        self._phase_moves = IdentityMemo()
+        self._deliveries = IdentityMemo()
         self._finals = IdentityMemo()
         self._refusals = IdentityMemo()
         self._kinds: dict[tuple, str] = {}
@@ -175,6 +177,7 @@ class InvarModel(BaseModel[Explored, tuple]):
     def init_states(self) -> list[Explored]:
         b = self.bounds
         world = w.new_world(self.config, self.worker_names, b.reproducible_forwards)
+        self._core_of_value(world.core)  # later cores of its value become this very object
         return [Explored(world, Budget(b.drops, b.duplicates, b.worker_crashes,
                                        b.learner_crashes, b.driver_restarts, b.early_timers))]
 
@@ -229,35 +232,46 @@ class InvarModel(BaseModel[Explored, tuple]):
             spent = "early_timers"
         if spent:
             budget = evolve(budget, **{spent: getattr(budget, spent) - 1})
-        if kind in ("deliver", "drop", "duplicate"):
+        if kind == "deliver":
+            world = w.deliver_message(world, arg, self._delivered)
+        elif kind in ("drop", "duplicate"):
             world = _KEYED[kind](world, arg)
         elif kind == "merge":
             world = w.merge_replies(world, *arg)
         elif kind == "timer":
-            world = w.fire_timer(world)
+            world = w.fire_timer(world, self._delivered)
         elif kind in ("crash_worker", "restart_worker"):
             world = _NAMED[kind](world, arg)
         elif kind in _WHOLE:
             world = _WHOLE[kind](world)
         else:  # pragma: no cover
             raise ValueError(f"unknown action {action!r}")
-        if world.core is not state.world.core:
-            world = self._share_core(world)
         return Explored(world, budget)
 
-    def _share_core(self, world: World) -> World:
-        """`world` with its core replaced by the one object kept for its value, no-op counts
-        included (equality leaves them out): a core reached along two interleavings is then
-        one object, so the memos keyed by identity (the world's deliveries, the verdicts of the
-        invariants) hit for both. What else equality leaves out stands behind digests it
-        compares (payloads) or is derived from compared fields (the cotangent kept to re-send),
-        so the shared object answers every question as the one it stands for does."""
-        core = world.core
-        shared = self._shared_cores.of(core, self._core_of_value)
-        if shared is core:
-            return world
-        journal = shared if world.journal is core else world.journal
-        return evolve(world, core=shared, journal=journal)
+    def _delivered(self, core: State, event: Any) -> tuple[Delivery, w.Routed]:
+        """The world's `routed_delivery`, remembered for the very core object and this very
+        event object (the usual hit: a message in flight is one object in every world that
+        holds it), else an equal event; its state is the one core object kept for its value.
+
+        One object per core value, no-op counts included (equality leaves them out): a core
+        reached along two interleavings is then one object, so the memos keyed by identity
+        (these deliveries, the verdicts of the invariants) hit for both. What else equality
+        leaves out stands behind digests it compares (payloads) or is derived from compared
+        fields (the cotangent kept to re-send), so the shared object answers every question as
+        the one it stands for does. Every core of the search comes from here or is the initial
+        one (a driver restart goes back to a journal, which is one of them), so every core is
+        shared. Kept per model instance: a test that patches the core never meets a core
+        computed before the patch."""
+        deliveries = self._deliveries
+        known = deliveries.get(core, event)
+        if known is None:
+            known = deliveries.get(core, None, event)
+            if known is None:
+                delivery, routed = w.routed_delivery(core, event)
+                shared = evolve(delivery, state=self._core_of_value(delivery.state))
+                known = deliveries.put(core, None, event, (shared, routed))
+            deliveries.put(core, event, None, known)
+        return known
 
     def _core_of_value(self, core: State) -> State:
         if len(self._cores_by_value) >= _CORES_KEPT:
@@ -277,7 +291,7 @@ class InvarModel(BaseModel[Explored, tuple]):
         for name in INVARIANTS:
             props.append(Property.always(name, checks.predicate(name)))
         props.append(Property.transition("transition_invariants", self._transition_ok))
-        props.append(Property.transition("phase_moves_are_listed", _phase_moves_are_listed))
+        props.append(Property.transition("phase_moves_are_listed", self._phase_moves_listed))
         if self.bounds.forgeries:
             props.append(Property.always("forged_events_are_refused", self._forgeries_refused))
         props.append(Property.final("completed_run_matches_canonical_schedule",
@@ -409,15 +423,28 @@ class InvarModel(BaseModel[Explored, tuple]):
             return True
         if after.world.refused:
             return True  # reported by correct_components_never_refused
-        commands = [m for m in sent if m.to != CORE]
-        # A function of the two cores and the commands sent: remembered for those cores.
-        sent_keys = tuple(m.key for m in commands)
-        ok = self._transitions.get(before.core, after.world.core, sent_keys)
+        # A function of the two cores and the commands sent, which the event delivered (named
+        # by the action) decides, but for a load the store no longer holds: none is then sent
+        # (`broken` says so). Remembered for those cores.
+        case = (action, after.world.broken)
+        ok = self._transitions.get(before.core, after.world.core, case)
         if ok is None:
-            ok = self._transitions.put(before.core, after.world.core, sent_keys,
-                                       not transition_violations(
-                                           before.core, [m.body for m in commands],
-                                           after.world.core))
+            commands = [m.body for m in sent if m.to != CORE]
+            ok = self._transitions.put(before.core, after.world.core, case,
+                                       not transition_violations(before.core, commands,
+                                                                 after.world.core))
+        return ok
+
+    def _phase_moves_listed(self, state: Explored, action: tuple, after: Explored) -> bool:
+        """`_phase_moves_are_listed`, remembered per pair of core objects and the action (which
+        names the event delivered)."""
+        before, now = state.world.core, after.world.core
+        if before is now:
+            return True  # the core did not move
+        ok = self._phase_moves.get(before, now, action)
+        if ok is None:
+            ok = self._phase_moves.put(before, now, action,
+                                       _phase_moves_are_listed(state, action, after))
         return ok
 
     def _ample(self, state: Explored) -> str | None:

@@ -33,6 +33,7 @@ completed run's `logical_projection` must equal the canonical one.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -325,17 +326,25 @@ def _send(world: World, *messages: Message) -> World:
 
 
 def _take(world: World, key: str) -> tuple[World, Message]:
-    for i, m in enumerate(world.network):
+    network, msg = _without(world.network, key)
+    return evolve(world, network=network), msg
+
+
+def _without(network: tuple[Message, ...], key: str) -> tuple[tuple[Message, ...], Message]:
+    """`network` less one message `key`, and that message."""
+    for i, m in enumerate(network):
         if m.key == key:
-            return evolve(world, network=world.network[:i] + world.network[i + 1:]), m
+            return network[:i] + network[i + 1:], m
     raise KeyError(key)
 
 
-def deliver_message(world: World, key: str) -> World:
-    """Deliver the in-flight message `key` to its destination."""
-    world, msg = _take(world, key)
+def deliver_message(world: World, key: str, delivered: Delivered | None = None) -> World:
+    """Deliver the in-flight message `key` to its destination (`delivered`: see `to_core`)."""
+    rest, msg = _without(world.network, key)
     if msg.to == CORE:
-        return to_core(world, msg.body)
+        # Built once with the core's answer: no world in between without the message.
+        return _core_takes(world, rest, msg.body, delivered or _delivered)
+    world = evolve(world, network=rest)
     if msg.to == LEARNER:
         return _to_learner(world, msg.body)
     if msg.to == STORE:
@@ -384,50 +393,70 @@ def mergeable(a: Message, b: Message) -> bool:
             and a.body.incarnation == b.body.incarnation)
 
 
-def fire_timer(world: World) -> World:
+def fire_timer(world: World, delivered: Delivered | None = None) -> World:
     """The armed retry timer expires: it disarms itself and tells the core."""
-    return to_core(evolve(world, timer=False), TimerFired())
+    return to_core(evolve(world, timer=False), TimerFired(), delivered)
 
 
-def to_core(world: World, event: Event) -> World:
-    """The driver applies an event: `shell.deliver`, the journal, then the commands' routes."""
-    delivery, routed = _delivered(world.core, event)
+Routed = tuple[tuple[Command, str, Message], ...]
+"""A delivery's commands, each with its route and the message that carries it."""
+Delivered = Callable[[State, Event], tuple[Delivery, Routed]]
+"""How the core answers an event: `routed_delivery`, or a memo of it. A model checker passes
+its own (`checker.invar_model`), which also hands out one core object per core value."""
+
+
+def to_core(world: World, event: Event, delivered: Delivered | None = None) -> World:
+    """The driver applies an event: `shell.deliver`, the journal, then the commands' routes.
+    `delivered` answers for the core (default: `routed_delivery` remembered per core object)."""
+    return _core_takes(world, world.network, event, delivered or _delivered)
+
+
+def _core_takes(world: World, network: tuple[Message, ...], event: Event,
+                delivered: Delivered) -> World:
+    """`to_core` on `world` with `network` in flight instead of its own (the message that
+    brought `event` already taken off)."""
+    delivery, routed = delivered(world.core, event)
     if delivery.verdict is Verdict.REFUSED:
         assert delivery.error is not None
-        return evolve(world, refused=f"{delivery.error.reason.value}: {delivery.error.detail}")
+        return evolve(world, network=network,
+                      refused=f"{delivery.error.reason.value}: {delivery.error.detail}")
     journal = delivery.state if delivery.durable else world.journal
     sent, timer = [], world.timer
     for command, where, msg in routed:
         if isinstance(command, (RetainVersion, ReleaseVersion)):
-            world = _to_store(world, command)  # the driver's own file system: done at once
+            # The driver's own file system: done at once (only the store changes).
+            world = _to_store(world, command)
         elif isinstance(command, LoadWeights) and command.version not in world.store:
             # The driver reads the weights from the store as it sends the load.
             return evolve(world, core=delivery.state, journal=journal, timer=timer,
-                           broken=f"{command.worker} told to load version "
-                                  f"{command.version}, which the store no longer holds")
+                          network=network,
+                          broken=f"{command.worker} told to load version "
+                                 f"{command.version}, which the store no longer holds")
         elif where == TIMER:
             timer = True
         else:
             sent.append(msg)
     return evolve(world, core=delivery.state, journal=journal, timer=timer,
-                   network=world.network + tuple(sent))
+                  network=network + tuple(sent))
+
+
+def routed_delivery(core: State, event: Event) -> tuple[Delivery, Routed]:
+    """`shell.deliver(core, event)` with each command's route and message."""
+    delivery = deliver(core, event)
+    return delivery, tuple((c, where, message(where, c))
+                           for c, where in ((c, route(c)) for c in delivery.commands))
 
 
 _deliveries = IdentityMemo(1 << 16)
 
 
-def _delivered(core: State,
-               event: Event) -> tuple[Delivery, tuple[tuple[Command, str, Message], ...]]:
-    """`shell.deliver(core, event)` with each command's route and message, remembered for the
-    very `core` object and an equal event (see `invar.model.memo`: a model checker delivers the
-    same event to the same core in many worlds that differ elsewhere)."""
-    known: tuple[Delivery, tuple[tuple[Command, str, Message], ...]] | None = \
-        _deliveries.get(core, None, event)
+def _delivered(core: State, event: Event) -> tuple[Delivery, Routed]:
+    """`routed_delivery`, remembered for the very `core` object and an equal event (see
+    `invar.model.memo`: a model checker delivers the same event to the same core in many
+    worlds that differ elsewhere)."""
+    known: tuple[Delivery, Routed] | None = _deliveries.get(core, None, event)
     if known is None:
-        delivery = deliver(core, event)
-        routed = tuple((c, where, message(where, c))
-                       for c, where in ((c, route(c)) for c in delivery.commands))
-        known = _deliveries.put(core, None, event, (delivery, routed))
+        known = _deliveries.put(core, None, event, routed_delivery(core, event))
     return known
 
 
