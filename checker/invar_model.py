@@ -17,6 +17,7 @@ run can complete.
 from __future__ import annotations
 
 import itertools
+import operator
 import tomllib
 from collections import Counter
 from collections.abc import Iterator
@@ -195,7 +196,7 @@ class InvarModel(BaseModel[Explored, tuple]):
                 yield ("duplicate", ample)
             return
         for key in distinct:
-            if not _overtakes_connection(world, key):
+            if not (key.startswith(_LOST) and _overtakes_connection(world, key)):
                 yield ("deliver", key)
         # Connections, losses and restarts are the driver's own observations, not messages
         # on the wire: they may be delayed behind others, never dropped or duplicated.
@@ -223,6 +224,18 @@ class InvarModel(BaseModel[Explored, tuple]):
             yield ("restart_learner", None)
         if budget.driver_restarts:
             yield ("restart_driver", None)
+
+    def successors(self, state: Explored) -> Iterator[tuple[tuple, Explored]]:
+        """`actions` with `next_state` of each, fused for the engine's hot loop (the same pairs
+        in the same order: `check_successors`): a delivery, nearly every action, is built
+        straight from the world, its budget unchanged."""
+        world, budget = state.world, state.budget
+        deliver, delivered, next_state = w.deliver_message, self._delivered, self.next_state
+        for action in self.actions(state):
+            if action[0] == "deliver":
+                yield action, Explored(deliver(world, action[1], delivered), budget)
+            else:
+                yield action, next_state(state, action)
 
     def next_state(self, state: Explored, action: tuple) -> Explored:
         kind, arg = action
@@ -606,6 +619,8 @@ _WHOLE = {"crash_learner": w.crash_learner, "restart_learner": w.restart_learner
           "restart_driver": w.restart_driver}
 
 _TO_CORE = f"{CORE}|"
+_LOST = f"{CORE}|WorkerLost("
+_KEY_OF = operator.attrgetter("key")
 _LOCAL_FACTS = tuple(f"{CORE}|{t.__name__}(" for t in (WorkerConnected, WorkerLost, LearnerStarted,
                                                         TimerFired))
 
@@ -623,7 +638,7 @@ def _schedule_part(projection: tuple) -> tuple:
 
 def _overtakes_connection(world: World, key: str) -> bool:
     """A worker's loss is observed after its connection (one reader task sees both)."""
-    if not key.startswith(f"{CORE}|WorkerLost("):
+    if not key.startswith(_LOST):
         return False
     lost = next(m.body for m in world.network if m.key == key)
     return message(CORE, WorkerConnected(lost.worker, lost.incarnation)).key in \
@@ -655,5 +670,5 @@ def _key(state: Explored) -> tuple:
     keys); what a driver restart would recover counts only while a restart can still happen."""
     world = state.world
     return (world.core, world.journal if state.budget.driver_restarts else None,
-            tuple(sorted(m.key for m in world.network)), world.learner, world.workers,
+            tuple(sorted(map(_KEY_OF, world.network))), world.learner, world.workers,
             world.store, world.timer, state.budget, world.refused, world.broken)

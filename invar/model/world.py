@@ -340,16 +340,15 @@ def _without(network: tuple[Message, ...], key: str) -> tuple[tuple[Message, ...
 
 def deliver_message(world: World, key: str, delivered: Delivered | None = None) -> World:
     """Deliver the in-flight message `key` to its destination (`delivered`: see `to_core`)."""
+    # Each destination builds the next world once, from the network without the message.
     rest, msg = _without(world.network, key)
     if msg.to == CORE:
-        # Built once with the core's answer: no world in between without the message.
         return _core_takes(world, rest, msg.body, delivered or _delivered)
-    world = evolve(world, network=rest)
     if msg.to == LEARNER:
-        return _to_learner(world, msg.body)
+        return _to_learner(world, rest, msg.body)
     if msg.to == STORE:
-        return _to_store(world, msg.body)
-    return _to_worker(world, msg.body)
+        return _to_store(world, rest, msg.body)
+    return _to_worker(world, rest, msg.body)
 
 
 def drop(world: World, key: str) -> World:
@@ -421,23 +420,22 @@ def _core_takes(world: World, network: tuple[Message, ...], event: Event,
         return evolve(world, network=network,
                       refused=f"{delivery.error.reason.value}: {delivery.error.detail}")
     journal = delivery.state if delivery.durable else world.journal
-    sent, timer = [], world.timer
+    sent, timer, store = [], world.timer, world.store
     for command, where, msg in routed:
         if isinstance(command, (RetainVersion, ReleaseVersion)):
-            # The driver's own file system: done at once (only the store changes).
-            world = _to_store(world, command)
-        elif isinstance(command, LoadWeights) and command.version not in world.store:
+            store = _kept(store, command)  # the driver's own file system: done at once
+        elif isinstance(command, LoadWeights) and command.version not in store:
             # The driver reads the weights from the store as it sends the load.
             return evolve(world, core=delivery.state, journal=journal, timer=timer,
-                          network=network,
+                          network=network, store=store,
                           broken=f"{command.worker} told to load version "
                                  f"{command.version}, which the store no longer holds")
         elif where == TIMER:
             timer = True
         else:
             sent.append(msg)
-    return evolve(world, core=delivery.state, journal=journal, timer=timer,
-                  network=network + tuple(sent))
+    return evolve(world, core=delivery.state, journal=journal, timer=timer, store=store,
+                  network=network + tuple(sent) if sent else network)
 
 
 def routed_delivery(core: State, event: Event) -> tuple[Delivery, Routed]:
@@ -463,17 +461,20 @@ def _delivered(core: State, event: Event) -> tuple[Delivery, Routed]:
 # -- components -------------------------------------------------------------------------------
 
 
-def _to_learner(world: World, command: Command) -> World:
+# Each takes `world` with `network` in flight (the command's message already taken off) and
+# returns the next world.
+
+
+def _to_learner(world: World, network: tuple[Message, ...], command: Command) -> World:
     # The same command reaches the same learner in many worlds: remembered (`memo`).
-    value = (world.reproducible_forwards, world.config.optimizer_steps)
+    value = (world.reproducible_forwards, world.core.config.optimizer_steps)
     answer = _learner_answers.get(world.learner, command, value)
     if answer is None:
         answer = _learner_answers.put(world.learner, command, value,
                                       _learner_answer(world.learner, command, *value))
     learner, reply = answer
-    if reply is not None:
-        return evolve(world, learner=learner, network=world.network + (reply,))
-    return world if learner is world.learner else evolve(world, learner=learner)
+    return evolve(world, learner=learner,
+                  network=network + (reply,) if reply is not None else network)
 
 
 _learner_answers = IdentityMemo(1 << 16)
@@ -523,28 +524,36 @@ def _learner_answer(learner: Learner, command: Command, reproducible_forwards: b
     return learner, (message(CORE, reply) if reply is not None else None)
 
 
-def _to_store(world: World, command: Command) -> World:
+def _to_store(world: World, network: tuple[Message, ...], command: Command) -> World:
     if isinstance(command, Publish):
         if command.version >= len(world.learner.commits):
-            return evolve(world, broken=f"publish of version {command.version}: no commit")
+            return evolve(world, network=network,
+                          broken=f"publish of version {command.version}: no commit")
         store = tuple(sorted({*world.store, command.version}))
         reply = VersionPublished(command.version, world.learner.commits[command.version])
-        return _send(evolve(world, store=store), message(CORE, reply))
+        return evolve(world, store=store, network=network + (message(CORE, reply),))
+    return evolve(world, store=_kept(world.store, command), network=network)
+
+
+def _kept(store: tuple[int, ...], command: RetainVersion | ReleaseVersion) -> tuple[int, ...]:
+    """What the store holds after `command`: a release deletes the version; the store keeps
+    what was published until released (a retain changes nothing)."""
     if isinstance(command, ReleaseVersion):
-        return evolve(world, store=tuple(v for v in world.store if v != command.version))
-    return world  # RetainVersion: the store keeps what was published until released
+        return tuple(v for v in store if v != command.version)
+    return store
 
 
-def _to_worker(world: World, command: LoadWeights | LaunchRequest) -> World:
+def _to_worker(world: World, network: tuple[Message, ...],
+               command: LoadWeights | LaunchRequest) -> World:
     # The same command reaches the same worker in many worlds: remembered (`memo`).
     worker = world.worker(command.worker)
     answer = _worker_answers.get(worker, command)
     if answer is None:
         answer = _worker_answers.put(worker, command, None, _worker_answer(worker, command))
     after, reply = answer
-    if after is not worker:
-        world = _put_worker(world, after)
-    return _send(world, reply) if reply is not None else world
+    workers = world.workers if after is worker else _with_worker(world.workers, after)
+    return evolve(world, workers=workers,
+                  network=network + (reply,) if reply is not None else network)
 
 
 _worker_answers = IdentityMemo(1 << 16)
@@ -576,8 +585,11 @@ def worker_accepts(worker: Worker, command: LoadWeights | LaunchRequest) -> bool
 
 
 def _put_worker(world: World, worker: Worker) -> World:
-    return evolve(world, workers=tuple(worker if w.name == worker.name else w
-                                        for w in world.workers))
+    return evolve(world, workers=_with_worker(world.workers, worker))
+
+
+def _with_worker(workers: tuple[Worker, ...], worker: Worker) -> tuple[Worker, ...]:
+    return tuple(worker if w.name == worker.name else w for w in workers)
 
 
 # -- faults -----------------------------------------------------------------------------------
