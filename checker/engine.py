@@ -337,9 +337,10 @@ class PropertyTracker:
     def check_transition(self, s: Any, fs: int, depth: int, action: Any, t: Any) -> None:
         for name, pred in self.transition:
             if not pred(s, action, t):
-                self.record(
-                    Found(name, PropertyKind.TRANSITION.value, depth + 1, fs, action, t, True)
-                )
+                self.fail_transition(name, fs, depth, action, t)
+
+    def fail_transition(self, name: str, fs: int, depth: int, action: Any, t: Any) -> None:
+        self.record(Found(name, PropertyKind.TRANSITION.value, depth + 1, fs, action, t, True))
 
     def check_expanded(self, s: Any, fs: int, depth: int, n_succ: int, final: bool) -> None:
         if final:

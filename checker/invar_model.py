@@ -20,11 +20,10 @@ import itertools
 import operator
 import tomllib
 from collections import Counter
-from collections.abc import Iterator
 from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from checker.model import BaseModel, Property
 from invar.model import transitions
@@ -141,9 +140,9 @@ class Budget:
     early_timers: int
 
 
-@dataclass(frozen=True)
-class Explored:
-    """A state of the search: the world and the faults still allowed."""
+class Explored(NamedTuple):
+    """A state of the search: the world and the faults still allowed. (A named tuple: built
+    for every transition, and a tuple is built fastest.)"""
 
     world: World
     budget: Budget
@@ -164,6 +163,7 @@ class InvarModel(BaseModel[Explored, tuple]):
         self._transitions = IdentityMemo()
         self._phase_moves = IdentityMemo()
         self._deliveries = IdentityMemo()
+        self._independent = IdentityMemo()
         self._finals = IdentityMemo()
         self._refusals = IdentityMemo()
         self._kinds: dict[tuple, str] = {}
@@ -182,60 +182,55 @@ class InvarModel(BaseModel[Explored, tuple]):
         return [Explored(world, Budget(b.drops, b.duplicates, b.worker_crashes,
                                        b.learner_crashes, b.driver_restarts, b.early_timers))]
 
-    def actions(self, state: Explored) -> Iterator[tuple]:
+    def actions(self, state: Explored) -> list[tuple]:
         world, budget = state.world, state.budget
         if world.refused or world.broken:
-            return
+            return []
         distinct = sorted({m.key for m in world.network})
-        ample = self._ample(state) if self.reduction else None
+        ample = self._ample(state, distinct) if self.reduction else None
         if ample is not None:
-            yield ("deliver", ample)
+            out = [("deliver", ample)]
             if budget.drops:
-                yield ("drop", ample)
+                out.append(("drop", ample))
             if budget.duplicates:
-                yield ("duplicate", ample)
-            return
-        for key in distinct:
-            if not (key.startswith(_LOST) and _overtakes_connection(world, key)):
-                yield ("deliver", key)
+                out.append(("duplicate", ample))
+            return out
+        out = [("deliver", key) for key in distinct
+               if not (key.startswith(_LOST) and _overtakes_connection(world, key))]
         # Connections, losses and restarts are the driver's own observations, not messages
         # on the wire: they may be delayed behind others, never dropped or duplicated.
-        wire = [k for k in distinct if not k.startswith(_LOCAL_FACTS)] \
-            if budget.drops or budget.duplicates else []
-        if budget.drops:
-            for key in wire:
-                yield ("drop", key)
-        if budget.duplicates:
-            for key in wire:
-                yield ("duplicate", key)
+        if budget.drops or budget.duplicates:
+            wire = [k for k in distinct if not k.startswith(_LOCAL_FACTS)]
+            if budget.drops:
+                out += [("drop", key) for key in wire]
+            if budget.duplicates:
+                out += [("duplicate", key) for key in wire]
         if self.bounds.frames:
-            for first, second in _mergeable_pairs(world):
-                yield ("merge", (first, second))
+            out += [("merge", pair) for pair in _mergeable_pairs(world)]
         if world.timer and (not world.network or budget.early_timers):
-            yield ("timer", None)
+            out.append(("timer", None))
         for worker in world.workers:
             if worker.alive and budget.worker_crashes:
-                yield ("crash_worker", worker.name)
+                out.append(("crash_worker", worker.name))
             if not worker.alive and self.bounds.worker_restarts:
-                yield ("restart_worker", worker.name)
+                out.append(("restart_worker", worker.name))
         if world.learner.alive and budget.learner_crashes:
-            yield ("crash_learner", None)
+            out.append(("crash_learner", None))
         if not world.learner.alive:
-            yield ("restart_learner", None)
+            out.append(("restart_learner", None))
         if budget.driver_restarts:
-            yield ("restart_driver", None)
+            out.append(("restart_driver", None))
+        return out
 
-    def successors(self, state: Explored) -> Iterator[tuple[tuple, Explored]]:
+    def successors(self, state: Explored) -> list[tuple[tuple, Explored]]:
         """`actions` with `next_state` of each, fused for the engine's hot loop (the same pairs
         in the same order: `check_successors`): a delivery, nearly every action, is built
         straight from the world, its budget unchanged."""
         world, budget = state.world, state.budget
         deliver, delivered, next_state = w.deliver_message, self._delivered, self.next_state
-        for action in self.actions(state):
-            if action[0] == "deliver":
-                yield action, Explored(deliver(world, action[1], delivered), budget)
-            else:
-                yield action, next_state(state, action)
+        return [(action, Explored(deliver(world, action[1], delivered), budget)
+                 if action[0] == "deliver" else next_state(state, action))
+                for action in self.actions(state)]
 
     def next_state(self, state: Explored, action: tuple) -> Explored:
         kind, arg = action
@@ -460,7 +455,7 @@ class InvarModel(BaseModel[Explored, tuple]):
                                        _phase_moves_are_listed(state, action, after))
         return ok
 
-    def _ample(self, state: Explored) -> str | None:
+    def _ample(self, state: Explored, distinct: list[str]) -> str | None:
         """Partial-order reduction: one worker reply stands for all orders of its kind.
 
         Used only where the core declares the deliveries independent (`independent_completion`)
@@ -472,12 +467,21 @@ class InvarModel(BaseModel[Explored, tuple]):
                 or b.worker_crashes or b.learner_crashes or b.driver_restarts or b.early_timers
                 or not world.learner.alive or not all(x.alive for x in world.workers)):
             return None
-        candidates = sorted((m for m in world.network if m.to == CORE), key=lambda m: m.key)
-        if not candidates or not all(isinstance(m.body, RequestsCompleted) for m in candidates):
+        # `distinct` is sorted: the keys of the messages to the core, in the order of their keys
+        # (a key is the destination, then the body's repr, which names its type).
+        candidates = [key for key in distinct if key.startswith(_TO_CORE)]
+        if not candidates or not all(key.startswith(_COMPLETIONS) for key in candidates):
             return None
-        for msg in candidates:
-            if independent_completion(world.core, msg.body):
-                return msg.key
+        bodies = {m.key: m.body for m in world.network}
+        core, independent = world.core, self._independent
+        for key in candidates:
+            # A function of the core and the reply: remembered for those very objects.
+            body = bodies[key]
+            verdict = independent.get(core, body)
+            if verdict is None:
+                verdict = independent.put(core, body, None, independent_completion(core, body))
+            if verdict:
+                return key
         return None
 
 
@@ -620,6 +624,7 @@ _WHOLE = {"crash_learner": w.crash_learner, "restart_learner": w.restart_learner
 
 _TO_CORE = f"{CORE}|"
 _LOST = f"{CORE}|WorkerLost("
+_COMPLETIONS = f"{CORE}|{RequestsCompleted.__name__}("
 _KEY_OF = operator.attrgetter("key")
 _LOCAL_FACTS = tuple(f"{CORE}|{t.__name__}(" for t in (WorkerConnected, WorkerLost, LearnerStarted,
                                                         TimerFired))
