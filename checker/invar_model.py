@@ -157,9 +157,9 @@ class InvarModel(BaseModel[Explored, tuple]):
         self.worker_names = tuple(f"wkr{i}" for i in range(bounds.workers))
         self.symmetry = symmetry and bounds.workers > 1
         self.reduction = reduction
-        self._renamings = [perm for perm in itertools.permutations(self.worker_names)
+        self._renamings = [_Renaming(self.worker_names, perm)
+                           for perm in itertools.permutations(self.worker_names)
                            if perm != self.worker_names]
-        self._renames = IdentityMemo()
         self._transitions = IdentityMemo()
         self._phase_moves = IdentityMemo()
         self._deliveries = IdentityMemo()
@@ -363,31 +363,7 @@ class InvarModel(BaseModel[Explored, tuple]):
         # disjoint sets for two orbits. The renaming is done on the objects: collections
         # ordered by name (the core's workers, the world's workers) must be re-sorted, and a
         # batch's slots stand behind a digest that hashes the names.
-        return frozenset([key, *(self._renamed_key(state, perm) for perm in self._renamings)])
-
-    def _renamed_key(self, state: Explored, perm: tuple[str, ...]) -> tuple:
-        """`_key` of `state` with its workers renamed by `perm`. Each part is renamed once per
-        object (`IdentityMemo`): search states share their cores, messages and workers."""
-        world = state.world
-        renamed = self._renamed
-        journal = renamed(world.journal, perm, _rename_core) if state.budget.driver_restarts \
-            else None
-        return (renamed(world.core, perm, _rename_core), journal,
-                tuple(sorted(renamed(m, perm, _renamed_message_key) for m in world.network)),
-                world.learner, renamed(world.workers, perm, self._rename_workers), world.store,
-                world.timer, state.budget, world.refused, world.broken)
-
-    def _renamed(self, part: Any, perm: tuple[str, ...], rename: Any) -> Any:
-        known = self._renames.get(part, None, perm)
-        if known is None:
-            known = self._renames.put(part, None, perm,
-                                      rename(part, dict(zip(self.worker_names, perm))))
-        return known
-
-    def _rename_workers(self, workers: tuple[w.Worker, ...],
-                        mapping: dict[str, str]) -> tuple[w.Worker, ...]:
-        by_name = {mapping[x.name]: evolve(x, name=mapping[x.name]) for x in workers}
-        return tuple(by_name[n] for n in self.worker_names)
+        return frozenset([key, *(renaming.key(state) for renaming in self._renamings)])
 
     def format_action(self, action: tuple) -> str:
         kind, arg = action
@@ -648,6 +624,50 @@ def _overtakes_connection(world: World, key: str) -> bool:
     lost = next(m.body for m in world.network if m.key == key)
     return message(CORE, WorkerConnected(lost.worker, lost.incarnation)).key in \
         {m.key for m in world.network}
+
+
+class _Renaming:
+    """One renaming of the interchangeable workers (`perm` for `names`), and the renamed part
+    of each search state part it met, remembered: search states share their cores, journals
+    and workers (per object), and their messages (per key, which the renamed key follows
+    from: only the worker names in it change)."""
+
+    def __init__(self, names: tuple[str, ...], perm: tuple[str, ...]) -> None:
+        self.names = names
+        self.mapping = dict(zip(names, perm))
+        self._parts = IdentityMemo()
+        self._message_keys: dict[str, str] = {}
+
+    def key(self, state: Explored) -> tuple:
+        """`_key` of `state` with its workers renamed."""
+        world = state.world
+        journal = self._part(world.journal, _rename_core) if state.budget.driver_restarts \
+            else None
+        return (self._part(world.core, _rename_core), journal, self._network_keys(world.network),
+                world.learner, self._part(world.workers, self._rename_workers), world.store,
+                world.timer, state.budget, world.refused, world.broken)
+
+    def _part(self, part: Any, rename: Any) -> Any:
+        known = self._parts.get(part)
+        if known is None:
+            known = self._parts.put(part, None, None, rename(part, self.mapping))
+        return known
+
+    def _network_keys(self, network: tuple[Message, ...]) -> tuple[str, ...]:
+        known = self._message_keys
+        keys = []
+        for msg in network:
+            key = known.get(msg.key)
+            if key is None:
+                key = known[msg.key] = _renamed_message_key(msg, self.mapping)
+            keys.append(key)
+        keys.sort()
+        return tuple(keys)
+
+    def _rename_workers(self, workers: tuple[w.Worker, ...],
+                        mapping: dict[str, str]) -> tuple[w.Worker, ...]:
+        by_name = {mapping[x.name]: evolve(x, name=mapping[x.name]) for x in workers}
+        return tuple(by_name[n] for n in self.names)
 
 
 def _rename_core(core: State, mapping: dict[str, str]) -> State:
