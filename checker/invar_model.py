@@ -189,6 +189,7 @@ class InvarModel(BaseModel[Explored, tuple]):
             return []
         distinct = sorted({m.key for m in world.network})
         ample = self._ample(state, distinct) if self.reduction else None
+        out: list[tuple[str, Any]]
         if ample is not None:
             out = [("deliver", ample)]
             if budget.drops:

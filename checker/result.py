@@ -72,12 +72,6 @@ class Progress:
     done: bool = False
 
     @property
-    def graph(self) -> Any:
-        """The explored graph, a networkx.DiGraph of fingerprints, when record_graph=True
-        (else None); built when first read."""
-        return self.recorded.graph if self.recorded is not None else None
-
-    @property
     def states_per_s(self) -> float:
         return self.distinct / self.elapsed_s if self.elapsed_s > 0 else 0.0
 

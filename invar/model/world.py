@@ -535,9 +535,10 @@ def _to_store(world: World, network: tuple[Message, ...], command: Command) -> W
     return evolve(world, store=_kept(world.store, command), network=network)
 
 
-def _kept(store: tuple[int, ...], command: RetainVersion | ReleaseVersion) -> tuple[int, ...]:
-    """What the store holds after `command`: a release deletes the version; the store keeps
-    what was published until released (a retain changes nothing)."""
+def _kept(store: tuple[int, ...], command: Command) -> tuple[int, ...]:
+    """What the store holds after `command` (RetainVersion or ReleaseVersion): a release
+    deletes the version; the store keeps what was published until released (a retain changes
+    nothing)."""
     if isinstance(command, ReleaseVersion):
         return tuple(v for v in store if v != command.version)
     return store
