@@ -595,7 +595,7 @@ def _mergeable_pairs(world: World) -> list[tuple[str, str]]:
 _CORES_KEPT = 1 << 17
 _SPENDS = {"drop": "drops", "duplicate": "duplicates", "crash_worker": "worker_crashes",
            "crash_learner": "learner_crashes", "restart_driver": "driver_restarts"}
-_KEYED = {"deliver": w.deliver_message, "drop": w.drop, "duplicate": w.duplicate}
+_KEYED = {"drop": w.drop, "duplicate": w.duplicate}
 _NAMED = {"crash_worker": w.crash_worker, "restart_worker": w.restart_worker}
 _WHOLE = {"crash_learner": w.crash_learner, "restart_learner": w.restart_learner,
           "restart_driver": w.restart_driver}
