@@ -67,7 +67,8 @@ def expander_source(
         "    sometimes = props.sometimes",
         "    fail_always = props.fail_always",
         "    hit_sometimes = props.hit_sometimes",
-        "    check_transition = props.check_transition",
+        "    transition = props.transition",
+        "    fail_transition = props.fail_transition",
         "    check_expanded = props.check_expanded",
         "    is_final = env.is_final",
         "    graph_edge = env.graph_edge",
@@ -96,7 +97,10 @@ def expander_source(
         add("            n += 1")
         empty = "n == 0"
     if transition:
-        add("            check_transition(s, f, depth, a, t)")
+        # PropertyTracker.check_transition, inlined: a frame less per transition
+        add("            for pn, pp in transition:")
+        add("                if not pp(s, a, t):")
+        add("                    fail_transition(pn, f, depth, a, t)")
     k = "k" if key else "t"
     if key:
         add("            k = key(t)")

@@ -244,5 +244,5 @@ class _SequentialBFS:
             self.stop_reason,
             self.props.found,
             self.visited.__getitem__,
-            self.recorder.graph if self.recorder is not None else None,
+            self.recorder,
         )

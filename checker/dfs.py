@@ -117,5 +117,5 @@ def run_dfs(checker: SearchOptions, ctx: ModelContext) -> Outcome:
         stop_reason,
         props.found,
         visited.__getitem__,
-        recorder.graph if recorder is not None else None,
+        recorder,
     )

@@ -337,9 +337,10 @@ class PropertyTracker:
     def check_transition(self, s: Any, fs: int, depth: int, action: Any, t: Any) -> None:
         for name, pred in self.transition:
             if not pred(s, action, t):
-                self.record(
-                    Found(name, PropertyKind.TRANSITION.value, depth + 1, fs, action, t, True)
-                )
+                self.fail_transition(name, fs, depth, action, t)
+
+    def fail_transition(self, name: str, fs: int, depth: int, action: Any, t: Any) -> None:
+        self.record(Found(name, PropertyKind.TRANSITION.value, depth + 1, fs, action, t, True))
 
     def check_expanded(self, s: Any, fs: int, depth: int, n_succ: int, final: bool) -> None:
         if final:
@@ -368,7 +369,7 @@ class Outcome:
     stop_reason: str
     found: dict[str, Found]
     parent_of: Callable[[int], int] | None
-    graph: Any = None
+    recorder: GraphRecorder | None = None
     processes: int = 1
     notes: list[str] = field(default_factory=list)
 
@@ -406,22 +407,26 @@ class GraphRecorder:
     """Adds the explored states and transitions to a networkx graph of fingerprints; labels
     them (for DOT/GraphML) only when `labelled`: the livelock check needs the graph's shape
     alone, and a state's repr costs. Unlabelled, the graph is recorded as plain lists (an
-    append per transition instead of an `add_edge` call) and built once, when `graph` is first
-    read: the same nodes and edges in the same order, so the livelock check walks it alike."""
+    append per transition instead of an `add_edge` call) and built only when `graph` is first
+    read: the same nodes and edges in the same order, so the livelock check walks it alike.
+    The usual livelock verdict (every state can finish) is read from the lists themselves
+    (`every_state_can_finish`): networkx is then neither imported nor built."""
 
     def __init__(self, ctx: ModelContext, labelled: bool) -> None:
-        import networkx as nx  # optional dependency, needed only when a graph is recorded
-
-        self._graph = nx.DiGraph()
+        self._graph: Any = None
         self.ctx = ctx
         self.labelled = labelled
         self._nodes: dict[int, bool] = {}
         self._finals: list[int] = []
         self._edges: list[tuple[int, int]] = []
+        if labelled:
+            self._graph = _new_graph()
 
     @property
     def graph(self) -> Any:
-        if not self.labelled and (self._nodes or self._edges):
+        """The recorded graph (a networkx.DiGraph of fingerprints)."""
+        if self._graph is None:
+            self._graph = _new_graph()
             self._graph.add_nodes_from((g, {"init": init, "final": False})
                                        for g, init in self._nodes.items())
             self._graph.add_edges_from(self._edges)
@@ -429,6 +434,27 @@ class GraphRecorder:
                 self._graph.nodes[f]["final"] = True
             self._nodes, self._edges, self._finals = {}, [], []
         return self._graph
+
+    def every_state_can_finish(self) -> bool | None:
+        """Whether a final state is reachable from every recorded state, from the lists (None:
+        they were handed over to the built graph, or never kept: ask `graph`)."""
+        if self._graph is not None:
+            return None
+        predecessors: dict[int, list[int]] = {}
+        for f, g in self._edges:
+            known = predecessors.get(g)
+            if known is None:
+                predecessors[g] = [f]
+            else:
+                known.append(f)
+        can_finish = set(self._finals)
+        stack = list(can_finish)
+        while stack:
+            for f in predecessors.get(stack.pop(), ()):
+                if f not in can_finish:
+                    can_finish.add(f)
+                    stack.append(f)
+        return len(can_finish) == len(self._nodes)
 
     def node(self, state: Any, g: int, init: bool = False) -> None:
         if not self.labelled:
@@ -458,3 +484,9 @@ class GraphRecorder:
             self._finals.append(f)
             return
         self._graph.nodes[f]["final"] = True
+
+
+def _new_graph() -> Any:
+    import networkx as nx  # optional dependency, needed only when a graph is built
+
+    return nx.DiGraph()

@@ -17,13 +17,13 @@ run can complete.
 from __future__ import annotations
 
 import itertools
+import operator
 import tomllib
 from collections import Counter
-from collections.abc import Iterator
 from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from checker.model import BaseModel, Property
 from invar.model import transitions
@@ -41,7 +41,8 @@ from invar.model.messages import (
     WorkerLost,
 )
 from invar.model.objective import ObjectiveConfig
-from invar.model.state import Assigned, NoOps, Sample, State, cached_repr, evolve
+from invar.model.shell import Delivery
+from invar.model.state import Assigned, NoOps, Sample, State, evolve
 from invar.model.world import CORE, Message, World, message
 from invar.testing import canonical_run
 
@@ -128,9 +129,10 @@ def load_bounds(path: str | Path) -> tuple[Bounds, dict[str, Any]]:
     return bounds, dict(data.get("check", {}))
 
 
-@cached_repr
-@dataclass(frozen=True)
-class Budget:
+class Budget(NamedTuple):
+    """The faults still allowed. (A named tuple: part of every state's key, and a tuple of
+    ints hashes fastest.)"""
+
     drops: int
     duplicates: int
     worker_crashes: int
@@ -139,9 +141,9 @@ class Budget:
     early_timers: int
 
 
-@dataclass(frozen=True)
-class Explored:
-    """A state of the search: the world and the faults still allowed."""
+class Explored(NamedTuple):
+    """A state of the search: the world and the faults still allowed. (A named tuple: built
+    for every transition, and a tuple is built fastest.)"""
 
     world: World
     budget: Budget
@@ -156,11 +158,13 @@ class InvarModel(BaseModel[Explored, tuple]):
         self.worker_names = tuple(f"wkr{i}" for i in range(bounds.workers))
         self.symmetry = symmetry and bounds.workers > 1
         self.reduction = reduction
-        self._renamings = [perm for perm in itertools.permutations(self.worker_names)
+        self._renamings = [_Renaming(self.worker_names, perm)
+                           for perm in itertools.permutations(self.worker_names)
                            if perm != self.worker_names]
-        self._renames = IdentityMemo()
         self._transitions = IdentityMemo()
-        self._shared_cores = IdentityMemo()
+        self._phase_moves = IdentityMemo()
+        self._deliveries = IdentityMemo()
+        self._independent = IdentityMemo()
         self._finals = IdentityMemo()
         self._refusals = IdentityMemo()
         self._kinds: dict[tuple, str] = {}
@@ -175,51 +179,60 @@ class InvarModel(BaseModel[Explored, tuple]):
     def init_states(self) -> list[Explored]:
         b = self.bounds
         world = w.new_world(self.config, self.worker_names, b.reproducible_forwards)
+        self._core_of_value(world.core)  # later cores of its value become this very object
         return [Explored(world, Budget(b.drops, b.duplicates, b.worker_crashes,
                                        b.learner_crashes, b.driver_restarts, b.early_timers))]
 
-    def actions(self, state: Explored) -> Iterator[tuple]:
+    def actions(self, state: Explored) -> list[tuple]:
         world, budget = state.world, state.budget
         if world.refused or world.broken:
-            return
+            return []
         distinct = sorted({m.key for m in world.network})
-        ample = self._ample(state) if self.reduction else None
+        ample = self._ample(state, distinct) if self.reduction else None
+        out: list[tuple[str, Any]]
         if ample is not None:
-            yield ("deliver", ample)
+            out = [("deliver", ample)]
             if budget.drops:
-                yield ("drop", ample)
+                out.append(("drop", ample))
             if budget.duplicates:
-                yield ("duplicate", ample)
-            return
-        for key in distinct:
-            if not _overtakes_connection(world, key):
-                yield ("deliver", key)
+                out.append(("duplicate", ample))
+            return out
+        out = [("deliver", key) for key in distinct
+               if not (key.startswith(_LOST) and _overtakes_connection(world, key))]
         # Connections, losses and restarts are the driver's own observations, not messages
         # on the wire: they may be delayed behind others, never dropped or duplicated.
-        wire = [k for k in distinct if not k.startswith(_LOCAL_FACTS)] \
-            if budget.drops or budget.duplicates else []
-        if budget.drops:
-            for key in wire:
-                yield ("drop", key)
-        if budget.duplicates:
-            for key in wire:
-                yield ("duplicate", key)
+        if budget.drops or budget.duplicates:
+            wire = [k for k in distinct if not k.startswith(_LOCAL_FACTS)]
+            if budget.drops:
+                out += [("drop", key) for key in wire]
+            if budget.duplicates:
+                out += [("duplicate", key) for key in wire]
         if self.bounds.frames:
-            for first, second in _mergeable_pairs(world):
-                yield ("merge", (first, second))
+            out += [("merge", pair) for pair in _mergeable_pairs(world)]
         if world.timer and (not world.network or budget.early_timers):
-            yield ("timer", None)
+            out.append(("timer", None))
         for worker in world.workers:
             if worker.alive and budget.worker_crashes:
-                yield ("crash_worker", worker.name)
+                out.append(("crash_worker", worker.name))
             if not worker.alive and self.bounds.worker_restarts:
-                yield ("restart_worker", worker.name)
+                out.append(("restart_worker", worker.name))
         if world.learner.alive and budget.learner_crashes:
-            yield ("crash_learner", None)
+            out.append(("crash_learner", None))
         if not world.learner.alive:
-            yield ("restart_learner", None)
+            out.append(("restart_learner", None))
         if budget.driver_restarts:
-            yield ("restart_driver", None)
+            out.append(("restart_driver", None))
+        return out
+
+    def successors(self, state: Explored) -> list[tuple[tuple, Explored]]:
+        """`actions` with `next_state` of each, fused for the engine's hot loop (the same pairs
+        in the same order: `check_successors`): a delivery, nearly every action, is built
+        straight from the world, its budget unchanged."""
+        world, budget = state.world, state.budget
+        deliver, delivered, next_state = w.deliver_message, self._delivered, self.next_state
+        return [(action, Explored(deliver(world, action[1], delivered), budget)
+                 if action[0] == "deliver" else next_state(state, action))
+                for action in self.actions(state)]
 
     def next_state(self, state: Explored, action: tuple) -> Explored:
         kind, arg = action
@@ -228,36 +241,47 @@ class InvarModel(BaseModel[Explored, tuple]):
         if kind == "timer" and world.network:
             spent = "early_timers"
         if spent:
-            budget = evolve(budget, **{spent: getattr(budget, spent) - 1})
-        if kind in ("deliver", "drop", "duplicate"):
+            budget = budget._replace(**{spent: getattr(budget, spent) - 1})
+        if kind == "deliver":
+            world = w.deliver_message(world, arg, self._delivered)
+        elif kind in ("drop", "duplicate"):
             world = _KEYED[kind](world, arg)
         elif kind == "merge":
             world = w.merge_replies(world, *arg)
         elif kind == "timer":
-            world = w.fire_timer(world)
+            world = w.fire_timer(world, self._delivered)
         elif kind in ("crash_worker", "restart_worker"):
             world = _NAMED[kind](world, arg)
         elif kind in _WHOLE:
             world = _WHOLE[kind](world)
         else:  # pragma: no cover
             raise ValueError(f"unknown action {action!r}")
-        if world.core is not state.world.core:
-            world = self._share_core(world)
         return Explored(world, budget)
 
-    def _share_core(self, world: World) -> World:
-        """`world` with its core replaced by the one object kept for its value, no-op counts
-        included (equality leaves them out): a core reached along two interleavings is then
-        one object, so the memos keyed by identity (the world's deliveries, the verdicts of the
-        invariants) hit for both. What else equality leaves out stands behind digests it
-        compares (payloads) or is derived from compared fields (the cotangent kept to re-send),
-        so the shared object answers every question as the one it stands for does."""
-        core = world.core
-        shared = self._shared_cores.of(core, self._core_of_value)
-        if shared is core:
-            return world
-        journal = shared if world.journal is core else world.journal
-        return evolve(world, core=shared, journal=journal)
+    def _delivered(self, core: State, event: Any) -> tuple[Delivery, w.Routed]:
+        """The world's `routed_delivery`, remembered for the very core object and this very
+        event object (the usual hit: a message in flight is one object in every world that
+        holds it), else an equal event; its state is the one core object kept for its value.
+
+        One object per core value, no-op counts included (equality leaves them out): a core
+        reached along two interleavings is then one object, so the memos keyed by identity
+        (these deliveries, the verdicts of the invariants) hit for both. What else equality
+        leaves out stands behind digests it compares (payloads) or is derived from compared
+        fields (the cotangent kept to re-send), so the shared object answers every question as
+        the one it stands for does. Every core of the search comes from here or is the initial
+        one (a driver restart goes back to a journal, which is one of them), so every core is
+        shared. Kept per model instance: a test that patches the core never meets a core
+        computed before the patch."""
+        deliveries = self._deliveries
+        known = deliveries.get(core, event)
+        if known is None:
+            known = deliveries.get(core, None, event)
+            if known is None:
+                delivery, routed = w.routed_delivery(core, event)
+                shared = evolve(delivery, state=self._core_of_value(delivery.state))
+                known = deliveries.put(core, None, event, (shared, routed))
+            deliveries.put(core, event, None, known)
+        return known
 
     def _core_of_value(self, core: State) -> State:
         if len(self._cores_by_value) >= _CORES_KEPT:
@@ -277,7 +301,7 @@ class InvarModel(BaseModel[Explored, tuple]):
         for name in INVARIANTS:
             props.append(Property.always(name, checks.predicate(name)))
         props.append(Property.transition("transition_invariants", self._transition_ok))
-        props.append(Property.transition("phase_moves_are_listed", _phase_moves_are_listed))
+        props.append(Property.transition("phase_moves_are_listed", self._phase_moves_listed))
         if self.bounds.forgeries:
             props.append(Property.always("forged_events_are_refused", self._forgeries_refused))
         props.append(Property.final("completed_run_matches_canonical_schedule",
@@ -341,31 +365,7 @@ class InvarModel(BaseModel[Explored, tuple]):
         # disjoint sets for two orbits. The renaming is done on the objects: collections
         # ordered by name (the core's workers, the world's workers) must be re-sorted, and a
         # batch's slots stand behind a digest that hashes the names.
-        return frozenset([key, *(self._renamed_key(state, perm) for perm in self._renamings)])
-
-    def _renamed_key(self, state: Explored, perm: tuple[str, ...]) -> tuple:
-        """`_key` of `state` with its workers renamed by `perm`. Each part is renamed once per
-        object (`IdentityMemo`): search states share their cores, messages and workers."""
-        world = state.world
-        renamed = self._renamed
-        journal = renamed(world.journal, perm, _rename_core) if state.budget.driver_restarts \
-            else None
-        return (renamed(world.core, perm, _rename_core), journal,
-                tuple(sorted(renamed(m, perm, _renamed_message_key) for m in world.network)),
-                world.learner, renamed(world.workers, perm, self._rename_workers), world.store,
-                world.timer, state.budget, world.refused, world.broken)
-
-    def _renamed(self, part: Any, perm: tuple[str, ...], rename: Any) -> Any:
-        known = self._renames.get(part, None, perm)
-        if known is None:
-            known = self._renames.put(part, None, perm,
-                                      rename(part, dict(zip(self.worker_names, perm))))
-        return known
-
-    def _rename_workers(self, workers: tuple[w.Worker, ...],
-                        mapping: dict[str, str]) -> tuple[w.Worker, ...]:
-        by_name = {mapping[x.name]: evolve(x, name=mapping[x.name]) for x in workers}
-        return tuple(by_name[n] for n in self.worker_names)
+        return frozenset([key, *(renaming.key(state) for renaming in self._renamings)])
 
     def format_action(self, action: tuple) -> str:
         kind, arg = action
@@ -409,18 +409,31 @@ class InvarModel(BaseModel[Explored, tuple]):
             return True
         if after.world.refused:
             return True  # reported by correct_components_never_refused
-        commands = [m for m in sent if m.to != CORE]
-        # A function of the two cores and the commands sent: remembered for those cores.
-        sent_keys = tuple(m.key for m in commands)
-        ok = self._transitions.get(before.core, after.world.core, sent_keys)
+        # A function of the two cores and the commands sent, which the event delivered (named
+        # by the action) decides, but for a load the store no longer holds: none is then sent
+        # (`broken` says so). Remembered for those cores.
+        case = (action, after.world.broken)
+        ok = self._transitions.get(before.core, after.world.core, case)
         if ok is None:
-            ok = self._transitions.put(before.core, after.world.core, sent_keys,
-                                       not transition_violations(
-                                           before.core, [m.body for m in commands],
-                                           after.world.core))
+            commands = [m.body for m in sent if m.to != CORE]
+            ok = self._transitions.put(before.core, after.world.core, case,
+                                       not transition_violations(before.core, commands,
+                                                                 after.world.core))
         return ok
 
-    def _ample(self, state: Explored) -> str | None:
+    def _phase_moves_listed(self, state: Explored, action: tuple, after: Explored) -> bool:
+        """`_phase_moves_are_listed`, remembered per pair of core objects and the action (which
+        names the event delivered)."""
+        before, now = state.world.core, after.world.core
+        if before is now:
+            return True  # the core did not move
+        ok = self._phase_moves.get(before, now, action)
+        if ok is None:
+            ok = self._phase_moves.put(before, now, action,
+                                       _phase_moves_are_listed(state, action, after))
+        return ok
+
+    def _ample(self, state: Explored, distinct: list[str]) -> str | None:
         """Partial-order reduction: one worker reply stands for all orders of its kind.
 
         Used only where the core declares the deliveries independent (`independent_completion`)
@@ -432,12 +445,21 @@ class InvarModel(BaseModel[Explored, tuple]):
                 or b.worker_crashes or b.learner_crashes or b.driver_restarts or b.early_timers
                 or not world.learner.alive or not all(x.alive for x in world.workers)):
             return None
-        candidates = sorted((m for m in world.network if m.to == CORE), key=lambda m: m.key)
-        if not candidates or not all(isinstance(m.body, RequestsCompleted) for m in candidates):
+        # `distinct` is sorted: the keys of the messages to the core, in the order of their keys
+        # (a key is the destination, then the body's repr, which names its type).
+        candidates = [key for key in distinct if key.startswith(_TO_CORE)]
+        if not candidates or not all(key.startswith(_COMPLETIONS) for key in candidates):
             return None
-        for msg in candidates:
-            if independent_completion(world.core, msg.body):
-                return msg.key
+        bodies = {m.key: m.body for m in world.network}
+        core, independent = world.core, self._independent
+        for key in candidates:
+            # A function of the core and the reply: remembered for those very objects.
+            body = bodies[key]
+            verdict = independent.get(core, body)
+            if verdict is None:
+                verdict = independent.put(core, body, None, independent_completion(core, body))
+            if verdict:
+                return key
         return None
 
 
@@ -573,12 +595,15 @@ def _mergeable_pairs(world: World) -> list[tuple[str, str]]:
 _CORES_KEPT = 1 << 17
 _SPENDS = {"drop": "drops", "duplicate": "duplicates", "crash_worker": "worker_crashes",
            "crash_learner": "learner_crashes", "restart_driver": "driver_restarts"}
-_KEYED = {"deliver": w.deliver_message, "drop": w.drop, "duplicate": w.duplicate}
+_KEYED = {"drop": w.drop, "duplicate": w.duplicate}
 _NAMED = {"crash_worker": w.crash_worker, "restart_worker": w.restart_worker}
 _WHOLE = {"crash_learner": w.crash_learner, "restart_learner": w.restart_learner,
           "restart_driver": w.restart_driver}
 
 _TO_CORE = f"{CORE}|"
+_LOST = f"{CORE}|WorkerLost("
+_COMPLETIONS = f"{CORE}|{RequestsCompleted.__name__}("
+_KEY_OF = operator.attrgetter("key")
 _LOCAL_FACTS = tuple(f"{CORE}|{t.__name__}(" for t in (WorkerConnected, WorkerLost, LearnerStarted,
                                                         TimerFired))
 
@@ -596,11 +621,55 @@ def _schedule_part(projection: tuple) -> tuple:
 
 def _overtakes_connection(world: World, key: str) -> bool:
     """A worker's loss is observed after its connection (one reader task sees both)."""
-    if not key.startswith(f"{CORE}|WorkerLost("):
+    if not key.startswith(_LOST):
         return False
     lost = next(m.body for m in world.network if m.key == key)
     return message(CORE, WorkerConnected(lost.worker, lost.incarnation)).key in \
         {m.key for m in world.network}
+
+
+class _Renaming:
+    """One renaming of the interchangeable workers (`perm` for `names`), and the renamed part
+    of each search state part it met, remembered: search states share their cores, journals
+    and workers (per object), and their messages (per key, which the renamed key follows
+    from: only the worker names in it change)."""
+
+    def __init__(self, names: tuple[str, ...], perm: tuple[str, ...]) -> None:
+        self.names = names
+        self.mapping = dict(zip(names, perm))
+        self._parts = IdentityMemo()
+        self._message_keys: dict[str, str] = {}
+
+    def key(self, state: Explored) -> tuple:
+        """`_key` of `state` with its workers renamed."""
+        world = state.world
+        journal = self._part(world.journal, _rename_core) if state.budget.driver_restarts \
+            else None
+        return (self._part(world.core, _rename_core), journal, self._network_keys(world.network),
+                world.learner, self._part(world.workers, self._rename_workers), world.store,
+                world.timer, state.budget, world.refused, world.broken)
+
+    def _part(self, part: Any, rename: Any) -> Any:
+        known = self._parts.get(part)
+        if known is None:
+            known = self._parts.put(part, None, None, rename(part, self.mapping))
+        return known
+
+    def _network_keys(self, network: tuple[Message, ...]) -> tuple[str, ...]:
+        known = self._message_keys
+        keys = []
+        for msg in network:
+            key = known.get(msg.key)
+            if key is None:
+                key = known[msg.key] = _renamed_message_key(msg, self.mapping)
+            keys.append(key)
+        keys.sort()
+        return tuple(keys)
+
+    def _rename_workers(self, workers: tuple[w.Worker, ...],
+                        mapping: dict[str, str]) -> tuple[w.Worker, ...]:
+        by_name = {mapping[x.name]: evolve(x, name=mapping[x.name]) for x in workers}
+        return tuple(by_name[n] for n in self.names)
 
 
 def _rename_core(core: State, mapping: dict[str, str]) -> State:
@@ -628,5 +697,5 @@ def _key(state: Explored) -> tuple:
     keys); what a driver restart would recover counts only while a restart can still happen."""
     world = state.world
     return (world.core, world.journal if state.budget.driver_restarts else None,
-            tuple(sorted(m.key for m in world.network)), world.learner, world.workers,
+            tuple(sorted(map(_KEY_OF, world.network))), world.learner, world.workers,
             world.store, world.timer, state.budget, world.refused, world.broken)

@@ -172,8 +172,9 @@ class BaseModel(Generic[S, A]):
         """How a state is shown in traces and diffs (display only; default: the state)."""
         return state
 
-    def successors(self, state: S) -> Iterator[tuple[A, S]]:
-        """``(action, next_state)`` for every enabled action of `state`, in action order."""
+    def successors(self, state: S) -> Iterable[tuple[A, S]]:
+        """``(action, next_state)`` for every enabled action of `state`, in action order (a
+        generator here; an override may return a list)."""
         next_state = self.next_state
         for action in self.actions(state):
             nxt = next_state(state, action)

@@ -103,10 +103,17 @@ class CheckResult:
     complete: bool
     stop_reason: str
     processes: int = 1
-    graph: Any = None  # networkx.DiGraph of fingerprints when record_graph=True
+    recorded: Any = field(default=None, repr=False, compare=False)
+    """The search's `checker.engine.GraphRecorder` when record_graph=True: see `graph`."""
     notes: list[str] = field(default_factory=list)
     fingerprints: str = "stable"
     collision_probability: float = 0.0
+
+    @property
+    def graph(self) -> Any:
+        """The explored graph, a networkx.DiGraph of fingerprints, when record_graph=True
+        (else None); built when first read."""
+        return self.recorded.graph if self.recorded is not None else None
 
     @property
     def states_per_s(self) -> float:

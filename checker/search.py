@@ -326,15 +326,18 @@ class Checker(Generic[S, A]):
                     "deadlock", "deadlock", Verdict.VIOLATED, self._trace_of(ctx, outcome, hit)
                 )
         if self.check_livelock:
-            if outcome.graph is None or not outcome.complete:
+            recorder = outcome.recorder
+            if recorder is None or not outcome.complete:
                 results["livelock"] = PropertyResult(
                     "livelock",
                     "livelock",
                     Verdict.UNKNOWN,
                     note="needs a complete search with the graph recorded",
                 )
+            elif recorder.every_state_can_finish():
+                results["livelock"] = PropertyResult("livelock", "livelock", Verdict.HOLDS)
             else:
-                results["livelock"] = check_livelock(ctx, outcome.graph)
+                results["livelock"] = check_livelock(ctx, recorder.graph)
         kind = ctx.fp_kind if ctx.inexact else "exact"
         return CheckResult(
             strategy=outcome.strategy,
@@ -347,7 +350,7 @@ class Checker(Generic[S, A]):
             complete=outcome.complete,
             stop_reason=outcome.stop_reason,
             processes=outcome.processes,
-            graph=outcome.graph,
+            recorded=outcome.recorder,
             notes=list(outcome.notes),
             fingerprints=kind,
             collision_probability=(

@@ -29,7 +29,8 @@ from invar.model.objective import ObjectiveConfig
 from invar.model.shell import Verdict, deliver
 from invar.model.state import State, initial_state, state_digest
 
-JOURNAL_FORMAT = 1
+JOURNAL_FORMAT = 2
+"""2: state digests hash a sample's slot and the ledger without reprs (PROTOCOL.md §3)."""
 
 
 @dataclass(frozen=True)

@@ -14,9 +14,8 @@ timer), so the same state always leads to the same commands whatever the history
 from __future__ import annotations
 
 import hashlib
+import itertools
 import math
-import struct
-import sys
 from array import array
 from collections import Counter
 from collections.abc import Callable
@@ -65,6 +64,7 @@ from invar.model.schedule import RequestId
 from invar.model.state import (
     AppliedStep,
     Assigned,
+    BatchInputs,
     BatchState,
     Consumption,
     LearnerPhase,
@@ -244,10 +244,9 @@ def _on_requests_completed(state: State, event: RequestsCompleted) -> Handled:
     if not event.completions:
         return ProtocolError(state, event, Reason.MALFORMED_PAYLOAD,
                              "completions: an empty frame (a reply has at least one)")
-    for i, completion in enumerate(event.completions):
-        error = _completion_error(state, event, i, completion)
-        if error is not None:
-            return error
+    error = _completions_error(state, event)
+    if error is not None:
+        return error
     if state.worker(event.worker) is None:
         return ProtocolError(state, event, Reason.UNKNOWN_WORKER,
                              f"worker {event.worker!r} never connected")
@@ -256,7 +255,7 @@ def _on_requests_completed(state: State, event: RequestsCompleted) -> Handled:
     changes: dict[int, dict[int, Slot]] = {i: {} for i, b in batches.items() if b is not None}
     freed: Counter[str] = Counter()  # worker -> its requests done
     noops: Counter[str] = Counter()
-    for completion in event.completions:
+    for completion, digest in zip(event.completions, _sample_digests(event.completions)):
         index, prompt, sample = completion.request
         batch = batches[index]
         if batch is None:
@@ -265,13 +264,12 @@ def _on_requests_completed(state: State, event: RequestsCompleted) -> Handled:
         position = prompt * g + sample
         new = changes[index]
         slot = new[position] if position in new else batch.slots[position]
-        digest = _sample_digest(completion)
         if type(slot) is Sample:
             # Same identity, version and seed: a numerically invariant worker repeats itself.
             noops["duplicates" if slot.digest == digest else "divergent"] += 1
             continue
-        new[position] = Sample(digest, completion.tokens, completion.behavior_logprobs,
-                               completion.reward, completion.version)
+        new[position] = Sample.of(digest, completion.tokens, completion.behavior_logprobs,
+                                  completion.reward, completion.version)
         if slot is not None:
             freed[slot.worker] += 1  # type: ignore[union-attr]
     changes = {index: new for index, new in changes.items() if new}
@@ -289,23 +287,31 @@ def _on_requests_completed(state: State, event: RequestsCompleted) -> Handled:
     return state, []
 
 
-def _completion_error(state: State, event: RequestsCompleted, i: int,
-                      completion: Completion) -> ProtocolError | None:
-    config, request = state.config, completion.request
-    where = f"completions[{i}]"
-    if not (0 <= request.batch < state.admitted and 0 <= request.prompt < config.prompts_per_batch
-            and 0 <= request.sample < config.group_size):
-        return ProtocolError(state, event, Reason.UNKNOWN_REQUEST,
-                             f"{where}: request {tuple(request)} was never launched "
-                             f"(admitted batches: {state.admitted})")
-    expected = schedule.gen_version(config, request.batch)
-    if completion.version != expected:
-        return ProtocolError(state, event, Reason.WRONG_VERSION,
-                             f"{where}: request {tuple(request)} is assigned version "
-                             f"{expected}, reply claims {completion.version}")
-    problem = _sample_problem(completion)
-    if problem:
-        return ProtocolError(state, event, Reason.MALFORMED_PAYLOAD, f"{where}.{problem}")
+def _completions_error(state: State, event: RequestsCompleted) -> ProtocolError | None:
+    """The first bad completion of the frame, if any: an unknown request, a version other
+    than the one its batch is assigned, or a malformed payload."""
+    config, admitted = state.config, state.admitted
+    prompts, group = config.prompts_per_batch, config.group_size
+    # Payloads are judged per completion only when the frame's checked together fail.
+    judge_payloads = not _payloads_plausible(event.completions)
+    versions: dict[int, int] = {}
+    for i, completion in enumerate(event.completions):
+        request = completion.request
+        batch, prompt, sample = request
+        if not (0 <= batch < admitted and 0 <= prompt < prompts and 0 <= sample < group):
+            return ProtocolError(state, event, Reason.UNKNOWN_REQUEST,
+                                 f"completions[{i}]: request {tuple(request)} was never "
+                                 f"launched (admitted batches: {admitted})")
+        expected = versions.get(batch)
+        if expected is None:
+            expected = versions[batch] = schedule.gen_version(config, batch)
+        if completion.version != expected:
+            return ProtocolError(state, event, Reason.WRONG_VERSION,
+                                 f"completions[{i}]: request {tuple(request)} is assigned "
+                                 f"version {expected}, reply claims {completion.version}")
+        if judge_payloads and (problem := _sample_problem(completion)):
+            return ProtocolError(state, event, Reason.MALFORMED_PAYLOAD,
+                                 f"completions[{i}].{problem}")
     return None
 
 
@@ -367,7 +373,7 @@ def _on_probabilities_reported(state: State, event: ProbabilitiesReported) -> Ha
     if problem:
         return ProtocolError(state, event, Reason.MALFORMED_PAYLOAD, problem)
     scores = Scores(matrix_digest(event.proximal, event.reference), event.proximal,
-                    event.reference)
+                    event.reference, _batch_inputs(state.config, batch, event))
     learner = evolve(learner, scores=scores)
     return _request_forward(evolve(state, learner=learner), step=0)
 
@@ -551,22 +557,38 @@ def _commit_command(update: int, learner: LearnerState) -> Commit:
     return Commit(update, learner.attempt, learner.step_digest)
 
 
+def _batch_inputs(config: RunConfig, batch: BatchState,
+                  scores: ProbabilitiesReported) -> BatchInputs:
+    samples: list[Sample] = list(batch.slots)  # type: ignore[arg-type]
+    rewards = np.array([s.reward for s in samples], dtype=np.float64)
+    inputs = BatchInputs(
+        advantages=group_advantages(rewards, config.group_size,
+                                    config.objective.normalize_advantages),
+        behavior=pad([s.behavior_logprobs for s in samples])[0],
+        proximal=pad(scores.proximal)[0],
+        reference=None if scores.reference is None else pad(scores.reference)[0],
+    )
+    for values in inputs:
+        if values is not None:
+            values.flags.writeable = False
+    return inputs
+
+
 def _cotangent(state: State, batch: BatchState, plan: tuple[int, ...],
                event: ForwardObserved) -> ApplyCotangent:
     """Objective terms and dL/d(current log-prob) of one minibatch (see objective.py)."""
     config = state.config
-    samples: list[Sample] = list(batch.slots)  # type: ignore[arg-type]
-    rewards = np.array([s.reward for s in samples], dtype=np.float64)
-    advantages = group_advantages(rewards, config.group_size,
-                                  config.objective.normalize_advantages)[list(plan)]
     scores = state.learner.scores
     assert scores is not None
     current, mask = pad(event.current_logprobs)
-    proximal, _ = pad([scores.proximal[i] for i in plan])
-    behavior, _ = pad([samples[i].behavior_logprobs for i in plan])
-    reference = None
-    if scores.reference is not None:
-        reference, _ = pad([scores.reference[i] for i in plan])
+    # The minibatch's rows of the batch's arrays, as wide as its longest response: exactly
+    # what padding its own rows would give.
+    rows, width = list(plan), current.shape[1]
+    inputs = scores.inputs
+    advantages = inputs.advantages[rows]
+    proximal = inputs.proximal[rows, :width]
+    behavior = inputs.behavior[rows, :width]
+    reference = None if inputs.reference is None else inputs.reference[rows, :width]
     staleness = np.full(len(plan), schedule.staleness(config, batch.batch), dtype=np.float64)
     terms, cotangent = objective(config.objective, advantages, current, proximal, behavior, mask,
                                  reference=reference, staleness=staleness)
@@ -600,8 +622,8 @@ def _apply_commit(state: State, digest: str) -> tuple[State, list[Command]]:
     record = Consumption(
         update=update,
         requests=schedule.request_ids(config, batch.batch),
-        sample_versions=tuple(s.version for s in samples),
-        sample_digests=tuple(s.digest for s in samples),
+        sample_versions=tuple([s.version for s in samples]),
+        sample_digests=tuple([s.digest for s in samples]),
         scores_digest=scores.digest if scores is not None else "",
         steps=state.learner.applied,
         commit_digest=digest,
@@ -734,7 +756,8 @@ def _assign_pending(state: State, commands: list[Command]) -> State:
         slots = batch.slots
         requests = schedule.request_ids(state.config, batch.batch)
         changes: dict[int, Assigned] = {}
-        group_size = state.config.group_size
+        config = state.config
+        group_size = config.group_size
         # A prompt's group goes to one worker: its samples share the prompt's prefill, and the
         # worker computes them in one fixed-shape call (see runtime.worker on invariance).
         for start in range(0, len(slots), group_size):
@@ -745,9 +768,13 @@ def _assign_pending(state: State, commands: list[Command]) -> State:
             loads[name] += len(group)
             holder = next(w for w in ready if w.name == name)
             slot = Assigned(name, holder.incarnation)
+            prompt = start // group_size
+            seeds = schedule.group_seeds(config, batch.batch, prompt)
+            index_of_prompt = schedule.prompt_index(config, batch.batch, prompt)
             for position in group:
                 changes[position] = slot
-                commands.append(_launch(state.config, requests[position], version, slot))
+                commands.append(_launch_request(slot, requests[position], version,
+                                                seeds[position - start], index_of_prompt))
         state = evolve(state, batches=_set(state.batches, index, batch.with_slots(changes)))
         for w in ready:
             state = _put_worker(state, evolve(w, assigned=loads[w.name]))
@@ -780,9 +807,20 @@ def _schedule_loads(state: State, commands: list[Command]) -> State:
 
 def _launch(config: RunConfig, request: RequestId, version: int,
             slot: Assigned) -> LaunchRequest:
-    return LaunchRequest(slot.worker, slot.incarnation, request, version,
-                         schedule.sampling_seed(config, request),
-                         schedule.prompt_index(config, request.batch, request.prompt))
+    return _launch_request(slot, request, version, schedule.sampling_seed(config, request),
+                           schedule.prompt_index(config, request.batch, request.prompt))
+
+
+def _launch_request(slot: Assigned, request: RequestId, version: int, seed: int,
+                    prompt_index: int) -> LaunchRequest:
+    """`LaunchRequest(...)` without the frozen `__init__`'s per-field `object.__setattr__`
+    (one per sample launched: the core's most frequent command)."""
+    launch = object.__new__(LaunchRequest)
+    fields = launch.__dict__
+    fields["worker"], fields["incarnation"], fields["request"] = \
+        slot.worker, slot.incarnation, request
+    fields["version"], fields["seed"], fields["prompt_index"] = version, seed, prompt_index
+    return launch
 
 
 def _load(state: State, worker: WorkerState) -> LoadWeights:
@@ -835,11 +873,33 @@ def _sample_problem(event: Completion) -> str:
     return ""
 
 
+def _payloads_plausible(completions: tuple[Completion, ...]) -> bool:
+    """`_sample_problem` of every completion at once, in a few C passes over the whole frame:
+    True only if none has a problem (False: look at each, to name the one at fault)."""
+    tokens = [c.tokens for c in completions]
+    lengths = [len(t) for t in tokens]
+    if min(lengths) == 0 or lengths != [len(c.behavior_logprobs) for c in completions]:
+        return False
+    every_token = list(itertools.chain.from_iterable(tokens))
+    if min(every_token) < 0 or max(every_token) >= 1 << 63:
+        return False
+    # All values <= 0, so a sum is finite only if every value is (as in _sample_problem).
+    logprobs = array("d", itertools.chain.from_iterable(c.behavior_logprobs for c in completions))
+    if not (math.isfinite(sum(logprobs)) and max(logprobs) <= 0.0):
+        return False
+    return math.isfinite(sum(c.reward for c in completions))
+
+
 def _matrix_problem(name: str, matrix: Matrix | None, lengths: list[int]) -> str:
     if matrix is None:
         return f"{name}: missing"
     if len(matrix) != len(lengths):
         return f"{name}: {len(matrix)} rows for {len(lengths)} samples"
+    # The whole matrix in a few C passes; the row at fault is looked for only when one is.
+    flat = array("d", itertools.chain.from_iterable(matrix))
+    if [len(row) for row in matrix] == lengths and (
+            not flat or (math.isfinite(sum(flat)) and max(flat) <= 0.0)):
+        return ""
     for i, (row, length) in enumerate(zip(matrix, lengths)):
         if len(row) != length:
             return f"{name}[{i}]: {len(row)} values for {length} tokens"
@@ -848,13 +908,38 @@ def _matrix_problem(name: str, matrix: Matrix | None, lengths: list[int]) -> str
     return ""
 
 
-def _sample_digest(event: Completion) -> str:
-    """Over little-endian int64 tokens, float64 log-probs and the reward."""
-    tokens, logprobs = array("q", event.tokens), array("d", event.behavior_logprobs)
-    if sys.byteorder == "big":  # `array` packs in the machine's order
-        tokens.byteswap()
-        logprobs.byteswap()
-    h = hashlib.blake2b(tokens.tobytes(), digest_size=12)
-    h.update(logprobs.tobytes())
-    h.update(struct.pack("<d", event.reward))
-    return h.hexdigest()
+def _sample_digests(completions: tuple[Completion, ...]) -> list[str]:
+    """Each completion's digest: blake2b_96 over its tokens as little-endian int64, its
+    log-probs as float64 and its reward as float64. The frame is packed once, in C; when every
+    completion has the same length (fixed-shape generation) each one's bytes are one row."""
+    tokens = np.array([c.tokens for c in completions] if _same_length(completions) else
+                      list(itertools.chain.from_iterable(c.tokens for c in completions)),
+                      dtype="<i8")
+    logprobs = np.array([c.behavior_logprobs for c in completions] if tokens.ndim == 2 else
+                        list(itertools.chain.from_iterable(c.behavior_logprobs
+                                                           for c in completions)),
+                        dtype="<f8")
+    rewards = np.array([c.reward for c in completions], dtype="<f8")
+    blake2b = hashlib.blake2b
+    if tokens.ndim == 2:
+        rows = np.concatenate([tokens.view(np.uint8), logprobs.view(np.uint8),
+                               rewards.reshape(-1, 1).view(np.uint8)], axis=1).tobytes()
+        width = len(rows) // len(completions)
+        return [blake2b(rows[start:start + width], digest_size=12).hexdigest()
+                for start in range(0, len(rows), width)]
+    token_bytes, logprob_bytes = tokens.tobytes(), logprobs.tobytes()
+    reward_bytes = rewards.tobytes()
+    digests, start = [], 0
+    for i, completion in enumerate(completions):
+        end = start + 8 * len(completion.tokens)
+        h = blake2b(token_bytes[start:end], digest_size=12)
+        h.update(logprob_bytes[start:end])
+        h.update(reward_bytes[8 * i:8 * i + 8])
+        digests.append(h.hexdigest())
+        start = end
+    return digests
+
+
+def _same_length(completions: tuple[Completion, ...]) -> bool:
+    length = len(completions[0].tokens)
+    return all(len(c.tokens) == length for c in completions)

@@ -46,6 +46,7 @@ splits the gradient evenly between its arguments when they are equal.
 
 from __future__ import annotations
 
+import itertools
 import math
 import numbers
 from collections.abc import Sequence
@@ -198,16 +199,17 @@ def pad(rows: Sequence[Sequence[float]]) -> tuple[np.ndarray, np.ndarray]:
         values = np.asarray(rows, dtype=np.float64)
         if values.ndim == 2:
             return values, np.ones(values.shape, dtype=bool)
-    arrays = [np.asarray(row, dtype=np.float64) for row in rows]
-    for index, array in enumerate(arrays):
-        if array.ndim != 1:
-            raise ValueError(f"rows: row {index} is not a flat sequence (shape {array.shape})")
-    longest = max((array.shape[0] for array in arrays), default=0)
-    values = np.zeros((len(arrays), longest), dtype=np.float64)
-    mask = np.zeros((len(arrays), longest), dtype=bool)
-    for index, array in enumerate(arrays):
-        values[index, : array.shape[0]] = array
-        mask[index, : array.shape[0]] = True
+    try:
+        lengths = np.array([len(row) for row in rows], dtype=np.int64)
+        flat = np.fromiter(itertools.chain.from_iterable(rows), dtype=np.float64,
+                           count=int(lengths.sum()))
+    except (TypeError, ValueError):  # a row that is a number, or holds sequences
+        index = next(i for i, row in enumerate(rows) if np.ndim(row) != 1)
+        raise ValueError(f"rows: row {index} is not a flat sequence") from None
+    # Row i's values fill the first lengths[i] columns: one boolean mask, one scatter.
+    mask = np.arange(int(lengths.max(initial=0))) < lengths[:, None]
+    values = np.zeros(mask.shape, dtype=np.float64)
+    values[mask] = flat
     return values, mask
 
 

@@ -37,6 +37,25 @@ def sampling_seed(config: RunConfig, request: RequestId) -> int:
     return int.from_bytes(hashlib.blake2b(text, digest_size=8).digest(), "big") >> 1
 
 
+def derive_seeds(root: int, *path: object, count: int) -> list[int]:
+    """`[derive_seed(root, *path, i) for i in range(count)]`, with the text they share hashed
+    once: each seed's hash continues from a copy of it (blake2b is streaming, so the seeds are
+    the very same)."""
+    shared = hashlib.blake2b(":".join(str(part) for part in (root, *path, "")).encode(),
+                             digest_size=8)
+    seeds = []
+    for i in range(count):
+        hashed = shared.copy()
+        hashed.update(b"%d" % i)
+        seeds.append(int.from_bytes(hashed.digest(), "big") >> 1)
+    return seeds
+
+
+def group_seeds(config: RunConfig, batch: int, prompt: int) -> list[int]:
+    """`sampling_seed` of samples 0..G-1 of one prompt, in one go."""
+    return derive_seeds(config.seed, "sample", batch, prompt, count=config.group_size)
+
+
 def prompt_index(config: RunConfig, batch: int, prompt: int) -> int:
     """Which task prompt fills slot `prompt` of `batch` (the task maps it to tokens)."""
     return batch * config.prompts_per_batch + prompt
@@ -133,7 +152,8 @@ def minibatch_plan(config: RunConfig, update: int) -> tuple[tuple[int, ...], ...
     contiguous chunks; each chunk is kept in id order. Redoing an update reuses this plan.
     """
     n = config.samples_per_batch
-    order = sorted(range(n), key=lambda i: derive_seed(config.seed, "plan", update, i))
+    keys = derive_seeds(config.seed, "plan", update, count=n)
+    order = sorted(range(n), key=keys.__getitem__)
     k = config.optimizer_steps
     cuts = [round(j * n / k) for j in range(k + 1)]
     return tuple(tuple(sorted(order[cuts[j]:cuts[j + 1]])) for j in range(k))

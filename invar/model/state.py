@@ -10,9 +10,15 @@ from __future__ import annotations
 import enum
 import functools
 import hashlib
-from collections.abc import Mapping
+import itertools
+import struct
+import sys
+from array import array
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, TypeVar
+from typing import Any, NamedTuple, TypeVar
+
+import numpy as np
 
 from invar.model.config import RunConfig
 from invar.model.messages import ApplyCotangent, Matrix, ObservationId
@@ -125,6 +131,18 @@ class Sample:
     version: int = field(default=-1, compare=False, repr=False)
     """The version the worker reported sampling with (recorded in the ledger)."""
 
+    @classmethod
+    def of(cls, digest: str, tokens: tuple[int, ...], behavior_logprobs: tuple[float, ...],
+           reward: float, version: int) -> Sample:
+        """`Sample(...)` without the frozen `__init__`'s per-field `object.__setattr__`: the
+        core makes one per completion."""
+        sample = object.__new__(cls)
+        fields = sample.__dict__
+        fields["digest"], fields["tokens"] = digest, tokens
+        fields["behavior_logprobs"], fields["reward"], fields["version"] = \
+            behavior_logprobs, reward, version
+        return sample
+
 
 Slot = None | Assigned | Sample
 """A request's progress: None = pending (not launched on a live worker)."""
@@ -148,36 +166,63 @@ class BatchState:
 
     @classmethod
     def admitted(cls, batch: int, size: int) -> BatchState:
-        slots: tuple[Slot, ...] = (None,) * size
-        digest = 0
-        for position in range(size):
-            digest ^= _slot_hash(position, None)
-        return cls(batch, slots, pending=size, completed=0, slots_digest=digest)
+        return cls(batch, (None,) * size, pending=size, completed=0,
+                   slots_digest=_all_pending_digest(size))
 
     def with_slots(self, changes: Mapping[int, Slot]) -> BatchState:
         slots = list(self.slots)
         pending, completed, digest = self.pending, self.completed, self.slots_digest
+        # The counters and the digest follow each change: the old slot's hash out, the new
+        # one's in (written out per kind of slot: the hottest loop of the core).
         for position, new in changes.items():
             old = slots[position]
-            pending += (new is None) - (old is None)
-            completed += isinstance(new, Sample) - isinstance(old, Sample)
-            digest ^= _slot_hash(position, old) ^ _slot_hash(position, new)
             slots[position] = new
+            if old is None:
+                pending -= 1
+                digest ^= _pending_hash(position)
+            elif isinstance(old, Sample):
+                completed -= 1
+                digest ^= _sample_hash(position, old.digest)
+            else:
+                digest ^= _assigned_hash(position, old.worker, old.incarnation)
+            if new is None:
+                pending += 1
+                digest ^= _pending_hash(position)
+            elif isinstance(new, Sample):
+                completed += 1
+                digest ^= _sample_hash(position, new.digest)
+            else:
+                digest ^= _assigned_hash(position, new.worker, new.incarnation)
         return BatchState(self.batch, tuple(slots), pending, completed, digest)
 
 
-def _slot_hash(position: int, slot: Slot) -> int:
-    """A stable 128-bit hash of (position, slot) from what takes part in the slot's equality
-    (a sample's digest, an assignee): the batch digest XORs them, so a change costs two."""
-    if type(slot) is Sample:
-        return _text_hash(f"{position}:S:{slot.digest}")
-    if slot is None:
-        return _pending_hash(position)
-    return _assigned_hash(position, slot.worker, slot.incarnation)  # type: ignore[union-attr]
+# The slot hashes: a stable 128-bit hash of (position, slot) from what takes part in the slot's
+# equality (a sample's digest, an assignee); the batch digest XORs them, so a change costs two.
+
+
+_MIX = 0x9E3779B97F4A7C15F39CC0605CEDC835  # odd: multiplying by it is a bijection mod 2**128
+
+
+def _sample_hash(position: int, digest: str) -> int:
+    """A sample's term, from its digest (already a blake2b hash of its content) with no second
+    hash: the multiplication keeps the XOR of terms from cancelling when two positions swap
+    their samples."""
+    return ((int(digest, 16) << 32) ^ _pending_hash(position)) * _MIX & _MASK_128
+
+
+_MASK_128 = (1 << 128) - 1
 
 
 def _text_hash(text: str) -> int:
     return int.from_bytes(hashlib.blake2b(text.encode(), digest_size=16).digest(), "big")
+
+
+@functools.lru_cache(maxsize=64)
+def _all_pending_digest(size: int) -> int:
+    digest = 0
+    for position in range(size):
+        digest ^= _pending_hash(position)
+    return digest
 
 
 @functools.lru_cache(maxsize=1 << 16)
@@ -198,6 +243,20 @@ class Scores:
     digest: str
     proximal: Matrix = field(compare=False, repr=False)
     reference: Matrix | None = field(compare=False, repr=False)
+    inputs: BatchInputs = field(compare=False, repr=False)
+    """The batch's objective inputs as arrays, built once per update: each minibatch takes
+    its rows."""
+
+
+class BatchInputs(NamedTuple):
+    """Per-sample objective inputs of a whole batch (read-only arrays, rows in slot order;
+    log-probs padded with 0.0 to the batch's longest response)."""
+
+    advantages: np.ndarray
+    """(n,): from the batch's rewards, which are final once the batch is scored."""
+    behavior: np.ndarray
+    proximal: np.ndarray
+    reference: np.ndarray | None
 
 
 @cached_repr
@@ -339,8 +398,28 @@ def initial_state(config: RunConfig) -> State:
 
 
 def chain_ledger(digest: str, record: Consumption) -> str:
-    """The ledger digest after appending `record`."""
-    return hashlib.blake2b(f"{digest}|{record!r}".encode(), digest_size=16).hexdigest()
+    """The ledger digest after appending `record`: blake2b_128 over the previous digest and
+    the record's fields in order, each behind its length (numbers as int64 LE, texts as UTF-8;
+    no per-sample repr)."""
+    h = hashlib.blake2b(digest.encode(), digest_size=16)
+    parts = (
+        _int64s([record.update]),
+        _int64s(itertools.chain.from_iterable(record.requests)),
+        _int64s(record.sample_versions),
+        ",".join(record.sample_digests).encode(),
+        f"{record.scores_digest}|{record.steps!r}|{record.commit_digest}".encode(),
+    )
+    for part in parts:
+        h.update(struct.pack("<q", len(part)))
+        h.update(part)
+    return h.hexdigest()
+
+
+def _int64s(values: Iterable[int]) -> bytes:
+    packed = array("q", values)
+    if sys.byteorder == "big":  # `array` packs in the machine's order
+        packed.byteswap()
+    return packed.tobytes()
 
 
 def state_digest(state: State) -> str:

@@ -33,6 +33,7 @@ completed run's `logical_projection` must equal the canonical one.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -325,22 +326,29 @@ def _send(world: World, *messages: Message) -> World:
 
 
 def _take(world: World, key: str) -> tuple[World, Message]:
-    for i, m in enumerate(world.network):
+    network, msg = _without(world.network, key)
+    return evolve(world, network=network), msg
+
+
+def _without(network: tuple[Message, ...], key: str) -> tuple[tuple[Message, ...], Message]:
+    """`network` less one message `key`, and that message."""
+    for i, m in enumerate(network):
         if m.key == key:
-            return evolve(world, network=world.network[:i] + world.network[i + 1:]), m
+            return network[:i] + network[i + 1:], m
     raise KeyError(key)
 
 
-def deliver_message(world: World, key: str) -> World:
-    """Deliver the in-flight message `key` to its destination."""
-    world, msg = _take(world, key)
+def deliver_message(world: World, key: str, delivered: Delivered | None = None) -> World:
+    """Deliver the in-flight message `key` to its destination (`delivered`: see `to_core`)."""
+    # Each destination builds the next world once, from the network without the message.
+    rest, msg = _without(world.network, key)
     if msg.to == CORE:
-        return to_core(world, msg.body)
+        return _core_takes(world, rest, msg.body, delivered or _delivered)
     if msg.to == LEARNER:
-        return _to_learner(world, msg.body)
+        return _to_learner(world, rest, msg.body)
     if msg.to == STORE:
-        return _to_store(world, msg.body)
-    return _to_worker(world, msg.body)
+        return _to_store(world, rest, msg.body)
+    return _to_worker(world, rest, msg.body)
 
 
 def drop(world: World, key: str) -> World:
@@ -384,67 +392,89 @@ def mergeable(a: Message, b: Message) -> bool:
             and a.body.incarnation == b.body.incarnation)
 
 
-def fire_timer(world: World) -> World:
+def fire_timer(world: World, delivered: Delivered | None = None) -> World:
     """The armed retry timer expires: it disarms itself and tells the core."""
-    return to_core(evolve(world, timer=False), TimerFired())
+    return to_core(evolve(world, timer=False), TimerFired(), delivered)
 
 
-def to_core(world: World, event: Event) -> World:
-    """The driver applies an event: `shell.deliver`, the journal, then the commands' routes."""
-    delivery, routed = _delivered(world.core, event)
+Routed = tuple[tuple[Command, str, Message], ...]
+"""A delivery's commands, each with its route and the message that carries it."""
+Delivered = Callable[[State, Event], tuple[Delivery, Routed]]
+"""How the core answers an event: `routed_delivery`, or a memo of it. A model checker passes
+its own (`checker.invar_model`), which also hands out one core object per core value."""
+
+
+def to_core(world: World, event: Event, delivered: Delivered | None = None) -> World:
+    """The driver applies an event: `shell.deliver`, the journal, then the commands' routes.
+    `delivered` answers for the core (default: `routed_delivery` remembered per core object)."""
+    return _core_takes(world, world.network, event, delivered or _delivered)
+
+
+def _core_takes(world: World, network: tuple[Message, ...], event: Event,
+                delivered: Delivered) -> World:
+    """`to_core` on `world` with `network` in flight instead of its own (the message that
+    brought `event` already taken off)."""
+    delivery, routed = delivered(world.core, event)
     if delivery.verdict is Verdict.REFUSED:
         assert delivery.error is not None
-        return evolve(world, refused=f"{delivery.error.reason.value}: {delivery.error.detail}")
+        return evolve(world, network=network,
+                      refused=f"{delivery.error.reason.value}: {delivery.error.detail}")
     journal = delivery.state if delivery.durable else world.journal
-    sent, timer = [], world.timer
+    sent, timer, store = [], world.timer, world.store
     for command, where, msg in routed:
         if isinstance(command, (RetainVersion, ReleaseVersion)):
-            world = _to_store(world, command)  # the driver's own file system: done at once
-        elif isinstance(command, LoadWeights) and command.version not in world.store:
+            store = _kept(store, command)  # the driver's own file system: done at once
+        elif isinstance(command, LoadWeights) and command.version not in store:
             # The driver reads the weights from the store as it sends the load.
             return evolve(world, core=delivery.state, journal=journal, timer=timer,
-                           broken=f"{command.worker} told to load version "
-                                  f"{command.version}, which the store no longer holds")
+                          network=network, store=store,
+                          broken=f"{command.worker} told to load version "
+                                 f"{command.version}, which the store no longer holds")
         elif where == TIMER:
             timer = True
         else:
             sent.append(msg)
-    return evolve(world, core=delivery.state, journal=journal, timer=timer,
-                   network=world.network + tuple(sent))
+    return evolve(world, core=delivery.state, journal=journal, timer=timer, store=store,
+                  network=network + tuple(sent) if sent else network)
+
+
+def routed_delivery(core: State, event: Event) -> tuple[Delivery, Routed]:
+    """`shell.deliver(core, event)` with each command's route and message."""
+    delivery = deliver(core, event)
+    return delivery, tuple((c, where, message(where, c))
+                           for c, where in ((c, route(c)) for c in delivery.commands))
 
 
 _deliveries = IdentityMemo(1 << 16)
 
 
-def _delivered(core: State,
-               event: Event) -> tuple[Delivery, tuple[tuple[Command, str, Message], ...]]:
-    """`shell.deliver(core, event)` with each command's route and message, remembered for the
-    very `core` object and an equal event (see `invar.model.memo`: a model checker delivers the
-    same event to the same core in many worlds that differ elsewhere)."""
-    known: tuple[Delivery, tuple[tuple[Command, str, Message], ...]] | None = \
-        _deliveries.get(core, None, event)
+def _delivered(core: State, event: Event) -> tuple[Delivery, Routed]:
+    """`routed_delivery`, remembered for the very `core` object and an equal event (see
+    `invar.model.memo`: a model checker delivers the same event to the same core in many
+    worlds that differ elsewhere)."""
+    known: tuple[Delivery, Routed] | None = _deliveries.get(core, None, event)
     if known is None:
-        delivery = deliver(core, event)
-        routed = tuple((c, where, message(where, c))
-                       for c, where in ((c, route(c)) for c in delivery.commands))
-        known = _deliveries.put(core, None, event, (delivery, routed))
+        known = _deliveries.put(core, None, event, routed_delivery(core, event))
     return known
 
 
 # -- components -------------------------------------------------------------------------------
 
 
-def _to_learner(world: World, command: Command) -> World:
+# Each takes `world` with `network` in flight (the command's message already taken off) and
+# returns the next world.
+
+
+def _to_learner(world: World, network: tuple[Message, ...], command: Command) -> World:
     # The same command reaches the same learner in many worlds: remembered (`memo`).
-    value = (world.reproducible_forwards, world.config.optimizer_steps)
+    value = (world.reproducible_forwards, world.core.config.optimizer_steps)
     answer = _learner_answers.get(world.learner, command, value)
     if answer is None:
         answer = _learner_answers.put(world.learner, command, value,
                                       _learner_answer(world.learner, command, *value))
     learner, reply = answer
-    if reply is not None:
-        return evolve(world, learner=learner, network=world.network + (reply,))
-    return world if learner is world.learner else evolve(world, learner=learner)
+    return evolve(world, learner=learner,
+                  network=network + (reply,) if reply is not None else network)
 
 
 _learner_answers = IdentityMemo(1 << 16)
@@ -494,28 +524,37 @@ def _learner_answer(learner: Learner, command: Command, reproducible_forwards: b
     return learner, (message(CORE, reply) if reply is not None else None)
 
 
-def _to_store(world: World, command: Command) -> World:
+def _to_store(world: World, network: tuple[Message, ...], command: Command) -> World:
     if isinstance(command, Publish):
         if command.version >= len(world.learner.commits):
-            return evolve(world, broken=f"publish of version {command.version}: no commit")
+            return evolve(world, network=network,
+                          broken=f"publish of version {command.version}: no commit")
         store = tuple(sorted({*world.store, command.version}))
         reply = VersionPublished(command.version, world.learner.commits[command.version])
-        return _send(evolve(world, store=store), message(CORE, reply))
+        return evolve(world, store=store, network=network + (message(CORE, reply),))
+    return evolve(world, store=_kept(world.store, command), network=network)
+
+
+def _kept(store: tuple[int, ...], command: Command) -> tuple[int, ...]:
+    """What the store holds after `command` (RetainVersion or ReleaseVersion): a release
+    deletes the version; the store keeps what was published until released (a retain changes
+    nothing)."""
     if isinstance(command, ReleaseVersion):
-        return evolve(world, store=tuple(v for v in world.store if v != command.version))
-    return world  # RetainVersion: the store keeps what was published until released
+        return tuple(v for v in store if v != command.version)
+    return store
 
 
-def _to_worker(world: World, command: LoadWeights | LaunchRequest) -> World:
+def _to_worker(world: World, network: tuple[Message, ...],
+               command: LoadWeights | LaunchRequest) -> World:
     # The same command reaches the same worker in many worlds: remembered (`memo`).
     worker = world.worker(command.worker)
     answer = _worker_answers.get(worker, command)
     if answer is None:
         answer = _worker_answers.put(worker, command, None, _worker_answer(worker, command))
     after, reply = answer
-    if after is not worker:
-        world = _put_worker(world, after)
-    return _send(world, reply) if reply is not None else world
+    workers = world.workers if after is worker else _with_worker(world.workers, after)
+    return evolve(world, workers=workers,
+                  network=network + (reply,) if reply is not None else network)
 
 
 _worker_answers = IdentityMemo(1 << 16)
@@ -547,8 +586,11 @@ def worker_accepts(worker: Worker, command: LoadWeights | LaunchRequest) -> bool
 
 
 def _put_worker(world: World, worker: Worker) -> World:
-    return evolve(world, workers=tuple(worker if w.name == worker.name else w
-                                        for w in world.workers))
+    return evolve(world, workers=_with_worker(world.workers, worker))
+
+
+def _with_worker(workers: tuple[Worker, ...], worker: Worker) -> tuple[Worker, ...]:
+    return tuple(worker if w.name == worker.name else w for w in workers)
 
 
 # -- faults -----------------------------------------------------------------------------------

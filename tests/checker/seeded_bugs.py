@@ -26,7 +26,6 @@ from invar.model.errors import ProtocolError
 from invar.model.invariants import transition_violations, violations
 from invar.model.messages import (
     ForwardObserved,
-    LaunchRequest,
     LearnerStarted,
     Publish,
     RequestsCompleted,
@@ -170,18 +169,16 @@ def _cotangent_for_another_step(mp: Any) -> None:
 
 
 def _reissued_request_new_seed(mp: Any) -> None:
-    original = core._launch
+    original = core._launch_request
 
-    def launch(state, batch, position, slot):
-        command = original(state, batch, position, slot)
+    def launch_request(slot, request, version, seed, prompt_index):
         # The bug: the seed is derived with the worker's incarnation, so a request re-issued
         # to a reconnected worker samples with a new seed (the first issue is unaffected).
-        seed = schedule.derive_seed(command.seed, "incarnation", slot.incarnation) \
-            if slot.incarnation else command.seed
-        return LaunchRequest(command.worker, command.incarnation, command.request,
-                             command.version, seed, command.prompt_index)
+        if slot.incarnation:
+            seed = schedule.derive_seed(seed, "incarnation", slot.incarnation)
+        return original(slot, request, version, seed, prompt_index)
 
-    mp.setattr(core, "_launch", launch)
+    mp.setattr(core, "_launch_request", launch_request)
 
 
 def _batch_filled_in_completion_order(mp: Any) -> None:

@@ -104,6 +104,22 @@ def test_single_worker_lost_and_back_resumes_its_requests():
     assert_canonical(d)
 
 
+def test_a_repeated_connection_of_the_live_incarnation_changes_nothing():
+    """The connection of the incarnation already live (a driver that observes it twice) is a
+    duplicate: its assignments stay, nothing is re-queued or re-sent (mutation pass seed 3:
+    `_on_worker_connected:cmp-op:1` treated it as a new incarnation)."""
+    d = Driver(small_config(), workers=("w0",))
+    d.pump_until_command(lambda c: isinstance(c, LaunchRequest))
+    before = d.state
+    assert before.worker("w0").assigned > 0
+    again = d.attempt(WorkerConnected("w0", 0))
+    assert again == (before, ()) and again[0].noops.duplicates == before.noops.duplicates + 1
+    d.lose_worker("w0", reconnect=False)
+    lost = d.state
+    late = d.attempt(WorkerConnected("w0", 0))  # the lost incarnation: late, not revived
+    assert late == (lost, ()) and late[0].noops.late == lost.noops.late + 1
+
+
 def test_every_launch_of_a_request_has_one_identity():
     """Across a run with losses, all launches of one request agree on version and seed."""
     d = Driver(small_config(total_updates=4), workers=("a", "b"))

@@ -1,0 +1,162 @@
+"""The core's fast paths against their definitions: each batched or packed computation gives
+exactly what the one-at-a-time formula (the spec's) gives, and a frame-wide check accepts only
+what every per-item check accepts."""
+
+from __future__ import annotations
+
+import hashlib
+import math
+import struct
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from invar.model import RunConfig, schedule
+from invar.model.core import (
+    _matrix_problem,
+    _payloads_plausible,
+    _sample_digests,
+    _sample_problem,
+)
+from invar.model.messages import Completion, matrix_digest
+from invar.model.schedule import RequestId
+from invar.model.state import Assigned, BatchState, Sample, _sample_hash, _text_hash
+
+REQUEST = RequestId(0, 0, 0)
+
+
+def spec_sample_digest(c: Completion) -> str:
+    """PROTOCOL.md §3: blake2b_96(tokens as int64 LE ‖ log-probs as float64 LE ‖ reward)."""
+    body = struct.pack(f"<{len(c.tokens)}q", *c.tokens)
+    body += struct.pack(f"<{len(c.behavior_logprobs)}d", *c.behavior_logprobs)
+    body += struct.pack("<d", c.reward)
+    return hashlib.blake2b(body, digest_size=12).hexdigest()
+
+
+def spec_matrix_digest(*matrices) -> str:
+    h = hashlib.blake2b(digest_size=12)
+    for matrix in matrices:
+        for row in matrix or ():
+            h.update(struct.pack(f"<{len(row)}d", *row))
+        h.update(b"|")
+    return h.hexdigest()
+
+
+logprob = st.floats(max_value=0.0, allow_nan=False, allow_infinity=False)
+any_float = st.floats(allow_nan=True, allow_infinity=True)
+token_ids = st.integers(0, 2**63 - 1)
+moderate = st.floats(-1e6, 1e6)
+
+
+@st.composite
+def completions(draw, values=logprob, tokens=token_ids, rewards=moderate, same_length=None):
+    n = draw(st.integers(1, 6))
+    fixed = draw(st.integers(1, 5)) if (same_length or (same_length is None and draw(
+        st.booleans()))) else None
+    out = []
+    for _ in range(n):
+        length = fixed or draw(st.integers(1, 5))
+        out.append(Completion(REQUEST, 0, tuple(draw(st.lists(tokens, min_size=length,
+                                                               max_size=length))),
+                              tuple(draw(st.lists(values, min_size=length, max_size=length))),
+                              draw(rewards)))
+    return tuple(out)
+
+
+@settings(max_examples=200, deadline=None)
+@given(completions())
+def test_sample_digests_are_the_spec_formula(frame):
+    assert _sample_digests(frame) == [spec_sample_digest(c) for c in frame]
+
+
+@settings(max_examples=300, deadline=None)
+@given(completions(values=st.one_of(logprob, any_float),
+                   tokens=st.integers(-3, 2**63 + 3),
+                   rewards=st.one_of(moderate, any_float)))
+def test_a_plausible_frame_has_no_bad_completion(frame):
+    plausible = _payloads_plausible(frame)
+    each_fine = all(not _sample_problem(c) for c in frame)
+    if plausible:
+        assert each_fine
+    # Values far from overflow (the frame's sums are finite): the frame-wide check is exact.
+    if each_fine and all(abs(c.reward) < 1e300 and min(c.behavior_logprobs) > -1e300
+                         for c in frame):
+        assert plausible
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.lists(st.one_of(logprob, any_float), max_size=4), min_size=1, max_size=5),
+       st.booleans())
+def test_matrix_problem_fast_path_agrees_with_rows(rows, wrong_length):
+    matrix = tuple(tuple(r) for r in rows)
+    lengths = [len(r) + (1 if wrong_length and i == 0 else 0) for i, r in enumerate(rows)]
+    problem = _matrix_problem("m", matrix, lengths)
+    bad_rows = [i for i, r in enumerate(matrix)
+                if len(r) != lengths[i] or (r and not (math.isfinite(sum(r)) and max(r) <= 0))]
+    if bad_rows:
+        assert problem.startswith(f"m[{bad_rows[0]}]")
+    else:
+        assert problem == ""
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.lists(st.lists(logprob, max_size=4), max_size=4),
+       st.one_of(st.none(), st.lists(st.lists(logprob, max_size=3), max_size=3)))
+def test_matrix_digest_is_the_spec_formula(first, second):
+    a = tuple(map(tuple, first))
+    b = None if second is None else tuple(map(tuple, second))
+    assert matrix_digest(a, b) == spec_matrix_digest(a, b)
+    assert matrix_digest(a) == spec_matrix_digest(a)
+
+
+@given(st.integers(0, 2**40), st.lists(st.one_of(st.integers(-5, 10**6), st.text(max_size=3)),
+                                     max_size=3), st.integers(0, 12))
+def test_derive_seeds_are_derive_seed_along_a_path(root, path, count):
+    assert schedule.derive_seeds(root, *path, count=count) == [
+        schedule.derive_seed(root, *path, i) for i in range(count)]
+
+
+def test_group_seeds_are_the_sampling_seeds():
+    for config in (RunConfig(), RunConfig(seed=7, group_size=3, prompts_per_batch=2)):
+        for batch in range(3):
+            for prompt in range(config.prompts_per_batch):
+                assert schedule.group_seeds(config, batch, prompt) == [
+                    schedule.sampling_seed(config, RequestId(batch, prompt, s))
+                    for s in range(config.group_size)]
+
+
+def slot_term(position, slot):
+    if slot is None:
+        return _text_hash(f"{position}:-")
+    if isinstance(slot, Sample):
+        return _sample_hash(position, slot.digest)
+    return _text_hash(f"{position}:A:{slot.worker}#{slot.incarnation}")
+
+
+def sample(digest: str) -> Sample:
+    return Sample(digest, (1,), (-0.5,), 0.0, 0)
+
+
+slot_values = st.one_of(st.none(), st.builds(Assigned, st.sampled_from("ab"), st.integers(0, 2)),
+                        st.builds(sample, st.sampled_from([f"{k:024x}" for k in range(4)])))
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.dictionaries(st.integers(0, 5), slot_values, max_size=6), max_size=5))
+def test_with_slots_keeps_counters_and_digest_of_the_slots(changes):
+    batch = BatchState.admitted(0, 6)
+    for change in changes:
+        batch = batch.with_slots(change)
+    digest = 0
+    for position, slot in enumerate(batch.slots):
+        digest ^= slot_term(position, slot)
+    assert batch.slots_digest == digest
+    assert batch.pending == sum(s is None for s in batch.slots)
+    assert batch.completed == sum(isinstance(s, Sample) for s in batch.slots)
+
+
+def test_swapping_two_samples_changes_the_digest():
+    one, two = sample(f"{1:024x}"), sample(f"{2:024x}")
+    batch = BatchState.admitted(0, 2)
+    assert batch.with_slots({0: one, 1: two}).slots_digest != \
+        batch.with_slots({0: two, 1: one}).slots_digest
