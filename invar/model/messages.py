@@ -446,8 +446,9 @@ def _object(value: Any, keys: tuple[str, ...], where: str) -> dict[str, Any]:
 
 def pack_matrix(matrix: Matrix) -> dict[str, Any]:
     """`{"rows": [length per row], "f64": base64}`."""
-    return {"rows": [len(row) for row in matrix],
-            "f64": _pack([x for row in matrix for x in row], "<f8")}
+    lengths = list(map(len, matrix))
+    flat = np.fromiter(itertools.chain.from_iterable(matrix), dtype="<f8", count=sum(lengths))
+    return {"rows": lengths, "f64": base64.b64encode(flat.tobytes()).decode("ascii")}
 
 
 def unpack_matrix(value: Any, where: str) -> Matrix:

@@ -196,8 +196,10 @@ class Driver:
         self.store = WeightsStore(self.run_dir / "store")
         self._spawn_task(self._learner_loop())
         try:
-            started = await asyncio.to_thread(self.executor.start,
-                                              self.state.learner.attempt + 1)
+            # While the learner starts, the metrics' imports are done off the event path.
+            started, _ = await asyncio.gather(
+                asyncio.to_thread(self.executor.start, self.state.learner.attempt + 1),
+                asyncio.to_thread(self.metrics.prepare))
             check = deliver(self.state, started)
             if check.verdict is not Verdict.ACCEPTED:
                 # The learner's newest commit is not the one the journal leads to: no event can

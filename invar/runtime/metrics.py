@@ -98,6 +98,16 @@ class MetricsLog:
         self.evaluations = [e for e in self.evaluations if int(e["version"]) in set(evaluated)]
         self._earlier()
 
+    def prepare(self) -> None:
+        """Import what `_open` needs (TensorBoard's writer: a fraction of a second), so that
+        the first row does not pay for it on the driver's event path. Opens nothing: the
+        files are still written at the first row. Safe to call from a thread."""
+        if self._tensorboard:
+            try:
+                import torch.utils.tensorboard  # noqa: F401
+            except ImportError:  # tensorboard is optional
+                pass
+
     def _open(self) -> None:
         """Rewrite metrics.jsonl and metrics.csv from the rows kept, then append to them."""
         if self._jsonl is not None:
