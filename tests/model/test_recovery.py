@@ -15,6 +15,8 @@ from invar_model_harness import Driver, commands_of, small_config  # noqa: E402
 
 from invar.model import (  # noqa: E402
     LearnerPhase,
+    WorkerPhase,
+    core,  # noqa: E402
     logical_projection,
     outstanding_commands,
     run_complete,
@@ -37,6 +39,7 @@ from invar.model.messages import (  # noqa: E402
     VersionPublished,
     WorkerConnected,
 )
+from invar.model.state import BatchState, evolve  # noqa: E402
 from invar.testing import canonical_run, reply, version_digest  # noqa: E402
 
 
@@ -410,3 +413,17 @@ def test_late_update_committed_after_restart_is_harmless():
     finish(d)
     assert_canonical(d)
     assert reply(commit, 2) == late
+
+
+def test_free_workers_spread_over_the_versions_pending_requests_need():
+    """Two free workers and pending requests of two versions: each loads a different one
+    (the second is pointed at the version no worker holds, not at the first's again)."""
+    config = small_config(max_staleness=0, sync_period=1, total_updates=3)
+    done = canonical_run(config, ("a", "b")).state
+    idle = tuple(evolve(w, phase=WorkerPhase.IDLE, version=None, assigned=0)
+                 for w in done.workers)
+    pending = tuple(BatchState.admitted(b, config.samples_per_batch) for b in (1, 2))
+    assert [schedule.gen_version(config, b.batch) for b in pending] == [1, 2]
+    commands: list = []
+    core._schedule_loads(evolve(done, workers=idle, batches=pending), commands)
+    assert sorted((c.worker, c.version) for c in commands) == [("a", 1), ("b", 2)]
