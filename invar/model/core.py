@@ -16,6 +16,8 @@ from __future__ import annotations
 import hashlib
 import itertools
 import math
+import struct
+import sys
 from array import array
 from collections import Counter
 from collections.abc import Callable
@@ -910,34 +912,36 @@ def _matrix_problem(name: str, matrix: Matrix | None, lengths: list[int]) -> str
 
 def _sample_digests(completions: tuple[Completion, ...]) -> list[str]:
     """Each completion's digest: blake2b_96 over its tokens as little-endian int64, its
-    log-probs as float64 and its reward as float64. The frame is packed once, in C; when every
-    completion has the same length (fixed-shape generation) each one's bytes are one row."""
-    tokens = np.array([c.tokens for c in completions] if _same_length(completions) else
-                      list(itertools.chain.from_iterable(c.tokens for c in completions)),
-                      dtype="<i8")
-    logprobs = np.array([c.behavior_logprobs for c in completions] if tokens.ndim == 2 else
-                        list(itertools.chain.from_iterable(c.behavior_logprobs
-                                                           for c in completions)),
-                        dtype="<f8")
-    rewards = np.array([c.reward for c in completions], dtype="<f8")
-    blake2b = hashlib.blake2b
-    if tokens.ndim == 2:
-        rows = np.concatenate([tokens.view(np.uint8), logprobs.view(np.uint8),
-                               rewards.reshape(-1, 1).view(np.uint8)], axis=1).tobytes()
+    log-probs as float64 and its reward as float64, the frame packed once in C. A large frame
+    of one length (fixed-shape generation) is one numpy table, a row per completion."""
+    if len(completions) >= _TABLE_FROM and _same_length(completions):
+        rows = np.concatenate([
+            np.array([c.tokens for c in completions], dtype="<i8").view(np.uint8),
+            np.array([c.behavior_logprobs for c in completions], dtype="<f8").view(np.uint8),
+            np.array([[c.reward] for c in completions], dtype="<f8").view(np.uint8),
+        ], axis=1).tobytes()
         width = len(rows) // len(completions)
-        return [blake2b(rows[start:start + width], digest_size=12).hexdigest()
+        return [hashlib.blake2b(rows[start:start + width], digest_size=12).hexdigest()
                 for start in range(0, len(rows), width)]
-    token_bytes, logprob_bytes = tokens.tobytes(), logprobs.tobytes()
-    reward_bytes = rewards.tobytes()
+    tokens = array("q", itertools.chain.from_iterable(c.tokens for c in completions))
+    logprobs = array("d", itertools.chain.from_iterable(c.behavior_logprobs for c in completions))
+    if sys.byteorder == "big":  # `array` packs in the machine's order
+        tokens.byteswap()
+        logprobs.byteswap()
+    token_bytes, logprob_bytes = memoryview(tokens).cast("B"), memoryview(logprobs).cast("B")
     digests, start = [], 0
-    for i, completion in enumerate(completions):
+    for completion in completions:
         end = start + 8 * len(completion.tokens)
-        h = blake2b(token_bytes[start:end], digest_size=12)
+        h = hashlib.blake2b(token_bytes[start:end], digest_size=12)
         h.update(logprob_bytes[start:end])
-        h.update(reward_bytes[8 * i:8 * i + 8])
+        h.update(struct.pack("<d", completion.reward))
         digests.append(h.hexdigest())
         start = end
     return digests
+
+
+_TABLE_FROM = 16
+"""Completions in a frame from which one numpy table pays for its fixed cost (~10 µs)."""
 
 
 def _same_length(completions: tuple[Completion, ...]) -> bool:

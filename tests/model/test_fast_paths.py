@@ -50,7 +50,7 @@ moderate = st.floats(-1e6, 1e6)
 
 @st.composite
 def completions(draw, values=logprob, tokens=token_ids, rewards=moderate, same_length=None):
-    n = draw(st.integers(1, 6))
+    n = draw(st.integers(1, 20))  # large frames of one length take the table path
     fixed = draw(st.integers(1, 5)) if (same_length or (same_length is None and draw(
         st.booleans()))) else None
     out = []
