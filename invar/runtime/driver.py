@@ -34,6 +34,7 @@ import numpy as np
 from invar.model import schedule
 from invar.model.core import run_complete
 from invar.model.messages import (
+    ENCODING_VERSION,
     Command,
     DecodeError,
     Event,
@@ -482,6 +483,12 @@ class Driver:
             header, _ = await transport.receive()
             if header.get("kind") != "hello":
                 raise FrameError(f"first frame of {name} is {header.get('kind')!r}, not hello")
+            if header.get("encoding") != ENCODING_VERSION:
+                # A worker of another invar version would misread every frame: say so plainly
+                # (it is not respawned into the same mismatch forever: MAX_RESPAWNS applies).
+                raise FrameError(f"{name} speaks message encoding {header.get('encoding')!r}, "
+                                 f"this driver {ENCODING_VERSION}: run the same invar version "
+                                 f"on every host")
             self._connected[name] = incarnation
             self.events.put_nowait(WorkerConnected(name, incarnation))
             while True:

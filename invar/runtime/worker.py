@@ -27,6 +27,7 @@ import numpy as np
 import torch
 
 from invar.model.messages import (
+    ENCODING_VERSION,
     Completion,
     Event,
     LaunchRequest,
@@ -260,7 +261,8 @@ def serve(worker: RolloutWorker, args: WorkerArgs) -> int:
     threading.Thread(target=read, daemon=True).start()
     exit_after = next((int(f.split(":")[1]) for f in args.faults if f.startswith("exit_after:")),
                       None)
-    write_frame_blocking(stdout, {"kind": "hello", "name": args.name})
+    write_frame_blocking(stdout, {"kind": "hello", "name": args.name,
+                                  "encoding": ENCODING_VERSION})
 
     def launch(launches: list[LaunchRequest]) -> tuple[RequestsCompleted | None, float]:
         """The reply frame to these launches and the seconds spent computing it (measurement
@@ -296,9 +298,15 @@ def serve(worker: RolloutWorker, args: WorkerArgs) -> int:
             if item is None:
                 return 0
             header, blob = item
-            if header["kind"] == "launches":
+            kind = header.get("kind")
+            if kind == "launches":
                 launches.extend(unpack_launches(header["launches"]))
                 continue
+            if kind != "command" or "message" not in header:
+                raise SystemExit(f"worker {args.name}: a frame of kind {kind!r} from the driver "
+                                 f"(expected 'launches' or 'command'): the driver runs another "
+                                 f"invar version (this worker's message encoding: "
+                                 f"{ENCODING_VERSION})")
             message = decode(header["message"])
             if isinstance(message, LoadWeights):
                 # Requests asked before the load are answered first, in order.

@@ -24,6 +24,7 @@ from typing import Any
 import numpy as np
 
 from invar.model.messages import (
+    ENCODING_VERSION,
     Command,
     Event,
     LoadWeights,
@@ -201,7 +202,8 @@ class MemoryWorkers:
             for _ in range(2 if self.duplicate else 1):
                 await transport.to_driver.put(({"kind": "event"}, dumps(event).encode()))
 
-        await transport.to_driver.put(({"kind": "hello", "name": transport.name}, b""))
+        await transport.to_driver.put(({"kind": "hello", "name": transport.name,
+                                         "encoding": ENCODING_VERSION}, b""))
         version: int | None = None
         load_serial = -1
         sent = 0

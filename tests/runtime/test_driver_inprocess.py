@@ -235,3 +235,34 @@ def test_a_release_that_is_not_durable_stops_the_driver(tmp_path, rt, monkeypatc
     # a release dispatched beside a Commit or Publish is synced anyway, and carried out.)
     version = int(re.search(r"release of version (\d+)", str(stopped.value)).group(1))
     assert WeightsStore(tmp_path / "store").path(version).exists()
+
+
+def test_a_worker_of_another_invar_version_is_refused_at_its_hello(tmp_path, rt, monkeypatch,
+                                                                    caplog):
+    """A worker speaking another message encoding would misread every frame: the driver
+    refuses its hello by name and version, never sends it work, and stops once it gives up."""
+    from invar.model.messages import ENCODING_VERSION
+    from invar.runtime import driver as driver_module
+    from invar.runtime.driver import RunStopped
+    from invar.runtime.transport import MemoryTransport
+
+    monkeypatch.setattr(driver_module, "RESPAWN_BACKOFF", 0.01)
+    sent_work: list[dict] = []
+
+    async def old_worker(name: str, incarnation: int) -> MemoryTransport:
+        transport = MemoryTransport(name)
+        await transport.to_driver.put(({"kind": "hello", "name": name,
+                                        "encoding": ENCODING_VERSION - 1}, b""))
+
+        async def record() -> None:
+            while (item := await transport.to_worker.get()) is not None:
+                sent_work.append(item[0])
+        asyncio.ensure_future(record())
+        return transport
+
+    config = rt.tiny_config(tmp_path, "rollout.respawn=true")
+    with pytest.raises(RunStopped, match="no rollout worker can serve"):
+        run(config, workers=old_worker)
+    assert f"speaks message encoding {ENCODING_VERSION - 1}, this driver {ENCODING_VERSION}: " \
+        "run the same invar version on every host" in caplog.text
+    assert sent_work == []
