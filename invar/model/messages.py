@@ -522,10 +522,10 @@ def _rows(text: Any, dtype: str, lengths: list[int], where: str) -> tuple[tuple[
     total = sum(lengths)
     if lengths and lengths.count(lengths[0]) == len(lengths):
         width = lengths[0]
-        array = _unpack_array(text, dtype, total, where)
+        values = _unpack_array(text, dtype, total, where)
         if width == 0:
             return ((),) * len(lengths)
-        return tuple(map(tuple, array.reshape(len(lengths), width).tolist()))
+        return tuple(map(tuple, values.reshape(len(lengths), width).tolist()))
     return _split(_unpack(text, dtype, total, where), lengths)
 
 
