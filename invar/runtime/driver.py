@@ -20,6 +20,7 @@ asynchronous run is compared with.
 from __future__ import annotations
 
 import asyncio
+import gc
 import json
 import logging
 import os
@@ -201,6 +202,10 @@ class Driver:
             started, _ = await asyncio.gather(
                 asyncio.to_thread(self.executor.start, self.state.learner.attempt + 1),
                 asyncio.to_thread(self.metrics.prepare))
+            # Everything built so far (torch, the model, the task) lives until the run ends:
+            # moved out of the collector's sight, so the collections that the event path's
+            # allocations trigger do not walk it again and again.
+            gc.freeze()
             check = deliver(self.state, started)
             if check.verdict is not Verdict.ACCEPTED:
                 # The learner's newest commit is not the one the journal leads to: no event can
@@ -233,6 +238,7 @@ class Driver:
                     event = await self.events.get()
                     self._apply(event)
         finally:
+            gc.unfreeze()  # a process that goes on (tests, notebooks) gets its objects back
             await self._shutdown()
         self.metrics.finish(self.stats, self.executor.busy_seconds, events=self.seq)
         return self.state
