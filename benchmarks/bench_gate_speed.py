@@ -23,14 +23,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-
-
-def extract(revision: str, into: Path) -> Path:
-    archive = subprocess.run(["git", "-C", str(ROOT), "archive", revision], check=True,
-                             capture_output=True).stdout
-    subprocess.run(["tar", "-x", "-C", str(into)], input=archive, check=True)
-    return into
+from git_trees import ROOT, extract
 
 
 def check(tree: Path, bound: Path, out: Path) -> tuple[int, float, float]:

@@ -22,7 +22,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+from git_trees import ROOT, extract
 
 # Runs inside each tree: prints {"events", "samples", "step_s", "step_digest_s"}.
 REPLAY = r"""
@@ -59,14 +59,6 @@ for _ in range(int(sys.argv[1])):
 print(json.dumps({"events": len(events), "samples": samples, "step_s": best[False],
                   "step_digest_s": best[True]}))
 """
-
-
-def extract(revision: str, into: Path) -> Path:
-    archive = subprocess.run(["git", "-C", str(ROOT), "archive", revision], check=True,
-                             capture_output=True).stdout
-    into.mkdir(parents=True)
-    subprocess.run(["tar", "-x", "-C", str(into)], input=archive, check=True)
-    return into
 
 
 def measure(tree: Path, repeats: int) -> dict[str, float]:

@@ -59,6 +59,7 @@ from invar.model.messages import (
     WeightsLoaded,
     WorkerConnected,
     WorkerLost,
+    built,
     matrix_digest,
 )
 from invar.model.objective import group_advantages, objective, pad, unpad
@@ -270,8 +271,10 @@ def _on_requests_completed(state: State, event: RequestsCompleted) -> Handled:
             # Same identity, version and seed: a numerically invariant worker repeats itself.
             noops["duplicates" if slot.digest == digest else "divergent"] += 1
             continue
-        new[position] = Sample.of(digest, completion.tokens, completion.behavior_logprobs,
-                                  completion.reward, completion.version)
+        new[position] = built(Sample, {
+            "digest": digest, "tokens": completion.tokens,
+            "behavior_logprobs": completion.behavior_logprobs, "reward": completion.reward,
+            "version": completion.version})
         if slot is not None:
             freed[slot.worker] += 1  # type: ignore[union-attr]
     changes = {index: new for index, new in changes.items() if new}
@@ -815,14 +818,10 @@ def _launch(config: RunConfig, request: RequestId, version: int,
 
 def _launch_request(slot: Assigned, request: RequestId, version: int, seed: int,
                     prompt_index: int) -> LaunchRequest:
-    """`LaunchRequest(...)` without the frozen `__init__`'s per-field `object.__setattr__`
-    (one per sample launched: the core's most frequent command)."""
-    launch = object.__new__(LaunchRequest)
-    fields = launch.__dict__
-    fields["worker"], fields["incarnation"], fields["request"] = \
-        slot.worker, slot.incarnation, request
-    fields["version"], fields["seed"], fields["prompt_index"] = version, seed, prompt_index
-    return launch
+    """One per sample launched, the core's most frequent command: `built`, not `__init__`."""
+    return built(LaunchRequest, {"worker": slot.worker, "incarnation": slot.incarnation,
+                                 "request": request, "version": version, "seed": seed,
+                                 "prompt_index": prompt_index})
 
 
 def _load(state: State, worker: WorkerState) -> LoadWeights:

@@ -31,10 +31,8 @@ def derive_seed(root: int, *path: object) -> int:
 
 def sampling_seed(config: RunConfig, request: RequestId) -> int:
     """The seed a worker samples `request` with: the same on every re-issue, on every worker.
-    `derive_seed(config.seed, "sample", *request)`, spelled out: it runs once per launch."""
-    batch, prompt, sample = request
-    text = f"{config.seed}:sample:{batch}:{prompt}:{sample}".encode()
-    return int.from_bytes(hashlib.blake2b(text, digest_size=8).digest(), "big") >> 1
+    (The core launches a prompt's group at once, with `group_seeds`: the same values.)"""
+    return derive_seed(config.seed, "sample", *request)
 
 
 def derive_seeds(root: int, *path: object, count: int) -> list[int]:

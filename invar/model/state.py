@@ -131,18 +131,6 @@ class Sample:
     version: int = field(default=-1, compare=False, repr=False)
     """The version the worker reported sampling with (recorded in the ledger)."""
 
-    @classmethod
-    def of(cls, digest: str, tokens: tuple[int, ...], behavior_logprobs: tuple[float, ...],
-           reward: float, version: int) -> Sample:
-        """`Sample(...)` without the frozen `__init__`'s per-field `object.__setattr__`: the
-        core makes one per completion."""
-        sample = object.__new__(cls)
-        fields = sample.__dict__
-        fields["digest"], fields["tokens"] = digest, tokens
-        fields["behavior_logprobs"], fields["reward"], fields["version"] = \
-            behavior_logprobs, reward, version
-        return sample
-
 
 Slot = None | Assigned | Sample
 """A request's progress: None = pending (not launched on a live worker)."""

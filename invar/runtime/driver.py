@@ -334,9 +334,6 @@ class Driver:
         """The one place where commands meet the world: each goes where `shell.route` says."""
         launches: list[LaunchRequest] = []
         for command in commands:
-            if type(command) is LaunchRequest:  # most commands: route() says its worker's
-                launches.append(command)
-                continue
             where = route(command)
             if where == LEARNER:
                 inputs = self.learner_inputs(self.state, self.task, command)

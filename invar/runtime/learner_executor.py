@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import functools
 import logging
-import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -34,7 +33,7 @@ from invar.model.messages import (
     VersionEvaluated,
 )
 from invar.model.schedule import RequestId
-from invar.model.state import BatchState, Sample, State
+from invar.model.state import Sample, State
 from invar.model.world import Decision, LearnerRules
 from invar.runtime.backend import LearnerBackend
 from invar.runtime.commits import commit_path
@@ -262,7 +261,7 @@ def learner_inputs(state: State, task: Task, command: Command) -> np.ndarray | N
         batch = state.batch(first)
         if batch is None:
             return None
-        table = _batch_table(_ByIdentity(task), batch, config)
+        table = _batch_table(_ByIdentity(task), _ByIdentity(batch.slots), batch.batch, config)
         if table is not None:
             if requests is schedule.request_ids(config, first):  # all, in slot order
                 return table.copy()
@@ -294,57 +293,44 @@ def _request_rows(state: State, task: Task, requests: tuple[RequestId, ...]
     return np.array(rows, dtype=np.int64)
 
 
-_TABLES: dict[tuple[int, int], tuple[Any, ...]] = {}
-"""`_batch_table`'s cache: (task, slots, table) by their ids (kept alive, so not reused)."""
-_TABLES_KEPT = 4
-_tables_lock = threading.Lock()
-
-
-def _batch_table(key: _ByIdentity, batch: BatchState, config: RunConfig) -> np.ndarray | None:
+@functools.lru_cache(maxsize=4)
+def _batch_table(key: _ByIdentity, slots: _ByIdentity, batch: int,
+                 config: RunConfig) -> np.ndarray | None:
     """Every slot's row (prompt + response tokens) of a complete batch, in slot order, as an
-    int64 matrix; None when a slot is not yet a sample or rows differ in length. Cached by
+    int64 matrix; None when a slot is not yet a sample or rows differ in length. Remembered by
     the identity of the (immutable) slots: a batch's commands all read the same table."""
-    slots = batch.slots
-    ident = (id(key.task), id(slots))
-    with _tables_lock:
-        cached = _TABLES.get(ident)
-    if cached is not None and cached[0] is key.task and cached[1] is slots:
-        table: np.ndarray | None = cached[2]
-        return table
-    table = None
-    if all(isinstance(s, Sample) for s in slots):
-        group = config.group_size
-        prompts = [_prompt(key, schedule.prompt_index(config, batch.batch, p))
-                   for p in range(len(slots) // group)]
-        responses = [s.tokens for s in slots]  # type: ignore[union-attr]
-        if (len(prompts) * group == len(slots) and len({len(p) for p in prompts}) == 1
-                and len({len(r) for r in responses}) == 1):
-            table = np.concatenate((np.repeat(np.array(prompts, dtype=np.int64), group, axis=0),
-                                    np.array(responses, dtype=np.int64)), axis=1)
-    with _tables_lock:
-        _TABLES[ident] = (key.task, slots, table)
-        while len(_TABLES) > _TABLES_KEPT:
-            del _TABLES[next(iter(_TABLES))]
-    return table
+    samples = slots.value
+    if not all(isinstance(s, Sample) for s in samples):
+        return None
+    group = config.group_size
+    prompts = [_prompt(key, schedule.prompt_index(config, batch, p))
+               for p in range(len(samples) // group)]
+    responses = [s.tokens for s in samples]
+    if not (len(prompts) * group == len(samples) and len({len(p) for p in prompts}) == 1
+            and len({len(r) for r in responses}) == 1):
+        return None
+    return np.concatenate((np.repeat(np.array(prompts, dtype=np.int64), group, axis=0),
+                           np.array(responses, dtype=np.int64)), axis=1)
 
 
 class _ByIdentity:
-    """A task as a cache key, by identity: a plug-in task need not be hashable (an `eq`
-    dataclass is not), and the key keeps it alive, so its id is not reused while cached."""
+    """A cache key by identity (a task, a batch's slots): a plug-in task need not be hashable
+    (an `eq` dataclass is not), slots are costly to hash, and the key keeps its value alive,
+    so its id is not reused while cached."""
 
-    __slots__ = ("task",)
+    __slots__ = ("value",)
 
-    def __init__(self, task: Task) -> None:
-        self.task = task
+    def __init__(self, value: Any) -> None:
+        self.value = value
 
     def __hash__(self) -> int:
-        return id(self.task)
+        return id(self.value)
 
     def __eq__(self, other: object) -> bool:
-        return isinstance(other, _ByIdentity) and other.task is self.task
+        return isinstance(other, _ByIdentity) and other.value is self.value
 
 
 @functools.lru_cache(maxsize=8192)
 def _prompt(key: _ByIdentity, index: int) -> tuple[int, ...]:
     """A prompt's tokens: each is read by the scoring and by every forward of its update."""
-    return tuple(key.task.prompt(index))
+    return tuple(key.value.prompt(index))

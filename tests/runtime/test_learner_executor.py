@@ -206,3 +206,26 @@ def test_a_restart_starts_the_rules_afresh(tmp_path):
     assert executor.last_decision == Decision.IGNORE
     redone = executor.execute(forward(3, update=1, attempt=1), rows(2))
     assert isinstance(redone, ForwardObserved) and redone.attempt == 1
+
+
+def test_learner_inputs_from_the_batch_table_equal_the_rows_built_one_by_one():
+    """The numpy fast path (a batch's token table, rows gathered by position) gives exactly
+    the rows `_request_rows` builds request by request, for the scoring and every forward."""
+    from invar.model import RunConfig, initial_state, step
+    from invar.model.messages import RunForward, ScoreProbabilities
+    from invar.runtime.learner_executor import _request_rows, learner_inputs
+    from invar.testing import canonical_run
+
+    config = RunConfig(prompts_per_batch=3, group_size=2, max_staleness=1, sync_period=1,
+                       optimizer_steps=3, total_updates=3)
+    task = DigitReversal(4)
+    state, compared = initial_state(config), 0
+    for event in canonical_run(config).events:
+        state, commands = step(state, event)
+        for command in commands:
+            if isinstance(command, (ScoreProbabilities, RunForward)):
+                fast = learner_inputs(state, task, command)
+                assert fast is not None
+                assert np.array_equal(fast, _request_rows(state, task, command.requests))
+                compared += 1
+    assert compared == 3 * (1 + 3)  # per update: the scoring and K forwards
