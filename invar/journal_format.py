@@ -29,8 +29,10 @@ from invar.model.objective import ObjectiveConfig
 from invar.model.shell import Verdict, deliver
 from invar.model.state import State, initial_state, state_digest
 
-JOURNAL_FORMAT = 2
-"""2: state digests hash a sample's slot and the ledger without reprs (PROTOCOL.md §3)."""
+JOURNAL_FORMAT = 3
+"""2: state digests hash a sample's slot and the ledger without reprs; 3: a state's histories
+(commit digests, publications, evaluations, checkpoints) enter its digest as their length and
+hash chain, so a digest's cost does not grow with the run (PROTOCOL.md §3)."""
 
 
 @dataclass(frozen=True)

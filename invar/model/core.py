@@ -70,6 +70,7 @@ from invar.model.state import (
     BatchInputs,
     BatchState,
     Consumption,
+    History,
     LearnerPhase,
     LearnerState,
     Sample,
@@ -329,7 +330,7 @@ def _on_learner_started(state: State, event: LearnerStarted) -> Handled:
             return ProtocolError(state, event, Reason.UNKNOWN_COMMIT,
                                  f"first start must be from version 0, not "
                                  f"{event.committed_version}")
-        state = evolve(state, commit_digests=(event.weights_digest,))
+        state = evolve(state, commit_digests=History((event.weights_digest,)))
         return _restart_learner(state, event.incarnation), _boundary_commands(state)
     committed = state.committed
     commands: list[Command] = []

@@ -68,6 +68,68 @@ def cached_repr(cls: RecordType) -> RecordType:
     return cls
 
 
+Item = TypeVar("Item")
+
+
+class History(tuple[Item, ...]):
+    """An append-only record of the run (commit digests, publications, evaluations,
+    checkpoints): a tuple that also carries a hash chain over its items, extended as it grows.
+
+    It grows by one item per update, so a state's repr shows it as its length and chain
+    (`history_text`): a state digest costs the same at update 10 and at update 10,000. It
+    compares and hashes exactly as the tuple of its items does."""
+
+    chain: str
+    """`""` when empty, then `chain_item(chain, item)` per item appended."""
+
+    def __new__(cls, items: Iterable[Item] = (), chain: str | None = None) -> History[Item]:
+        self = super().__new__(cls, items)
+        self.chain = chain if chain is not None else _chained("", self)
+        return self
+
+    def __add__(self, more: tuple[Item, ...]) -> History[Item]:  # type: ignore[override]
+        return History(tuple.__add__(self, more), _chained(self.chain, more))
+
+    def __getnewargs__(self) -> tuple[tuple[Item, ...], str]:
+        return tuple(self), self.chain
+
+    def __repr__(self) -> str:
+        return f"History({tuple.__repr__(self)})"
+
+
+def chain_item(chain: str, item: object) -> str:
+    """A history's chain after `item`: blake2b_128(chain ‖ "|" ‖ repr(item)), in hex."""
+    return hashlib.blake2b(f"{chain}|{item!r}".encode(), digest_size=16).hexdigest()
+
+
+def _chained(chain: str, items: Iterable[object]) -> str:
+    for item in items:
+        chain = chain_item(chain, item)
+    return chain
+
+
+def history_text(items: tuple[str, ...] | tuple[int, ...]) -> str:
+    """How a state's repr shows a history: its length and chain (a plain tuple's chain is
+    computed from its items: equal contents, one text)."""
+    chain = items.chain if isinstance(items, History) else _chained("", items)
+    return f"<{len(items)} items, chain {chain or '-'}>"
+
+
+_HISTORIES = ("commit_digests", "published", "evaluated", "checkpointed")
+
+
+def _histories_shortened(cls: RecordType) -> RecordType:
+    """`State`'s repr with each history as `history_text` (its fields are `repr=False`)."""
+    generated: Any = cls.__repr__
+
+    def __repr__(self: Any) -> str:
+        shown = ", ".join(f"{name}={history_text(getattr(self, name))}" for name in _HISTORIES)
+        return f"{generated(self)[:-1]}, {shown})"
+
+    cls.__repr__ = __repr__  # type: ignore[method-assign,assignment]
+    return cls
+
+
 class LearnerPhase(enum.Enum):
     OFFLINE = "offline"
     """Never started: waiting for LearnerStarted."""
@@ -318,6 +380,7 @@ class NoOps:
 
 
 @cached_repr
+@_histories_shortened
 @dataclass(frozen=True)
 class State:
     config: RunConfig
@@ -328,9 +391,9 @@ class State:
     """Batches [0, admitted) have been admitted for rollout."""
     batches: tuple[BatchState, ...]
     """Admitted batches not yet consumed, in order: batches [committed, admitted)."""
-    commit_digests: tuple[str, ...]
+    commit_digests: History[str] = field(repr=False)
     """Digest of each committed version v at index v; empty before the learner's first start."""
-    published: tuple[int, ...]
+    published: History[int] = field(repr=False)
     """Published versions in publication order."""
     publishing: int | None
     """Version whose Publish was sent and not yet acknowledged."""
@@ -341,9 +404,9 @@ class State:
     ledger_digest: str
     """Hash chain over the ledger (so a state digest need not walk the whole history)."""
     timer_armed: bool
-    evaluated: tuple[int, ...] = ()
+    evaluated: History[int] = field(default=History(), repr=False)
     """Versions whose evaluation the learner reported, in order (`VersionEvaluated`)."""
-    checkpointed: tuple[int, ...] = ()
+    checkpointed: History[int] = field(default=History(), repr=False)
     """Versions durably kept as checkpoints, in order (`CheckpointWritten`)."""
     noops: NoOps = field(default_factory=NoOps, compare=False, repr=False)
 
@@ -375,8 +438,8 @@ def initial_state(config: RunConfig) -> State:
         workers=(),
         admitted=0,
         batches=(),
-        commit_digests=(),
-        published=(),
+        commit_digests=History(),
+        published=History(),
         publishing=None,
         retained=(),
         ledger=(),

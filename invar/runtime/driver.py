@@ -54,6 +54,7 @@ from invar.model.messages import (
     WorkerConnected,
     WorkerLost,
     decode,
+    dumps,
     encode,
     pack_launches,
 )
@@ -138,7 +139,7 @@ class Driver:
         self.learner_inputs = learner_inputs
         self.stats = Stats()
         self.events: asyncio.Queue[Event | _Crash] = asyncio.Queue()
-        self.learner_queue: asyncio.Queue[tuple[Command, np.ndarray | None]] = asyncio.Queue()
+        self.learner_queue: asyncio.Queue[tuple[Command, State]] = asyncio.Queue()
         self.workers: dict[str, WorkerHandle] = {}
         self.resume = resume
         self.restored = restored
@@ -336,8 +337,10 @@ class Driver:
         for command in commands:
             where = route(command)
             if where == LEARNER:
-                inputs = self.learner_inputs(self.state, self.task, command)
-                self.learner_queue.put_nowait((command, inputs))
+                # The state the command was issued in: its inputs are built from it by the
+                # learner's thread (data preparation is the learner's work, as on a learner
+                # host; states are immutable, so reading one there is safe).
+                self.learner_queue.put_nowait((command, self.state))
             elif where == STORE:
                 self._to_store(command)
             elif where == TIMER:
@@ -388,13 +391,23 @@ class Driver:
 
     async def _learner_loop(self) -> None:
         while True:
-            command, inputs = await self.learner_queue.get()
+            command, state = await self.learner_queue.get()
             try:
-                reply = await asyncio.to_thread(self.executor.execute, command, inputs)
+                answer = await asyncio.to_thread(self._execute, command, state)
             finally:
                 self.learner_queue.task_done()
-            if reply is not None:
+            if answer is not None:
+                reply, encoded = answer
+                # Journalled as encoded in the learner's thread, as a worker's event is
+                # journalled as the worker encoded it.
+                self._received[id(reply)] = encoded
                 self.events.put_nowait(reply)
+
+    def _execute(self, command: Command, state: State) -> tuple[Event, str] | None:
+        """In the learner's thread: the command's inputs, the command, and its reply's
+        journal encoding."""
+        reply = self.executor.execute(command, self.learner_inputs(state, self.task, command))
+        return None if reply is None else (reply, dumps(reply))
 
     async def _publish(self, command: Publish) -> None:
         deleting = self._deleting.pop(command.version, None)
