@@ -68,9 +68,11 @@ from invar.model.state import (
     AppliedStep,
     Assigned,
     BatchInputs,
+    BatchRequests,
     BatchState,
     Consumption,
     History,
+    JoinedDigests,
     LearnerPhase,
     LearnerState,
     Sample,
@@ -627,9 +629,9 @@ def _apply_commit(state: State, digest: str) -> tuple[State, list[Command]]:
     scores = state.learner.scores
     record = Consumption(
         update=update,
-        requests=schedule.request_ids(config, batch.batch),
+        requests=BatchRequests(batch.batch, config.prompts_per_batch, config.group_size),
         sample_versions=tuple([s.version for s in samples]),
-        sample_digests=tuple([s.digest for s in samples]),
+        sample_digests=JoinedDigests([s.digest for s in samples]),
         scores_digest=scores.digest if scores is not None else "",
         steps=state.learner.applied,
         commit_digest=digest,

@@ -13,8 +13,9 @@ import hashlib
 import itertools
 import struct
 import sys
+import typing
 from array import array
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple, TypeVar
 
@@ -346,6 +347,109 @@ class LearnerState:
     """The command sent in APPLYING (kept to re-send on retry; determined by the rest)."""
 
 
+class _AsTuple(Sequence[Item]):
+    """A compact, immutable stand-in for a tuple in a ledger record: it compares and hashes
+    exactly as the tuple of its items (so records and states keep their equality), while it
+    keeps a few objects instead of one per sample. The ledger holds a record per update for
+    the whole run: as tuples, 97 KiB an update of the default shape (10,000 updates: ~1 GB, and
+    every full garbage collection walked its half-million request ids)."""
+
+    __slots__ = ("_hash",)
+    _hash: int
+
+    def _items(self) -> tuple[Item, ...]:
+        raise NotImplementedError
+
+    def __len__(self) -> int:
+        return len(self._items())
+
+    @typing.overload
+    def __getitem__(self, index: int) -> Item: ...
+    @typing.overload
+    def __getitem__(self, index: slice) -> tuple[Item, ...]: ...
+    def __getitem__(self, index: int | slice) -> Item | tuple[Item, ...]:
+        return self._items()[index]
+
+    def __iter__(self) -> Iterator[Item]:
+        return iter(self._items())
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, _AsTuple):
+            return self._items() == other._items()
+        return isinstance(other, tuple) and self._items() == other
+
+    def __hash__(self) -> int:
+        try:
+            return self._hash
+        except AttributeError:
+            self._hash = hash(self._items())
+            return self._hash
+
+
+class BatchRequests(_AsTuple[RequestId]):
+    """`schedule.request_ids` of a batch, as (batch, prompts, group) instead of one
+    `RequestId` per sample; the ids are made again when read (by checks, never per event)."""
+
+    __slots__ = ("batch", "prompts_per_batch", "group_size")
+
+    def __init__(self, batch: int, prompts_per_batch: int, group_size: int) -> None:
+        self.batch, self.prompts_per_batch, self.group_size = batch, prompts_per_batch, group_size
+
+    def _items(self) -> tuple[RequestId, ...]:
+        return tuple(RequestId(self.batch, p, g) for p in range(self.prompts_per_batch)
+                     for g in range(self.group_size))
+
+    def __eq__(self, other: object) -> bool:
+        if type(other) is BatchRequests:
+            return (self.batch, self.prompts_per_batch, self.group_size) == (
+                other.batch, other.prompts_per_batch, other.group_size)
+        return super().__eq__(other)
+
+    __hash__ = _AsTuple.__hash__
+
+    def __len__(self) -> int:
+        return self.prompts_per_batch * self.group_size
+
+    def __repr__(self) -> str:
+        return (f"BatchRequests(batch={self.batch}, prompts_per_batch={self.prompts_per_batch}, "
+                f"group_size={self.group_size})")
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return BatchRequests, (self.batch, self.prompts_per_batch, self.group_size)
+
+
+class JoinedDigests(_AsTuple[str]):
+    """Sample digests (hex, so never a comma) as one string joined by ",": a string per
+    update instead of one per sample."""
+
+    __slots__ = ("joined", "size")
+
+    def __init__(self, digests: Iterable[str]) -> None:
+        digests = tuple(digests)
+        if any("," in d for d in digests):
+            raise ValueError("a sample digest cannot contain ','")
+        self.joined, self.size = ",".join(digests), len(digests)
+
+    def _items(self) -> tuple[str, ...]:
+        return tuple(self.joined.split(",")) if self.size else ()
+
+    def __eq__(self, other: object) -> bool:
+        if type(other) is JoinedDigests:
+            return (self.size, self.joined) == (other.size, other.joined)
+        return super().__eq__(other)
+
+    __hash__ = _AsTuple.__hash__
+
+    def __len__(self) -> int:
+        return self.size
+
+    def __repr__(self) -> str:
+        return f"JoinedDigests({list(self)!r})"
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return JoinedDigests, (tuple(self),)
+
+
 @dataclass(frozen=True)
 class Consumption:
     """The ledger's record of one committed update: what was really consumed and applied, as
@@ -353,11 +457,12 @@ class Consumption:
     with the schedule is a check, not a tautology)."""
 
     update: int
-    requests: tuple[RequestId, ...]
-    """The consumed batch's request ids, in slot order."""
+    requests: Sequence[RequestId]
+    """The consumed batch's request ids, in slot order (`BatchRequests`)."""
     sample_versions: tuple[int, ...]
     """The generating version each sample's worker reported."""
-    sample_digests: tuple[str, ...]
+    sample_digests: Sequence[str]
+    """Each consumed sample's digest, in slot order (`JoinedDigests`)."""
     scores_digest: str
     """Digest of the proximal (and reference) log-probs the cotangents were computed with."""
     steps: tuple[AppliedStep, ...]

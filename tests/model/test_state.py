@@ -3,6 +3,7 @@ numeric payloads (tokens, log-probabilities, rewards, cotangents) take no part i
 
 from __future__ import annotations
 
+import gc
 import hashlib
 import os
 import pickle
@@ -24,11 +25,19 @@ from invar.model import (  # noqa: E402
     RunConfig,
     initial_state,
     outstanding_commands,
+    schedule,  # noqa: E402
     state_digest,
     step,
 )
 from invar.model.messages import RunForward, TimerFired  # noqa: E402
-from invar.model.state import History, NoOps, Sample, history_text  # noqa: E402
+from invar.model.state import (  # noqa: E402
+    BatchRequests,
+    History,
+    JoinedDigests,
+    NoOps,
+    Sample,
+    history_text,
+)
 from invar.testing import canonical_run, reply  # noqa: E402
 
 CONFIG = small_config()
@@ -136,6 +145,46 @@ def test_a_history_is_its_tuple_with_a_chain_over_it(items, cut):
     assert pickle.loads(pickle.dumps(grown)).chain == chain
     if cut < len(items):
         assert History(items[:cut]).chain != chain  # a prefix has a chain of its own
+
+
+@given(st.integers(min_value=0, max_value=50), st.integers(min_value=1, max_value=6),
+       st.integers(min_value=1, max_value=6))
+def test_batch_requests_are_the_tuple_of_request_ids(batch, prompts, group):
+    config = replace(CONFIG, prompts_per_batch=prompts, group_size=group)
+    ids = schedule.request_ids(config, batch)
+    compact = BatchRequests(batch, prompts, group)
+    assert compact == ids and ids == compact and hash(compact) == hash(ids)
+    assert len(compact) == len(ids) and list(compact) == list(ids)
+    assert compact[-1] == ids[-1] and compact[1:3] == ids[1:3]
+    assert compact != schedule.request_ids(config, batch + 1)
+    assert compact != BatchRequests(batch, prompts, group + 1)
+    assert compact != tuple(reversed(ids)) or len(ids) == 1
+    assert pickle.loads(pickle.dumps(compact)) == compact
+
+
+@given(st.lists(st.text(alphabet="0123456789abcdef", max_size=24), max_size=8))
+def test_joined_digests_are_the_tuple_of_digests(digests):
+    compact = JoinedDigests(digests)
+    assert compact == tuple(digests) and tuple(digests) == compact
+    assert hash(compact) == hash(tuple(digests)) and list(compact) == digests
+    assert len(compact) == len(digests)
+    assert compact != tuple(digests) + ("",)
+    assert pickle.loads(pickle.dumps(compact)) == compact
+
+
+def test_a_ledger_record_holds_a_few_objects_not_one_per_sample():
+    """The ledger keeps a record per update for the whole run."""
+    config = replace(CONFIG, prompts_per_batch=8, group_size=4, total_updates=2)
+    record = canonical_run(config).state.ledger[-1]
+    assert type(record.requests) is BatchRequests and type(record.sample_digests) is JoinedDigests
+    assert record.requests == schedule.request_ids(config, record.update)
+    reached, todo = {id(record)}, [record]
+    while todo:  # every object the collector tracks that the record holds (types aside)
+        for held in gc.get_referents(todo.pop()):
+            if gc.is_tracked(held) and not isinstance(held, type) and id(held) not in reached:
+                reached.add(id(held))
+                todo.append(held)
+    assert len(reached) < 32  # 32 samples: their ids are not objects of their own
 
 
 PINNED_CONFIG = RunConfig(prompts_per_batch=2, group_size=2, max_staleness=1, sync_period=1,
