@@ -12,7 +12,7 @@ from __future__ import annotations
 import dataclasses
 import enum
 import json
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
@@ -158,9 +158,9 @@ def _ordered(items: Any) -> list[Any]:
 def to_jsonable(x: Any) -> Any:
     """A JSON-compatible rendering of a state or action (the default trace encoders).
 
-    Dataclasses become objects (with a ``"_type"`` key), named tuples objects, tuples, lists and
-    other sequences arrays, sets sorted arrays, enums their name, mappings objects with string
-    keys; other values that JSON cannot hold become their repr.
+    Dataclasses become objects (with a ``"_type"`` key), named tuples objects, tuples and lists
+    arrays, sets sorted arrays, enums their name, mappings objects with string keys; other
+    values that JSON cannot hold become their repr.
     """
     if x is None or isinstance(x, (bool, int, float, str)):
         if isinstance(x, enum.Enum):
@@ -175,8 +175,8 @@ def to_jsonable(x: Any) -> Any:
         return out
     if isinstance(x, tuple) and hasattr(x, "_fields"):
         return {"_type": type(x).__name__, **{k: to_jsonable(v) for k, v in zip(x._fields, x)}}
-    if isinstance(x, (tuple, list, Sequence)) and not isinstance(x, bytes):
-        return [to_jsonable(v) for v in x]  # a compact stand-in for a tuple as well
+    if isinstance(x, (tuple, list)):
+        return [to_jsonable(v) for v in x]
     if isinstance(x, (set, frozenset)):
         return [to_jsonable(v) for v in _ordered(x)]
     if isinstance(x, Mapping):

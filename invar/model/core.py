@@ -631,7 +631,7 @@ def _apply_commit(state: State, digest: str) -> tuple[State, list[Command]]:
         update=update,
         requests=BatchRequests(batch.batch, config.prompts_per_batch, config.group_size),
         sample_versions=tuple([s.version for s in samples]),
-        sample_digests=JoinedDigests([s.digest for s in samples]),
+        sample_digests=JoinedDigests.of([s.digest for s in samples]),
         scores_digest=scores.digest if scores is not None else "",
         steps=state.learner.applied,
         commit_digest=digest,

@@ -41,7 +41,7 @@ def consumed_version_is_scheduled(state: State) -> str:
     config = state.config
     for record in state.ledger:
         u = record.update
-        if record.requests != schedule.request_ids(config, u):
+        if tuple(record.requests) != schedule.request_ids(config, u):
             return f"update {u} consumed {len(record.requests)} samples not batch {u} in id order"
         version = schedule.gen_version(config, u)
         wrong = [v for v in record.sample_versions if v != version]

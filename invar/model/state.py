@@ -347,107 +347,67 @@ class LearnerState:
     """The command sent in APPLYING (kept to re-send on retry; determined by the rest)."""
 
 
-class _AsTuple(Sequence[Item]):
-    """A compact, immutable stand-in for a tuple in a ledger record: it compares and hashes
-    exactly as the tuple of its items (so records and states keep their equality), while it
-    keeps a few objects instead of one per sample. The ledger holds a record per update for
-    the whole run: as tuples, 97 KiB an update of the default shape (10,000 updates: ~1 GB, and
-    every full garbage collection walked its half-million request ids)."""
+@dataclass(frozen=True)
+class BatchRequests(Sequence[RequestId]):
+    """`schedule.request_ids` of a whole batch, kept as (batch, prompts, group) instead of one
+    `RequestId` per sample: the ledger keeps a record per update for the whole run (as tuples,
+    97 KiB an update of the default shape, and every full garbage collection walked its
+    half-million request ids at 1,000 updates). A value: equal to another `BatchRequests` of the
+    same batch and shape (compare `tuple(...)` with a tuple); the ids are made when read."""
 
-    __slots__ = ("_hash",)
-    _hash: int
+    batch: int
+    prompts_per_batch: int
+    group_size: int
 
-    def _items(self) -> tuple[Item, ...]:
-        raise NotImplementedError
-
-    def __len__(self) -> int:
-        return len(self._items())
-
-    @typing.overload
-    def __getitem__(self, index: int) -> Item: ...
-    @typing.overload
-    def __getitem__(self, index: slice) -> tuple[Item, ...]: ...
-    def __getitem__(self, index: int | slice) -> Item | tuple[Item, ...]:
-        return self._items()[index]
-
-    def __iter__(self) -> Iterator[Item]:
-        return iter(self._items())
-
-    def __eq__(self, other: object) -> bool:
-        if isinstance(other, _AsTuple):
-            return self._items() == other._items()
-        return isinstance(other, tuple) and self._items() == other
-
-    def __hash__(self) -> int:
-        try:
-            return self._hash
-        except AttributeError:
-            self._hash = hash(self._items())
-            return self._hash
-
-
-class BatchRequests(_AsTuple[RequestId]):
-    """`schedule.request_ids` of a batch, as (batch, prompts, group) instead of one
-    `RequestId` per sample; the ids are made again when read (by checks, never per event)."""
-
-    __slots__ = ("batch", "prompts_per_batch", "group_size")
-
-    def __init__(self, batch: int, prompts_per_batch: int, group_size: int) -> None:
-        self.batch, self.prompts_per_batch, self.group_size = batch, prompts_per_batch, group_size
-
-    def _items(self) -> tuple[RequestId, ...]:
+    def _ids(self) -> tuple[RequestId, ...]:
         return tuple(RequestId(self.batch, p, g) for p in range(self.prompts_per_batch)
                      for g in range(self.group_size))
-
-    def __eq__(self, other: object) -> bool:
-        if type(other) is BatchRequests:
-            return (self.batch, self.prompts_per_batch, self.group_size) == (
-                other.batch, other.prompts_per_batch, other.group_size)
-        return super().__eq__(other)
-
-    __hash__ = _AsTuple.__hash__
 
     def __len__(self) -> int:
         return self.prompts_per_batch * self.group_size
 
-    def __repr__(self) -> str:
-        return (f"BatchRequests(batch={self.batch}, prompts_per_batch={self.prompts_per_batch}, "
-                f"group_size={self.group_size})")
+    @typing.overload
+    def __getitem__(self, index: int) -> RequestId: ...
+    @typing.overload
+    def __getitem__(self, index: slice) -> tuple[RequestId, ...]: ...
+    def __getitem__(self, index: int | slice) -> RequestId | tuple[RequestId, ...]:
+        return self._ids()[index]
 
-    def __reduce__(self) -> tuple[Any, ...]:
-        return BatchRequests, (self.batch, self.prompts_per_batch, self.group_size)
+    def __iter__(self) -> Iterator[RequestId]:
+        return iter(self._ids())
 
 
-class JoinedDigests(_AsTuple[str]):
-    """Sample digests (hex, so never a comma) as one string joined by ",": a string per
-    update instead of one per sample."""
+@dataclass(frozen=True)
+class JoinedDigests(Sequence[str]):
+    """Sample digests (hex: never a comma) as one string joined by ",", for the same reason
+    as `BatchRequests`: one string per update instead of one per sample. A value: equal to the
+    `JoinedDigests` of the same digests (compare `tuple(...)` with a tuple)."""
 
-    __slots__ = ("joined", "size")
+    joined: str
+    size: int
 
-    def __init__(self, digests: Iterable[str]) -> None:
+    @classmethod
+    def of(cls, digests: Iterable[str]) -> JoinedDigests:
         digests = tuple(digests)
         if any("," in d for d in digests):
             raise ValueError("a sample digest cannot contain ','")
-        self.joined, self.size = ",".join(digests), len(digests)
+        return cls(",".join(digests), len(digests))
 
-    def _items(self) -> tuple[str, ...]:
+    def _digests(self) -> tuple[str, ...]:
         return tuple(self.joined.split(",")) if self.size else ()
-
-    def __eq__(self, other: object) -> bool:
-        if type(other) is JoinedDigests:
-            return (self.size, self.joined) == (other.size, other.joined)
-        return super().__eq__(other)
-
-    __hash__ = _AsTuple.__hash__
 
     def __len__(self) -> int:
         return self.size
 
-    def __repr__(self) -> str:
-        return f"JoinedDigests({list(self)!r})"
+    @typing.overload
+    def __getitem__(self, index: int) -> str: ...
+    @typing.overload
+    def __getitem__(self, index: slice) -> tuple[str, ...]: ...
+    def __getitem__(self, index: int | slice) -> str | tuple[str, ...]:
+        return self._digests()[index]
 
-    def __reduce__(self) -> tuple[Any, ...]:
-        return JoinedDigests, (tuple(self),)
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._digests())
 
 
 @dataclass(frozen=True)

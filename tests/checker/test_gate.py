@@ -12,8 +12,10 @@ from pathlib import Path
 
 import pytest
 
+from checker.fingerprint import hashes_by_value
 from checker.invar_model import Bounds, InvarModel, load_bounds
 from checker.model import PropertyKind
+from invar.model.world import run_fifo
 
 GATE = Path(__file__).resolve().parents[2] / "spec" / "gate"
 BOUNDS = {path.stem: load_bounds(path) for path in sorted(GATE.glob("*.toml"))}
@@ -74,3 +76,16 @@ def test_gate_bounds_have_witnesses_for_what_they_exercise(name: str) -> None:
         "an_update_takes_several_steps": bounds.optimizer_steps > 1,
     }
     assert {n for n, wanted in expected.items() if wanted} <= names
+
+
+@pytest.mark.parametrize("name", list(BOUNDS))
+def test_gate_states_hash_by_value_so_the_search_uses_fast_fingerprints(name: str) -> None:
+    """A record that hashes with its own __hash__ anywhere in a state (a history, a ledger
+    record) sends the engine back to stable fingerprints, 10-20x slower, with every verdict
+    unchanged: only this catches it. Checked on the world at the end of the bound's run, where
+    every history and the ledger hold records."""
+    model = InvarModel(BOUNDS[name][0])
+    start = model.init_states()[0]
+    finished = start._replace(world=run_fifo(start.world))
+    assert finished.world.core.ledger and finished.world.core.published
+    assert hashes_by_value(model.fingerprint_key(finished)) is None
