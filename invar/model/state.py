@@ -347,38 +347,48 @@ class LearnerState:
     """The command sent in APPLYING (kept to re-send on retry; determined by the rest)."""
 
 
+class _Packed(Sequence[Item]):
+    """A sequence a ledger record keeps packed: its items are made again when read."""
+
+    def _items(self) -> tuple[Item, ...]:
+        raise NotImplementedError
+
+    def __len__(self) -> int:
+        return len(self._items())
+
+    @typing.overload
+    def __getitem__(self, index: int) -> Item: ...
+    @typing.overload
+    def __getitem__(self, index: slice) -> tuple[Item, ...]: ...
+    def __getitem__(self, index: int | slice) -> Item | tuple[Item, ...]:
+        return self._items()[index]
+
+    def __iter__(self) -> Iterator[Item]:
+        return iter(self._items())
+
+
 @dataclass(frozen=True)
-class BatchRequests(Sequence[RequestId]):
+class BatchRequests(_Packed[RequestId]):
     """`schedule.request_ids` of a whole batch, kept as (batch, prompts, group) instead of one
     `RequestId` per sample: the ledger keeps a record per update for the whole run (as tuples,
     97 KiB an update of the default shape, and every full garbage collection walked its
     half-million request ids at 1,000 updates). A value: equal to another `BatchRequests` of the
-    same batch and shape (compare `tuple(...)` with a tuple); the ids are made when read."""
+    same batch and shape (compare `tuple(...)` with a tuple)."""
 
     batch: int
     prompts_per_batch: int
     group_size: int
 
-    def _ids(self) -> tuple[RequestId, ...]:
+    def _items(self) -> tuple[RequestId, ...]:
         return tuple(RequestId(self.batch, p, g) for p in range(self.prompts_per_batch)
                      for g in range(self.group_size))
 
     def __len__(self) -> int:
         return self.prompts_per_batch * self.group_size
 
-    @typing.overload
-    def __getitem__(self, index: int) -> RequestId: ...
-    @typing.overload
-    def __getitem__(self, index: slice) -> tuple[RequestId, ...]: ...
-    def __getitem__(self, index: int | slice) -> RequestId | tuple[RequestId, ...]:
-        return self._ids()[index]
-
-    def __iter__(self) -> Iterator[RequestId]:
-        return iter(self._ids())
-
 
 @dataclass(frozen=True)
-class JoinedDigests(Sequence[str]):
+class JoinedDigests(_Packed[str]):
     """Sample digests (hex: never a comma) as one string joined by ",", for the same reason
     as `BatchRequests`: one string per update instead of one per sample. A value: equal to the
     `JoinedDigests` of the same digests (compare `tuple(...)` with a tuple)."""
@@ -393,21 +403,11 @@ class JoinedDigests(Sequence[str]):
             raise ValueError("a sample digest cannot contain ','")
         return cls(",".join(digests), len(digests))
 
-    def _digests(self) -> tuple[str, ...]:
+    def _items(self) -> tuple[str, ...]:
         return tuple(self.joined.split(",")) if self.size else ()
 
     def __len__(self) -> int:
         return self.size
-
-    @typing.overload
-    def __getitem__(self, index: int) -> str: ...
-    @typing.overload
-    def __getitem__(self, index: slice) -> tuple[str, ...]: ...
-    def __getitem__(self, index: int | slice) -> str | tuple[str, ...]:
-        return self._digests()[index]
-
-    def __iter__(self) -> Iterator[str]:
-        return iter(self._digests())
 
 
 @dataclass(frozen=True)
