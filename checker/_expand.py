@@ -32,7 +32,8 @@ class ExpandEnv:
     cov_buf: list[Any] | None  # the coverage buffer (None: coverage off)
     props: Any
     is_final: Callable[[Any], bool] | None
-    graph_edge: Callable[[int, int, Any], None] | None = None
+    graph_edge: Callable[..., None] | None = None
+    """`(f, g, action)`, or with `graph_pairs` the recorder's list append of `(f, g)`."""
     graph_node: Callable[[Any, int], None] | None = None
     graph_final: Callable[[int], None] | None = None
 
@@ -53,6 +54,7 @@ def expander_source(
     final: bool,
     deadlock: bool,
     graph: bool,
+    graph_pairs: bool = False,
 ) -> str:
     """The source of the specialised ``expand(chunk, depth, env) -> generated`` function."""
     body = [
@@ -112,7 +114,8 @@ def expander_source(
     else:
         add(f"            g = fp({k})")
     if graph:
-        add("            graph_edge(f, g, a)")
+        # An unlabelled graph is recorded as a list of (f, g): its append, called directly.
+        add("            graph_edge((f, g))" if graph_pairs else "            graph_edge(f, g, a)")
     add("            if g in visited:")
     add("                continue")
     add("            visited[g] = f")

@@ -99,8 +99,9 @@ class _SequentialBFS:
         ctx, props, cov, checker = self.ctx, self.props, self.cov, self.checker
         env = ctx.expand_env(self.visited, self.nxt.append, cov, props)
         recorder = self.recorder
+        pairs = recorder.pairs_append if recorder is not None else None
         if recorder is not None:
-            env.graph_edge = recorder.edge
+            env.graph_edge = pairs if pairs is not None else recorder.edge
             env.graph_node = recorder.node
             env.graph_final = recorder.mark_final
         now = time.perf_counter()
@@ -122,7 +123,8 @@ class _SequentialBFS:
                 continue
             chunk = self.current[self.i : self.i + CHUNK]
             self.i += len(chunk)
-            expand = ctx.expander(cov, props, check_new=props.wants_new, graph=recorder is not None)
+            expand = ctx.expander(cov, props, check_new=props.wants_new, graph=recorder is not None,
+                                  graph_pairs=pairs is not None)
             nxt = self.nxt
             before = len(nxt)
             self.generated += expand(chunk, self.depth, env)

@@ -92,6 +92,7 @@ class ModelContext:
         # With fast fingerprints chosen automatically, a sample of the new states is checked
         # to hash by value (`sample_keys`); a search that meets one that does not restarts.
         self.sampling = False
+        self._verified: dict[int, Any] = {}  # parts of sampled keys known to hash by value
         self.is_final: Callable[[Any], bool] | None = (
             model.is_final if overrides(model, "is_final") else None
         )
@@ -137,7 +138,8 @@ class ModelContext:
         )
 
     def expander(
-        self, cov: Coverage, props: PropertyTracker, *, check_new: bool, graph: bool = False
+        self, cov: Coverage, props: PropertyTracker, *, check_new: bool, graph: bool = False,
+        graph_pairs: bool = False,
     ) -> Callable[[list[tuple[Any, int]], int, ExpandEnv], int]:
         """The hot loop specialised for this model and the properties still open."""
         return expander(
@@ -150,6 +152,7 @@ class ModelContext:
             final=self.is_final is not None,
             deadlock=props.deadlock,
             graph=graph,
+            graph_pairs=graph_pairs,
         )
 
     def fp(self, state: Any) -> int:
@@ -174,7 +177,8 @@ class ModelContext:
             return
         key = self.key
         picks = (items[start][at], items[-1][at])
-        problem = all_hash_by_value(key(s) if key is not None else s for s in picks)
+        problem = all_hash_by_value((key(s) if key is not None else s for s in picks),
+                                    self._verified)
         if problem is not None:
             raise UnsafeHash(problem)
 
@@ -243,11 +247,26 @@ class Coverage:
         self._kind = ctx.action_kind
 
     def flush(self) -> None:
-        if self._buf:
+        buf = self._buf
+        if buf:
             # Counted in a fresh Counter first: its counts stay small ints (cached up to 256),
             # while adding one at a time to the running totals allocates an int per transition.
-            self._counts.update(Counter(map(type if self._by_type else self._kind, self._buf)))
-            self._buf.clear()
+            if self._by_type:
+                self._counts.update(Counter(map(type, buf)))
+            else:
+                # The model's kinds: each distinct action asked once (equal actions are of
+                # one kind), the actions counted in C; unhashable ones asked one by one.
+                try:
+                    counted = Counter(buf)
+                except TypeError:
+                    self._counts.update(Counter(map(self._kind, buf)))
+                else:
+                    kinds: Counter[Any] = Counter()
+                    kind = self._kind
+                    for action, n in counted.items():
+                        kinds[kind(action)] += n
+                    self._counts.update(kinds)
+            buf.clear()
 
     def kinds(self) -> dict[str, int]:
         self.flush()
@@ -440,21 +459,41 @@ class GraphRecorder:
         they were handed over to the built graph, or never kept: ask `graph`)."""
         if self._graph is not None:
             return None
+        # The states that can finish: the finals, then every source of an edge to one, until
+        # nothing is added. Passes over the edges, last recorded first: a breadth-first search
+        # records a state's edges before those of the states it finds, so one pass takes in
+        # every path that goes deeper at each step, and a pass or two more the rest (an edge
+        # back to a shallower state); after `_PASSES`, the predecessors are indexed instead.
+        edges, total = self._edges, len(self._nodes)
+        can_finish = set(self._finals)
+        add = can_finish.add
+        for _ in range(_PASSES):
+            before = len(can_finish)
+            for f, g in reversed(edges):
+                if g in can_finish:
+                    add(f)
+            if len(can_finish) in (before, total):
+                return len(can_finish) == total
         predecessors: dict[int, list[int]] = {}
-        for f, g in self._edges:
+        for f, g in edges:
             known = predecessors.get(g)
             if known is None:
                 predecessors[g] = [f]
             else:
                 known.append(f)
-        can_finish = set(self._finals)
         stack = list(can_finish)
         while stack:
             for f in predecessors.get(stack.pop(), ()):
                 if f not in can_finish:
-                    can_finish.add(f)
+                    add(f)
                     stack.append(f)
-        return len(can_finish) == len(self._nodes)
+        return len(can_finish) == total
+
+    @property
+    def pairs_append(self) -> Callable[[tuple[int, int]], None] | None:
+        """Where the hot loop may append each transition's `(f, g)` itself (None: labelled,
+        call `edge`)."""
+        return None if self.labelled else self._edges.append
 
     def node(self, state: Any, g: int, init: bool = False) -> None:
         if not self.labelled:
@@ -484,6 +523,9 @@ class GraphRecorder:
             self._finals.append(f)
             return
         self._graph.nodes[f]["final"] = True
+
+
+_PASSES = 4  # passes over the edges before `every_state_can_finish` indexes them
 
 
 def _new_graph() -> Any:

@@ -248,14 +248,22 @@ def _classify(cls: type, obj: Any) -> str | tuple[str, ...]:
     return f"{_REASON_PREFIX}{name} has its own __hash__ (it may hash only part of the value)"
 
 
-def hashes_by_value(key: Any) -> str | None:
+def hashes_by_value(key: Any, verified: dict[int, Any] | None = None) -> str | None:
     """None when Python's hash of `key` is computed from its whole value, recursively (ints,
     strings, bytes, floats, None, enums, tuples, named tuples, frozensets, and frozen
     dataclasses with the generated __hash__ made of such values); otherwise why not: the
     first object found that hashes by identity, hashes with its own __hash__, or not at all.
-    Such keys need the stable `fingerprint`."""
+    Such keys need the stable `fingerprint`.
+
+    `verified` (a search's own, `id(obj) -> obj`): the parts of keys found to hash by value
+    before, not walked again (the states of a search share most of their parts, and keys are
+    sampled all along it). A key's parts are added only when the whole key is made of
+    immutable parts (no dataclass with `unsafe_hash` and fields that can still change), so
+    what was found of a part stays true of it."""
     stack: list[Any] = [key]
     kinds = _hash_kind
+    walked: list[Any] = []
+    immutable = True
     while stack:
         obj = stack.pop()
         cls = obj.__class__
@@ -264,19 +272,33 @@ def hashes_by_value(key: Any) -> str | None:
             kind = kinds[cls] = _classify(cls, obj)
         if kind == "leaf":
             continue
+        if verified is not None:
+            if verified.get(id(obj)) is obj:
+                continue
+            walked.append(obj)
         if kind == "items":
             stack.extend(obj)
         elif isinstance(kind, tuple):
+            if immutable and not cls.__dataclass_params__.frozen:
+                immutable = False
             stack.extend(getattr(obj, n) for n in kind)
         else:
             return kind[len(_REASON_PREFIX) :]
+    if verified is not None and immutable:
+        if len(verified) > _VERIFIED_KEPT:
+            verified.clear()
+        for obj in walked:
+            verified[id(obj)] = obj
     return None
 
 
-def all_hash_by_value(keys: Iterable[Any]) -> str | None:
+_VERIFIED_KEPT = 1 << 16
+
+
+def all_hash_by_value(keys: Iterable[Any], verified: dict[int, Any] | None = None) -> str | None:
     """The first reason `hashes_by_value` gives for one of `keys`, or None."""
     for key in keys:
-        problem = hashes_by_value(key)
+        problem = hashes_by_value(key, verified)
         if problem is not None:
             return problem
     return None

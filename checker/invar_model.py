@@ -158,21 +158,33 @@ class InvarModel(BaseModel[Explored, tuple]):
         self.worker_names = tuple(f"wkr{i}" for i in range(bounds.workers))
         self.symmetry = symmetry and bounds.workers > 1
         self.reduction = reduction
+        self._frames = bounds.frames
+        self._worker_restarts = bounds.worker_restarts
+        self._ample_possible = reduction and not bounds.frames
         self._renamings = [_Renaming(self.worker_names, perm)
                            for perm in itertools.permutations(self.worker_names)
                            if perm != self.worker_names]
         self._transitions = IdentityMemo()
+        self._transition_verdicts = self._transitions.entries
         self._phase_moves = IdentityMemo()
+        self._phase_verdicts = self._phase_moves.entries
         self._deliveries = IdentityMemo()
+        self._delivery_entries = self._deliveries.entries
+        self._answers = w.AnswersByValue()
         self._independent = IdentityMemo()
         self._finals = IdentityMemo()
+        self._final_entries = self._finals.entries
         self._refusals = IdentityMemo()
         self._kinds: dict[tuple, str] = {}
+        self._spent: dict[tuple[Budget, str], Budget] = {}
         self._cores_by_value: dict[tuple[State, NoOps], State] = {}
 
     @cached_property
     def canonical_projection(self) -> tuple:
-        return logical_projection(canonical_run(self.config, self.worker_names).state)
+        # Through this search's memos: its deliveries were mostly met by the search already.
+        return logical_projection(canonical_run(self.config, self.worker_names,
+                                                delivered=self._delivered,
+                                                answers=self._answers).state)
 
     # -- the model API ---------------------------------------------------------------------
 
@@ -187,40 +199,46 @@ class InvarModel(BaseModel[Explored, tuple]):
         world, budget = state.world, state.budget
         if world.refused or world.broken:
             return []
-        distinct = sorted({m.key for m in world.network})
-        ample = self._ample(state, distinct) if self.reduction else None
-        out: list[tuple[str, Any]]
-        if ample is not None:
-            out = [("deliver", ample)]
-            if budget.drops:
-                out.append(("drop", ample))
-            if budget.duplicates:
-                out.append(("duplicate", ample))
-            return out
+        network = world.network
+        distinct = sorted({m.key for m in network})
+        drops, duplicates, worker_crashes, learner_crashes, driver_restarts, early_timers = budget
+        learner_alive = world.learner.alive
+        if (self._ample_possible and learner_alive and not (
+                worker_crashes or learner_crashes or driver_restarts or early_timers)):
+            ample = self._ample(world, distinct)
+            if ample is not None:
+                out: list[tuple[str, Any]] = [("deliver", ample)]
+                if drops:
+                    out.append(("drop", ample))
+                if duplicates:
+                    out.append(("duplicate", ample))
+                return out
         out = [("deliver", key) for key in distinct
                if not (key.startswith(_LOST) and _overtakes_connection(world, key))]
         # Connections, losses and restarts are the driver's own observations, not messages
         # on the wire: they may be delayed behind others, never dropped or duplicated.
-        if budget.drops or budget.duplicates:
+        if drops or duplicates:
             wire = [k for k in distinct if not k.startswith(_LOCAL_FACTS)]
-            if budget.drops:
+            if drops:
                 out += [("drop", key) for key in wire]
-            if budget.duplicates:
+            if duplicates:
                 out += [("duplicate", key) for key in wire]
-        if self.bounds.frames:
+        if self._frames:
             out += [("merge", pair) for pair in _mergeable_pairs(world)]
-        if world.timer and (not world.network or budget.early_timers):
+        if world.timer and (not network or early_timers):
             out.append(("timer", None))
-        for worker in world.workers:
-            if worker.alive and budget.worker_crashes:
-                out.append(("crash_worker", worker.name))
-            if not worker.alive and self.bounds.worker_restarts:
-                out.append(("restart_worker", worker.name))
-        if world.learner.alive and budget.learner_crashes:
-            out.append(("crash_learner", None))
-        if not world.learner.alive:
+        if worker_crashes or self._worker_restarts:
+            for worker in world.workers:
+                if worker.alive and worker_crashes:
+                    out.append(("crash_worker", worker.name))
+                if not worker.alive and self._worker_restarts:
+                    out.append(("restart_worker", worker.name))
+        if learner_alive:
+            if learner_crashes:
+                out.append(("crash_learner", None))
+        else:
             out.append(("restart_learner", None))
-        if budget.driver_restarts:
+        if driver_restarts:
             out.append(("restart_driver", None))
         return out
 
@@ -229,8 +247,9 @@ class InvarModel(BaseModel[Explored, tuple]):
         in the same order: `check_successors`): a delivery, nearly every action, is built
         straight from the world, its budget unchanged."""
         world, budget = state.world, state.budget
-        deliver, delivered, next_state = w.deliver_message, self._delivered, self.next_state
-        return [(action, Explored(deliver(world, action[1], delivered), budget)
+        deliver, delivered, answers = w.deliver_message, self._delivered, self._answers
+        next_state, new = self.next_state, tuple.__new__  # Explored(...), without its frame
+        return [(action, new(Explored, (deliver(world, action[1], delivered, answers), budget))
                  if action[0] == "deliver" else next_state(state, action))
                 for action in self.actions(state)]
 
@@ -241,9 +260,13 @@ class InvarModel(BaseModel[Explored, tuple]):
         if kind == "timer" and world.network:
             spent = "early_timers"
         if spent:
-            budget = budget._replace(**{spent: getattr(budget, spent) - 1})
+            less = self._spent.get((budget, spent))
+            if less is None:
+                less = self._spent[budget, spent] = budget._replace(
+                    **{spent: getattr(budget, spent) - 1})
+            budget = less
         if kind == "deliver":
-            world = w.deliver_message(world, arg, self._delivered)
+            world = w.deliver_message(world, arg, self._delivered, self._answers)
         elif kind in ("drop", "duplicate"):
             world = _KEYED[kind](world, arg)
         elif kind == "merge":
@@ -253,7 +276,7 @@ class InvarModel(BaseModel[Explored, tuple]):
         elif kind in ("crash_worker", "restart_worker"):
             world = _NAMED[kind](world, arg)
         elif kind in _WHOLE:
-            world = _WHOLE[kind](world)
+            world = _WHOLE[kind](world, self._answers)
         else:  # pragma: no cover
             raise ValueError(f"unknown action {action!r}")
         return Explored(world, budget)
@@ -272,16 +295,17 @@ class InvarModel(BaseModel[Explored, tuple]):
         one (a driver restart goes back to a journal, which is one of them), so every core is
         shared. Kept per model instance: a test that patches the core never meets a core
         computed before the patch."""
+        known = self._delivery_entries.get((id(core), id(event), None))  # `get`, inline
+        if known is not None and known[0] is core and known[1] is event:
+            answer: tuple[Delivery, w.Routed] = known[2]
+            return answer
         deliveries = self._deliveries
-        known = deliveries.get(core, event)
-        if known is None:
-            known = deliveries.get(core, None, event)
-            if known is None:
-                delivery, routed = w.routed_delivery(core, event)
-                shared = evolve(delivery, state=self._core_of_value(delivery.state))
-                known = deliveries.put(core, None, event, (shared, routed))
-            deliveries.put(core, event, None, known)
-        return known
+        answer = deliveries.get(core, None, event)
+        if answer is None:
+            delivery, routed = w.routed_delivery(core, event, self._answers.carried)
+            shared = evolve(delivery, state=self._core_of_value(delivery.state))
+            answer = deliveries.put(core, None, event, (shared, routed))
+        return deliveries.put(core, event, None, answer)
 
     def _core_of_value(self, core: State) -> State:
         if len(self._cores_by_value) >= _CORES_KEPT:
@@ -289,7 +313,14 @@ class InvarModel(BaseModel[Explored, tuple]):
         return self._cores_by_value.setdefault((core, core.noops), core)
 
     def is_final(self, state: Explored) -> bool:
-        return self._finals.of(state.world.core, run_complete)
+        # `run_complete`, a function of the core alone: remembered per core object (the memo
+        # read inline, as `IdentityMemo.of` does: asked of every state expanded).
+        core = state.world.core
+        known = self._final_entries.get((id(core), _NONE_ID, None))
+        if known is not None and known[0] is core:
+            final: bool = known[2]
+            return final
+        return self._finals.of(core, run_complete)
 
     def properties(self) -> list[Property]:
         props = [
@@ -400,26 +431,29 @@ class InvarModel(BaseModel[Explored, tuple]):
 
     def _transition_ok(self, state: Explored, action: tuple, after: Explored) -> bool:
         kind, arg = action
-        before = state.world
-        if kind == "timer":
-            sent = after.world.network[len(before.network):]
-        elif kind == "deliver" and arg.startswith(_TO_CORE):
-            sent = after.world.network[len(before.network) - 1:]
-        else:
+        if kind == "deliver":
+            if not arg.startswith(_TO_CORE):
+                return True
+        elif kind != "timer":
             return True
-        if after.world.refused:
+        world = after.world
+        if world.refused:
             return True  # reported by correct_components_never_refused
         # A function of the two cores and the commands sent, which the event delivered (named
         # by the action) decides, but for a load the store no longer holds: none is then sent
-        # (`broken` says so). Remembered for those cores.
-        case = (action, after.world.broken)
-        ok = self._transitions.get(before.core, after.world.core, case)
-        if ok is None:
-            commands = [m.body for m in sent if m.to != CORE]
-            ok = self._transitions.put(before.core, after.world.core, case,
-                                       not transition_violations(before.core, commands,
-                                                                 after.world.core))
-        return ok
+        # (`broken` says so). Remembered for those cores (the memo read inline: once per
+        # transition).
+        before, now = state.world.core, world.core
+        case = (action, world.broken)
+        known = self._transition_verdicts.get((id(before), id(now), case))
+        if known is not None and known[0] is before and known[1] is now:
+            ok: bool = known[2]
+            return ok
+        taken = 0 if kind == "timer" else 1
+        sent = world.network[len(state.world.network) - taken:]
+        commands = [m.body for m in sent if m.to != CORE]
+        return self._transitions.put(before, now, case,
+                                     not transition_violations(before, commands, now))
 
     def _phase_moves_listed(self, state: Explored, action: tuple, after: Explored) -> bool:
         """`_phase_moves_are_listed`, remembered per pair of core objects and the action (which
@@ -427,23 +461,23 @@ class InvarModel(BaseModel[Explored, tuple]):
         before, now = state.world.core, after.world.core
         if before is now:
             return True  # the core did not move
-        ok = self._phase_moves.get(before, now, action)
-        if ok is None:
-            ok = self._phase_moves.put(before, now, action,
-                                       _phase_moves_are_listed(state, action, after))
-        return ok
+        known = self._phase_verdicts.get((id(before), id(now), action))
+        if known is not None and known[0] is before and known[1] is now:
+            ok: bool = known[2]
+            return ok
+        return self._phase_moves.put(before, now, action,
+                                     _phase_moves_are_listed(state, action, after))
 
-    def _ample(self, state: Explored, distinct: list[str]) -> str | None:
+    def _ample(self, world: World, distinct: list[str]) -> str | None:
         """Partial-order reduction: one worker reply stands for all orders of its kind.
 
         Used only where the core declares the deliveries independent (`independent_completion`)
         and nothing else in the world can interleave with them: no crash or early-timer budget
-        left, every component alive, and only completions in flight to the core.
+        left, every component alive (`actions` asks only then; the learner it checks itself),
+        no merging frames (a merge would take the ample frame with another: `_ample_possible`),
+        and only completions in flight to the core.
         """
-        b, world = state.budget, state.world
-        if (self.bounds.frames  # a merge would take the ample frame with another
-                or b.worker_crashes or b.learner_crashes or b.driver_restarts or b.early_timers
-                or not world.learner.alive or not all(x.alive for x in world.workers)):
+        if not all(x.alive for x in world.workers):
             return None
         # `distinct` is sorted: the keys of the messages to the core, in the order of their keys
         # (a key is the destination, then the body's repr, which names its type).
@@ -593,6 +627,7 @@ def _mergeable_pairs(world: World) -> list[tuple[str, str]]:
 
 
 _CORES_KEPT = 1 << 17
+_NONE_ID = id(None)
 _SPENDS = {"drop": "drops", "duplicate": "duplicates", "crash_worker": "worker_crashes",
            "crash_learner": "learner_crashes", "restart_driver": "driver_restarts"}
 _KEYED = {"drop": w.drop, "duplicate": w.duplicate}

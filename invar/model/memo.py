@@ -23,19 +23,22 @@ class IdentityMemo:
 
     def __init__(self, kept: int = 1 << 17) -> None:
         self._kept = kept
-        self._entries: dict[tuple[int, int, Hashable], tuple[Any, Any, Any]] = {}
+        self.entries: dict[tuple[int, int, Hashable], tuple[Any, Any, Any]] = {}
+        """`(id(first), id(second), value) -> (first, second, answer)`: a hot loop may read it
+        itself (an entry is its answer only if it holds those very objects), saving a call;
+        the dict stays the same object (cleared, never replaced)."""
 
     def get(self, first: Any, second: Any = None, value: Hashable = None) -> Any:
-        known = self._entries.get((id(first), id(second), value))
+        known = self.entries.get((id(first), id(second), value))
         if known is not None and known[0] is first and known[1] is second:
             return known[2]
         return None
 
     def put(self, first: Any, second: Any, value: Hashable, answer: Any) -> Any:
         """Remember `answer` for `first`, `second` and `value`; returns it."""
-        if len(self._entries) >= self._kept:
-            self._entries.clear()
-        self._entries[(id(first), id(second), value)] = (first, second, answer)
+        if len(self.entries) >= self._kept:
+            self.entries.clear()
+        self.entries[(id(first), id(second), value)] = (first, second, answer)
         return answer
 
     def of(self, first: Any, compute: Any) -> Any:

@@ -338,17 +338,19 @@ def _without(network: tuple[Message, ...], key: str) -> tuple[tuple[Message, ...
     raise KeyError(key)
 
 
-def deliver_message(world: World, key: str, delivered: Delivered | None = None) -> World:
-    """Deliver the in-flight message `key` to its destination (`delivered`: see `to_core`)."""
+def deliver_message(world: World, key: str, delivered: Delivered | None = None,
+                    answers: Answers | None = None) -> World:
+    """Deliver the in-flight message `key` to its destination (`delivered`: see `to_core`;
+    `answers`: how the learner and the workers answer, see `Answers`)."""
     # Each destination builds the next world once, from the network without the message.
     rest, msg = _without(world.network, key)
     if msg.to == CORE:
         return _core_takes(world, rest, msg.body, delivered or _delivered)
     if msg.to == LEARNER:
-        return _to_learner(world, rest, msg.body)
+        return _to_learner(world, rest, msg.body, answers or _answers)
     if msg.to == STORE:
-        return _to_store(world, rest, msg.body)
-    return _to_worker(world, rest, msg.body)
+        return _to_store(world, rest, msg.body, answers or _answers)
+    return _to_worker(world, rest, msg.body, answers or _answers)
 
 
 def drop(world: World, key: str) -> World:
@@ -420,6 +422,8 @@ def _core_takes(world: World, network: tuple[Message, ...], event: Event,
         return evolve(world, network=network,
                       refused=f"{delivery.error.reason.value}: {delivery.error.detail}")
     journal = delivery.state if delivery.durable else world.journal
+    if not routed:  # nothing to carry out (a reply that completes nothing, a repeat)
+        return evolve(world, core=delivery.state, journal=journal, network=network)
     sent, timer, store = [], world.timer, world.store
     for command, where, msg in routed:
         if isinstance(command, (RetainVersion, ReleaseVersion)):
@@ -438,10 +442,13 @@ def _core_takes(world: World, network: tuple[Message, ...], event: Event,
                   network=network + tuple(sent) if sent else network)
 
 
-def routed_delivery(core: State, event: Event) -> tuple[Delivery, Routed]:
-    """`shell.deliver(core, event)` with each command's route and message."""
+def routed_delivery(core: State, event: Event,
+                    carried: Callable[[str, Command], Message] = message
+                    ) -> tuple[Delivery, Routed]:
+    """`shell.deliver(core, event)` with each command's route and message (`carried`: how a
+    message is made, `message` or a memo of it: `Answers.carried`)."""
     delivery = deliver(core, event)
-    return delivery, tuple((c, where, message(where, c))
+    return delivery, tuple((c, where, carried(where, c))
                            for c, where in ((c, route(c)) for c in delivery.commands))
 
 
@@ -465,19 +472,157 @@ def _delivered(core: State, event: Event) -> tuple[Delivery, Routed]:
 # returns the next world.
 
 
-def _to_learner(world: World, network: tuple[Message, ...], command: Command) -> World:
-    # The same command reaches the same learner in many worlds: remembered (`memo`).
-    value = (world.reproducible_forwards, world.core.config.optimizer_steps)
-    answer = _learner_answers.get(world.learner, command, value)
-    if answer is None:
-        answer = _learner_answers.put(world.learner, command, value,
-                                      _learner_answer(world.learner, command, *value))
-    learner, reply = answer
+def _to_learner(world: World, network: tuple[Message, ...], command: Command,
+                answers: Answers) -> World:
+    learner, reply = answers.learner(world.learner, command, (
+        world.reproducible_forwards, world.core.config.optimizer_steps))
     return evolve(world, learner=learner,
                   network=network + (reply,) if reply is not None else network)
 
 
-_learner_answers = IdentityMemo(1 << 16)
+LearnerAnswer = tuple[Learner, Message | None]
+WorkerAnswer = tuple[Worker, Message | None]
+
+
+class Answers:
+    """How the learner and the workers answer a command (`_learner_answer`, `_worker_answer`),
+    remembered for the very component and command objects: the same command reaches the same
+    component in many worlds (see `invar.model.memo`). The world's functions, called without
+    one, use the module's own (`_answers`); a model checker passes its own, kept for one
+    search (`AnswersByValue`)."""
+
+    def __init__(self, kept: int = 1 << 16) -> None:
+        self._learners = IdentityMemo(kept)
+        self._learner_entries = self._learners.entries
+        self._workers = IdentityMemo(kept)
+
+    def learner(self, learner: Learner, command: Command,
+                value: tuple[bool, int]) -> LearnerAnswer:
+        """What `learner` does with `command` in a world of `value` (reproducible forwards,
+        optimizer steps): its next self and its reply (None: no reply)."""
+        entry = self._learner_entries.get((id(learner), id(command), value))  # `get`, inline
+        if entry is not None and entry[0] is learner and entry[1] is command:
+            known: LearnerAnswer = entry[2]
+            return known
+        answer = self._learner_answer(learner, command, value)
+        self._learners.put(learner, command, value, answer)
+        return answer
+
+    def worker(self, worker: Worker, command: LoadWeights | LaunchRequest) -> WorkerAnswer:
+        """What `worker` does with `command`: its next self and its reply (None: no reply)."""
+        known: WorkerAnswer | None = self._workers.get(worker, command)
+        if known is None:
+            known = self._workers.put(worker, command, None,
+                                      self._worker_answer(worker, command))
+        return known
+
+    def carried(self, where: str, command: Command) -> Message:
+        """The message that carries `command` to `where` (see `routed_delivery`)."""
+        return message(where, command)
+
+    def published(self, version: int, digest: str) -> Message:
+        """The store's reply to the publication of `version`, whose weights are `digest`."""
+        return message(CORE, VersionPublished(version, digest))
+
+    def crashed(self, learner: Learner) -> Learner:
+        """`learner` after a crash (its memory lost; its disk is kept)."""
+        return evolve(learner, alive=False)
+
+    def restarted(self, learner: Learner) -> tuple[Learner, Message]:
+        """`learner` restarted from its newest commit, and its announcement."""
+        version = len(learner.commits) - 1
+        digest = learner.commits[version]
+        rules = LearnerRules(attempt=learner.rules.attempt + 1, weights=digest, version=version)
+        return (evolve(learner, alive=True, rules=rules),
+                message(CORE, LearnerStarted(rules.attempt, version, digest)))
+
+    def _learner_answer(self, learner: Learner, command: Command,
+                        value: tuple[bool, int]) -> LearnerAnswer:
+        return _learner_answer(learner, command, *value)
+
+    def _worker_answer(self, worker: Worker, command: LoadWeights | LaunchRequest
+                       ) -> WorkerAnswer:
+        return _worker_answer(worker, command)
+
+
+class AnswersByValue(Answers):
+    """`Answers` also remembered by value, for one search (a model checker makes one per
+    search and passes it to `deliver_message`): equal components given equal commands answer
+    alike, so an answer is computed once per distinct (component, command) value, and the
+    component it hands back is one object for all of them (the memos keyed by identity
+    downstream keep hitting). Exact: a component's answer is a function of its compared fields
+    and the command's (the events and commands of `invar.model.messages` compare every
+    field). Never module-wide: an answer computed before a test patches a component's rules
+    (`LearnerRules.decide`) must not outlive the search it was computed for."""
+
+    def __init__(self, kept: int = 1 << 16) -> None:
+        super().__init__(kept)
+        self._kept = kept
+        self._learner_values: dict[tuple[Learner, Command, tuple[bool, int]], LearnerAnswer] = {}
+        self._worker_values: dict[tuple[Worker, Command], WorkerAnswer] = {}
+        self._published: dict[tuple[int, str], Message] = {}
+        self._carried: dict[tuple[str, Command], Message] = {}
+        self._crashed: dict[Learner, Learner] = {}
+        self._restarted: dict[Learner, tuple[Learner, Message]] = {}
+
+    def carried(self, where: str, command: Command) -> Message:
+        """One message per command value: its key (a repr) made once, and its body one object
+        in every world that holds it (the memos keyed by identity downstream keep hitting).
+        Exact: the core builds a command's fields from ints, strings, bools and tuples of
+        them, so equal commands have equal reprs; an ApplyCotangent, which carries floats
+        (0.0 and -0.0 are equal, their reprs are not), gets a message of its own."""
+        if type(command) is ApplyCotangent:
+            return message(where, command)
+        known = self._carried.get((where, command))
+        if known is None:
+            if len(self._carried) >= self._kept:
+                self._carried.clear()
+            known = self._carried[where, command] = message(where, command)
+        return known
+
+    def published(self, version: int, digest: str) -> Message:
+        known = self._published.get((version, digest))
+        if known is None:
+            known = self._published[version, digest] = super().published(version, digest)
+        return known
+
+    def crashed(self, learner: Learner) -> Learner:
+        known = self._crashed.get(learner)
+        if known is None:
+            if len(self._crashed) >= self._kept:
+                self._crashed.clear()
+            known = self._crashed[learner] = super().crashed(learner)
+        return known
+
+    def restarted(self, learner: Learner) -> tuple[Learner, Message]:
+        known = self._restarted.get(learner)
+        if known is None:
+            if len(self._restarted) >= self._kept:
+                self._restarted.clear()
+            known = self._restarted[learner] = super().restarted(learner)
+        return known
+
+    def _learner_answer(self, learner: Learner, command: Command,
+                        value: tuple[bool, int]) -> LearnerAnswer:
+        known = self._learner_values.get((learner, command, value))
+        if known is None:
+            if len(self._learner_values) >= self._kept:
+                self._learner_values.clear()
+            known = self._learner_values[learner, command, value] = _learner_answer(
+                learner, command, *value)
+        return known
+
+    def _worker_answer(self, worker: Worker, command: LoadWeights | LaunchRequest
+                       ) -> WorkerAnswer:
+        known = self._worker_values.get((worker, command))
+        if known is None:
+            if len(self._worker_values) >= self._kept:
+                self._worker_values.clear()
+            known = self._worker_values[worker, command] = _worker_answer(worker, command)
+        return known
+
+
+_answers = Answers()
 
 
 def _learner_answer(learner: Learner, command: Command, reproducible_forwards: bool,
@@ -524,14 +669,15 @@ def _learner_answer(learner: Learner, command: Command, reproducible_forwards: b
     return learner, (message(CORE, reply) if reply is not None else None)
 
 
-def _to_store(world: World, network: tuple[Message, ...], command: Command) -> World:
+def _to_store(world: World, network: tuple[Message, ...], command: Command,
+              answers: Answers) -> World:
     if isinstance(command, Publish):
         if command.version >= len(world.learner.commits):
             return evolve(world, network=network,
                           broken=f"publish of version {command.version}: no commit")
         store = tuple(sorted({*world.store, command.version}))
-        reply = VersionPublished(command.version, world.learner.commits[command.version])
-        return evolve(world, store=store, network=network + (message(CORE, reply),))
+        reply = answers.published(command.version, world.learner.commits[command.version])
+        return evolve(world, store=store, network=network + (reply,))
     return evolve(world, store=_kept(world.store, command), network=network)
 
 
@@ -545,19 +691,12 @@ def _kept(store: tuple[int, ...], command: Command) -> tuple[int, ...]:
 
 
 def _to_worker(world: World, network: tuple[Message, ...],
-               command: LoadWeights | LaunchRequest) -> World:
-    # The same command reaches the same worker in many worlds: remembered (`memo`).
+               command: LoadWeights | LaunchRequest, answers: Answers) -> World:
     worker = world.worker(command.worker)
-    answer = _worker_answers.get(worker, command)
-    if answer is None:
-        answer = _worker_answers.put(worker, command, None, _worker_answer(worker, command))
-    after, reply = answer
+    after, reply = answers.worker(worker, command)
     workers = world.workers if after is worker else _with_worker(world.workers, after)
     return evolve(world, workers=workers,
                   network=network + (reply,) if reply is not None else network)
-
-
-_worker_answers = IdentityMemo(1 << 16)
 
 
 def _worker_answer(worker: Worker, command: LoadWeights | LaunchRequest
@@ -611,33 +750,29 @@ def restart_worker(world: World, name: str) -> World:
     return _send(_put_worker(world, fresh), message(CORE, WorkerConnected(name, fresh.incarnation)))
 
 
-def crash_learner(world: World) -> World:
+def crash_learner(world: World, answers: Answers | None = None) -> World:
     """Silent: everything in memory is lost; the commits and checkpoints on disk stay.
     Commands in flight for this attempt die with it (its successor would ignore them)."""
     attempt = world.learner.rules.attempt
     network = tuple(m for m in world.network
                     if not (m.to == LEARNER and getattr(m.body, "attempt", None) == attempt))
-    return evolve(world, learner=evolve(world.learner, alive=False), network=network)
+    return evolve(world, learner=(answers or _answers).crashed(world.learner), network=network)
 
 
-def restart_learner(world: World) -> World:
+def restart_learner(world: World, answers: Answers | None = None) -> World:
     """The learner restores its newest commit and announces itself with a new attempt."""
-    learner = world.learner
-    version = len(learner.commits) - 1
-    digest = learner.commits[version]
-    rules = LearnerRules(attempt=learner.rules.attempt + 1, weights=digest, version=version)
-    world = evolve(world, learner=evolve(learner, alive=True, rules=rules))
-    return _send(world, message(CORE, LearnerStarted(rules.attempt, version, digest)))
+    learner, hello = (answers or _answers).restarted(world.learner)
+    return evolve(world, learner=learner, network=world.network + (hello,))
 
 
-def restart_driver(world: World) -> World:
+def restart_driver(world: World, answers: Answers | None = None) -> World:
     """The driver dies and resumes from its journal's durable part. Everything in flight dies
     with it (replies to it, its learner's queue, its worker connections, its publication
     tasks); its in-process learner restarts from its newest commit; every worker connection is
     new (a new incarnation); the resume fires the timer to re-send what is outstanding."""
     world = evolve(world, core=world.journal, network=(), timer=False,
-                   learner=evolve(world.learner, alive=False))
-    world = restart_learner(world)
+                   learner=(answers or _answers).crashed(world.learner))
+    world = restart_learner(world, answers)
     workers = tuple(Worker(w.name, w.incarnation + 1, True) for w in world.workers)
     hello = tuple(message(CORE, WorkerConnected(w.name, w.incarnation)) for w in workers)
     return _send(evolve(world, workers=workers), *hello, message(CORE, TimerFired()))

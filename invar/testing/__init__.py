@@ -52,7 +52,9 @@ from invar.model.state import State
 from invar.model.world import (
     CORE,
     RESPONSE_TOKENS,
+    Answers,
     Decision,
+    Delivered,
     Learner,
     LearnerRules,
     Message,
@@ -140,9 +142,12 @@ def start_events(workers: tuple[str, ...] = ("w0",)) -> list[Event]:
 
 
 def canonical_run(config: RunConfig, workers: tuple[str, ...] = ("w0",),
-                  max_events: int = 1_000_000) -> Run:
+                  max_events: int = 1_000_000, delivered: Delivered | None = None,
+                  answers: Answers | None = None) -> Run:
     """The reference execution: the world with no faults, first message first (every command
-    answered in FIFO order). Records the events the core accepted and the commands it sent."""
+    answered in FIFO order). Records the events the core accepted and the commands it sent.
+    `delivered` and `answers`: a model checker's memos (see `deliver_message`), whose search
+    has met most of these deliveries already."""
     world = new_world(config, workers)
     run = Run(world.core)
     for _ in range(max_events):
@@ -151,7 +156,7 @@ def canonical_run(config: RunConfig, workers: tuple[str, ...] = ("w0",),
         first = world.network[0]
         before = world.core
         sent = len(world.network) - 1
-        world = deliver_message(world, first.key)
+        world = deliver_message(world, first.key, delivered, answers)
         if world.refused or world.broken:
             raise AssertionError(f"canonical run: {world.refused or world.broken}")
         if first.to == CORE and world.core is not before:

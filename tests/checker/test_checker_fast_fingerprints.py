@@ -85,6 +85,32 @@ def test_other_states_are_named_with_the_reason(key: object, reason: str) -> Non
     assert problem is not None and reason in problem
 
 
+@dataclass(unsafe_hash=True)
+class Mutable:
+    """Hashes by value (the generated __hash__), but its fields can still change."""
+
+    x: object
+
+
+def test_a_searchs_verified_parts_are_not_walked_again_unless_they_can_change() -> None:
+    """`verified` keeps the parts of keys found to hash by value, only when every part of the
+    key is immutable: a part that can still change is walked every time it is sampled."""
+    verified: dict[int, object] = {}
+    node = Node(Phase.BUSY, Point(1, "a"), frozenset({Envelope("k", body=[1, 2])}))
+    assert hashes_by_value((node, 1), verified) is None
+    assert verified.get(id(node)) is node and verified.get(id(node.at)) is node.at
+    kept = dict(verified)
+    assert hashes_by_value((node, 2), verified) is None  # node is not walked again
+    assert set(verified) > set(kept)  # only the new tuple is added
+    loose = Mutable(Point(2, "b"))
+    before = dict(verified)
+    assert hashes_by_value((loose,), verified) is None
+    assert verified == before  # nothing of a key with a mutable part is kept
+    loose.x = ByIdentity()
+    problem = hashes_by_value((loose,), verified)
+    assert problem is not None and "ByIdentity hashes by identity" in problem
+
+
 def test_collision_probability_is_tlcs_optimistic_estimate() -> None:
     assert collision_probability(296_448, 2_744_706) == pytest.approx(296_448 * 2_448_258 / 2**64)
     assert collision_probability(10, 10) == 0.0

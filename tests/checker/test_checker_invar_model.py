@@ -146,6 +146,38 @@ def test_a_phase_move_the_table_does_not_list_is_a_violation(
         LearnerPhase.APPLYING, LearnerPhase.COMMITTING)
 
 
+# --------------------------------------------------------------------------- per-search memos
+
+
+def _refusing_commits(original):
+    """A learner rule that refuses every Commit (and decides the rest as `original`)."""
+    from invar.model.messages import Commit
+    from invar.model.world import Decision
+
+    def decide(self, command):
+        return Decision.REFUSE if isinstance(command, Commit) else original(self, command)
+    return decide
+
+
+def test_component_answers_are_remembered_per_search_not_across_models(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The components' answers are remembered by value (`AnswersByValue`) for one model
+    instance's search only: a model made after a test patches the learner's rules answers by
+    the patched rules, although the learners and commands of both searches are equal values
+    (a memo kept across models would hand the second search the first one's commits)."""
+    from invar.model.world import LearnerRules
+
+    honest = Checker(InvarModel(Bounds()), processes=1).bfs()
+    assert honest.ok and (honest.distinct_states, honest.states_generated) == (247, 574)
+    monkeypatch.setattr(LearnerRules, "decide", _refusing_commits(LearnerRules.decide))
+    refusing = Checker(InvarModel(Bounds()), processes=1).bfs()
+    assert refusing.verdict("run_completes") is Verdict.NOT_REACHED
+    monkeypatch.undo()  # and back: nor do the refusals outlive their search
+    again = Checker(InvarModel(Bounds()), processes=1).bfs()
+    assert again.ok and (again.distinct_states, again.states_generated) == (247, 574)
+
+
 # --------------------------------------------------------------------------- reductions
 
 

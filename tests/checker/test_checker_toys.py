@@ -418,3 +418,45 @@ def test_parallel_bfs_agrees_on_every_property_kind(model: BaseModel) -> None:
         if p.trace is not None:  # equally short; possibly another path of that length
             assert len(q.trace) == len(p.trace)
             assert q.trace.is_lasso == p.trace.is_lasso
+
+
+def _can_finish_by_index(edges: list[tuple[int, int]], finals: set[int]) -> set[int]:
+    """The states from which a final one is reachable, by a plain reverse search."""
+    predecessors: dict[int, list[int]] = {}
+    for f, g in edges:
+        predecessors.setdefault(g, []).append(f)
+    reached, todo = set(finals), list(finals)
+    while todo:
+        for f in predecessors.get(todo.pop(), ()):
+            if f not in reached:
+                reached.add(f)
+                todo.append(f)
+    return reached
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_every_state_can_finish_from_the_recorded_lists(seed: int) -> None:
+    """`GraphRecorder.every_state_can_finish` (reverse passes over the edge list, then an
+    index) agrees with a plain reverse search, on random graphs and on a chain recorded
+    deepest first, which needs a pass per state and so takes the index."""
+    import random
+
+    from checker.engine import GraphRecorder
+
+    rng = random.Random(seed)
+    n = rng.randint(1, 30)
+    edges = [(rng.randrange(n), rng.randrange(n)) for _ in range(rng.randint(0, 3 * n))]
+    if seed % 4 == 0:
+        edges = [(i, i + 1) for i in reversed(range(n - 1))]  # the last state is final
+    finals = {n - 1} if seed % 4 == 0 else {rng.randrange(n) for _ in range(rng.randint(0, 2))}
+    recorder = GraphRecorder(None, labelled=False)  # type: ignore[arg-type]
+    for g in range(n):
+        recorder.node(None, g, init=g == 0)
+    append = recorder.pairs_append
+    assert append is not None
+    for edge in edges:
+        append(edge)
+    for f in finals:
+        recorder.mark_final(f)
+    expected = len(_can_finish_by_index(edges, finals)) == n
+    assert recorder.every_state_can_finish() is expected
