@@ -131,7 +131,7 @@ class ModelContext:
             fp=self.fp_of_key,
             visited=visited,
             nxt_append=nxt_append,
-            cov_buf=cov.buf,
+            cov_buf=cov.buf if cov.type_buf is None else cov.type_buf,
             props=props,
             is_final=self.is_final,
         )
@@ -142,11 +142,14 @@ class ModelContext:
         """The hot loop specialised for this model and the properties still open."""
         return expander(
             coverage=cov.enabled,
+            coverage_types=cov.type_buf is not None,
             transition=bool(props.transition),
             key=self.key is not None,
             int_keys=self.int_keys,
             fast=self.fp_kind == "fast",
             check_new=check_new,
+            always=len(props.always) if check_new else -1,
+            sometimes=len(props.sometimes) if check_new else -1,
             final=self.is_final is not None,
             deadlock=props.deadlock,
             graph=graph,
@@ -228,9 +231,13 @@ class ModelContext:
 class Coverage:
     """Counts explored transitions per action kind.
 
-    The hot loop only appends each action to a buffer; `flush` folds the buffer into counts
-    in C (``Counter.update``), keyed by action type when the model keeps the default
-    `action_kind` (``type(action).__name__``), else by `Model.action_kind`.
+    The hot loops only append to a buffer; `flush` folds the buffer into counts in C
+    (``Counter.update``), keyed by action type when the model keeps the default
+    `action_kind` (``type(action).__name__``), else by `Model.action_kind`.  Two buffers:
+    `buf` holds actions (the depth-first search and the simulation append to it through
+    `append`); `type_buf`, when counting by type, their types (the breadth-first loop
+    appends ``type(action)``: the action is then freed with its transition, not kept until
+    the flush, and ``type(x)`` is a specialised instruction, no call).
     """
 
     def __init__(self, ctx: ModelContext, enabled: bool = True) -> None:
@@ -240,12 +247,17 @@ class Coverage:
         self.append: Callable[[Any], None] | None = self._buf.append if enabled else None
         self._counts: Counter[Any] = Counter()
         self._by_type = ctx.kind_by_type
+        self._types: list[type] = []
+        self.type_buf: list[type] | None = self._types if enabled and self._by_type else None
         self._kind = ctx.action_kind
 
     def flush(self) -> None:
+        # Counted in a fresh Counter first: its counts stay small ints (cached up to 256),
+        # while adding one at a time to the running totals allocates an int per transition.
+        if self._types:
+            self._counts.update(Counter(self._types))
+            self._types.clear()
         if self._buf:
-            # Counted in a fresh Counter first: its counts stay small ints (cached up to 256),
-            # while adding one at a time to the running totals allocates an int per transition.
             self._counts.update(Counter(map(type if self._by_type else self._kind, self._buf)))
             self._buf.clear()
 
