@@ -29,12 +29,14 @@ class ExpandEnv:
     fp: Callable[[Any], int]
     visited: dict[int, int]
     nxt_append: Callable[[Any], None]
-    cov_buf: list[Any] | None  # the coverage buffer, of actions or their types (None: off)
+    cov_buf: list[Any] | None  # the coverage buffer, of actions or their types' codes (None: off)
     props: Any
     is_final: Callable[[Any], bool] | None
     graph_edge: Callable[[int, int, Any], None] | None = None
     graph_node: Callable[[Any, int], None] | None = None
     graph_final: Callable[[int], None] | None = None
+    cov_code: dict[type, int] | None = None  # action type -> its code (`Coverage.code`)
+    cov_new_code: Callable[[type], int] | None = None
 
 
 NO_SUCCESSOR = object()  # sentinel: the loop over successors did not run
@@ -99,13 +101,24 @@ def expander_source(
     if coverage:
         add("    cov_buf = env.cov_buf")
         add("    start = len(cov_buf)")
+        if coverage_types:
+            add("    cov_code = env.cov_code")
+            add("    cov_new_code = env.cov_new_code")
         add("    for s, f in chunk:")
         add("        t = NO_SUCCESSOR")
         add("        for a, t in succ(s):")
         # ``cov_buf.append(...)``, not a bound method kept in a local: the interpreter then
-        # appends inline (a specialised instruction); by type, ``type(a)`` is one too, and the
-        # action is freed with its transition instead of being kept until the flush
-        add(f"            cov_buf.append({'type(a)' if coverage_types else 'a'})")
+        # appends inline (a specialised instruction).  By type, the buffer takes the small-int
+        # code of ``type(a)`` (`Coverage.code`; ``type(x)`` and a dict's item are specialised
+        # instructions too, a try costs nothing until it catches): the action is freed with its
+        # transition, and the flush counts bytes in C.
+        if coverage_types:
+            add("            try:")
+            add("                cov_buf.append(cov_code[type(a)])")
+            add("            except KeyError:")
+            add("                cov_buf.append(cov_new_code(type(a)))")
+        else:
+            add("            cov_buf.append(a)")
         empty = "t is NO_SUCCESSOR"
     else:
         add("    generated = 0")
