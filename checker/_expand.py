@@ -186,7 +186,10 @@ def expander(**flags: Any) -> Callable[[list[tuple[Any, int]], int, ExpandEnv], 
     fn = _cache.get(cache_key)
     if fn is None:
         namespace: dict[str, Any] = {"NO_SUCCESSOR": NO_SUCCESSOR}
-        exec(compile(expander_source(**flags), "<checker-expand>", "exec"), namespace)  # noqa: S102
+        # One file name per variant: profilers tell functions apart by (file, line, name), and
+        # a search switches variants as its properties are decided.
+        filename = f"<checker-expand-{len(_cache)}>"
+        exec(compile(expander_source(**flags), filename, "exec"), namespace)  # noqa: S102
         fn = namespace["expand"]
         _cache[cache_key] = fn
     return fn
