@@ -29,13 +29,15 @@ class ExpandEnv:
     fp: Callable[[Any], int]
     visited: dict[int, int]
     nxt_append: Callable[[Any], None]
-    cov_buf: list[Any] | None  # the coverage buffer (None: coverage off)
+    cov_buf: list[Any] | None  # the coverage buffer, of actions or their types' codes (None: off)
     props: Any
     is_final: Callable[[Any], bool] | None
     graph_edge: Callable[..., None] | None = None
     """`(f, g, action)`, or with `graph_pairs` the recorder's list append of `(f, g)`."""
     graph_node: Callable[[Any, int], None] | None = None
     graph_final: Callable[[int], None] | None = None
+    cov_code: dict[type, int] | None = None  # action type -> its code (`Coverage.code`)
+    cov_new_code: Callable[[type], int] | None = None
 
 
 NO_SUCCESSOR = object()  # sentinel: the loop over successors did not run
@@ -46,17 +48,24 @@ _cache: dict[tuple[Any, ...], Callable[..., int]] = {}
 def expander_source(
     *,
     coverage: bool,
+    coverage_types: bool = False,
     transition: bool,
     key: bool,
     int_keys: bool,
     check_new: bool,
+    always: int = -1,
+    sometimes: int = -1,
     fast: bool = False,
     final: bool,
     deadlock: bool,
     graph: bool,
     graph_pairs: bool = False,
 ) -> str:
-    """The source of the specialised ``expand(chunk, depth, env) -> generated`` function."""
+    """The source of the specialised ``expand(chunk, depth, env) -> generated`` function.
+
+    With `check_new`, `always` and `sometimes` are the numbers of such properties still open:
+    their checks are then unrolled, each predicate bound to a local once per chunk (a loop
+    over the lists, unpacking a pair per property and state, when they are -1)."""
     body = [
         "def expand(chunk, depth, env):",
         "    succ = env.succ",
@@ -79,17 +88,39 @@ def expander_source(
         "    d1 = depth + 1",
     ]
     add = body.append
+    unroll = check_new and always >= 0 and sometimes >= 0
+    if unroll:
+        # The lists are read once per chunk, as the loops below read them: a property closed
+        # during a chunk is still checked until its end (`PropertyTracker.record` keeps the
+        # first discovery).
+        for i in range(always):
+            add(f"    always_name{i}, always{i} = always[{i}]")
+        for i in range(sometimes):
+            add(f"    sometimes_name{i}, sometimes{i} = sometimes[{i}]")
     # With coverage on, every transition is appended to the coverage buffer anyway: its growth
     # is the number of transitions, and "no successor" is seen from `t` keeping a sentinel,
     # so the loop needs no counter of its own.
     if coverage:
         add("    cov_buf = env.cov_buf")
-        add("    cov_append = cov_buf.append")
         add("    start = len(cov_buf)")
+        if coverage_types:
+            add("    cov_code = env.cov_code")
+            add("    cov_new_code = env.cov_new_code")
         add("    for s, f in chunk:")
         add("        t = NO_SUCCESSOR")
         add("        for a, t in succ(s):")
-        add("            cov_append(a)")
+        # ``cov_buf.append(...)``, not a bound method kept in a local: the interpreter then
+        # appends inline (a specialised instruction).  By type, the buffer takes the small-int
+        # code of ``type(a)`` (`Coverage.code`; ``type(x)`` and a dict's item are specialised
+        # instructions too, a try costs nothing until it catches): the action is freed with its
+        # transition, and the flush counts bytes in C.
+        if coverage_types:
+            add("            try:")
+            add("                cov_buf.append(cov_code[type(a)])")
+            add("            except KeyError:")
+            add("                cov_buf.append(cov_new_code(type(a)))")
+        else:
+            add("            cov_buf.append(a)")
         empty = "t is NO_SUCCESSOR"
     else:
         add("    generated = 0")
@@ -119,7 +150,14 @@ def expander_source(
     add("            if g in visited:")
     add("                continue")
     add("            visited[g] = f")
-    if check_new:
+    if unroll:
+        for i in range(always):
+            add(f"            if not always{i}(t):")
+            add(f"                fail_always(always_name{i}, g, d1)")
+        for i in range(sometimes):
+            add(f"            if sometimes{i}(t):")
+            add(f"                hit_sometimes(sometimes_name{i}, g, d1)")
+    elif check_new:
         add("            for pn, pp in always:")
         add("                if not pp(t):")
         add("                    fail_always(pn, g, d1)")
@@ -145,13 +183,16 @@ def expander_source(
     return "\n".join(body) + "\n"
 
 
-def expander(**flags: bool) -> Callable[[list[tuple[Any, int]], int, ExpandEnv], int]:
+def expander(**flags: Any) -> Callable[[list[tuple[Any, int]], int, ExpandEnv], int]:
     """The compiled, cached expand function for `flags` (see `expander_source`)."""
     cache_key = tuple(sorted(flags.items()))
     fn = _cache.get(cache_key)
     if fn is None:
         namespace: dict[str, Any] = {"NO_SUCCESSOR": NO_SUCCESSOR}
-        exec(compile(expander_source(**flags), "<checker-expand>", "exec"), namespace)  # noqa: S102
+        # One file name per variant: profilers tell functions apart by (file, line, name), and
+        # a search switches variants as its properties are decided.
+        filename = f"<checker-expand-{len(_cache)}>"
+        exec(compile(expander_source(**flags), filename, "exec"), namespace)  # noqa: S102
         fn = namespace["expand"]
         _cache[cache_key] = fn
     return fn

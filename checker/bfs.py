@@ -27,6 +27,7 @@ from checker.result import Progress
 __all__ = ["CHUNK", "run_sequential_bfs"]
 
 CHUNK = 256  # states expanded between two housekeeping checks (time, limits)
+_CLEARED: list[Any] = [None] * CHUNK  # what an expanded chunk's slots of its level become
 
 
 def run_sequential_bfs(checker: SearchOptions, ctx: ModelContext) -> Outcome:
@@ -121,13 +122,19 @@ class _SequentialBFS:
                     self._stop(False, "max_depth")
                     break
                 continue
-            chunk = self.current[self.i : self.i + CHUNK]
-            self.i += len(chunk)
+            current, lo = self.current, self.i
+            chunk = current[lo : lo + CHUNK]
+            self.i = hi = lo + len(chunk)
             expand = ctx.expander(cov, props, check_new=props.wants_new, graph=recorder is not None,
                                   graph_pairs=pairs is not None)
             nxt = self.nxt
             before = len(nxt)
             self.generated += expand(chunk, self.depth, env)
+            # The chunk's states are done with: free them now, not with their level, so that the
+            # next level's states reuse their memory while it is still in the caches (and the
+            # collector does not walk them).
+            current[lo:hi] = _CLEARED[: hi - lo]
+            del chunk
             cov.flush()
             if ctx.sampling:
                 ctx.sample_keys(nxt, before)

@@ -132,7 +132,9 @@ class ModelContext:
             fp=self.fp_of_key,
             visited=visited,
             nxt_append=nxt_append,
-            cov_buf=cov.buf,
+            cov_buf=cov.buf if cov.type_buf is None else cov.type_buf,
+            cov_code=cov.code,
+            cov_new_code=cov.new_code,
             props=props,
             is_final=self.is_final,
         )
@@ -144,11 +146,14 @@ class ModelContext:
         """The hot loop specialised for this model and the properties still open."""
         return expander(
             coverage=cov.enabled,
+            coverage_types=cov.type_buf is not None,
             transition=bool(props.transition),
             key=self.key is not None,
             int_keys=self.int_keys,
             fast=self.fp_kind == "fast",
             check_new=check_new,
+            always=len(props.always) if check_new else -1,
+            sometimes=len(props.sometimes) if check_new else -1,
             final=self.is_final is not None,
             deadlock=props.deadlock,
             graph=graph,
@@ -232,9 +237,14 @@ class ModelContext:
 class Coverage:
     """Counts explored transitions per action kind.
 
-    The hot loop only appends each action to a buffer; `flush` folds the buffer into counts
-    in C (``Counter.update``), keyed by action type when the model keeps the default
-    `action_kind` (``type(action).__name__``), else by `Model.action_kind`.
+    The hot loops only append to a buffer; `flush` folds the buffer into counts in C, keyed
+    by action type when the model keeps the default `action_kind` (``type(action).__name__``),
+    else by `Model.action_kind`.  Two buffers: `buf` holds actions (the depth-first search and
+    the simulation append to it through `append`); `type_buf`, when counting by type, a small
+    int per transition, the code of its action's type (`code`, `new_code`): the breadth-first
+    loop appends it, so that the action is freed with its transition rather than kept until
+    the flush, and the flush counts each code's bytes (``bytes.count``) instead of a dict
+    update per transition.
     """
 
     def __init__(self, ctx: ModelContext, enabled: bool = True) -> None:
@@ -244,9 +254,34 @@ class Coverage:
         self.append: Callable[[Any], None] | None = self._buf.append if enabled else None
         self._counts: Counter[Any] = Counter()
         self._by_type = ctx.kind_by_type
+        self._codes: list[int] = []
+        self.type_buf: list[int] | None = self._codes if enabled and self._by_type else None
+        self.code: dict[type, int] = {}  # action type -> its code in `type_buf`
+        self._types: list[type] = []  # code -> action type
         self._kind = ctx.action_kind
 
+    def new_code(self, cls: type) -> int:
+        """The code of action type `cls`, given when the hot loop first meets it."""
+        code = self.code.get(cls)
+        if code is None:
+            code = self.code[cls] = len(self._types)
+            self._types.append(cls)
+        return code
+
     def flush(self) -> None:
+        codes = self._codes
+        if codes:
+            types = self._types
+            try:
+                data = bytes(codes)  # a ValueError past 256 types
+            except ValueError:
+                self._counts.update({types[c]: n for c, n in Counter(codes).items()})
+            else:  # every code below 256 then
+                for c, cls in enumerate(types[:256]):
+                    n = data.count(c)
+                    if n:
+                        self._counts[cls] += n
+            codes.clear()
         buf = self._buf
         if buf:
             # Counted in a fresh Counter first: its counts stay small ints (cached up to 256),

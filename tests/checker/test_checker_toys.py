@@ -460,3 +460,42 @@ def test_every_state_can_finish_from_the_recorded_lists(seed: int) -> None:
         recorder.mark_final(f)
     expected = len(_can_finish_by_index(edges, finals)) == n
     assert recorder.every_state_can_finish() is expected
+
+
+_ACTION_TYPES = [type(f"Act{i}", (), {"__slots__": ()}) for i in range(300)]
+
+
+class ManyActionTypes(BaseModel[int, object]):
+    """A line of 400 states, three transitions each, of 300 action types (coverage by type
+    gives each type a code: past 256 of them the flush counts otherwise)."""
+
+    def init_states(self) -> list[int]:
+        return [0]
+
+    def successors(self, state: int):  # type: ignore[no-untyped-def]
+        if state < 400:
+            for k in range(3):
+                yield _ACTION_TYPES[(7 * state + k) % 300](), state + 1 + k
+
+
+class ManyActionKinds(ManyActionTypes):
+    def action_kind(self, action: object) -> str:
+        return type(action).__name__[:4]
+
+
+@pytest.mark.parametrize("model", [ManyActionTypes(), ManyActionKinds()])
+@pytest.mark.parametrize("processes", [1, 2])
+def test_coverage_counts_every_transition_by_kind(model: BaseModel, processes: int) -> None:
+    expected: dict[str, int] = {}
+    for state in range(400):
+        for k in range(3):
+            name = _ACTION_TYPES[(7 * state + k) % 300].__name__
+            kind = name[:4] if isinstance(model, ManyActionKinds) else name
+            expected[kind] = expected.get(kind, 0) + 1
+    options = {"check_deadlock": False, "finish_when": "exhausted"}
+    for result in (
+        Checker(model, processes=processes, **options).bfs(),  # type: ignore[arg-type]
+        Checker(model, **options).dfs(),  # type: ignore[arg-type]
+    ):
+        assert result.coverage == expected
+        assert result.states_generated == 1 + 3 * 400
