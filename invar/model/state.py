@@ -399,9 +399,10 @@ class JoinedDigests(_Packed[str]):
     @classmethod
     def of(cls, digests: Iterable[str]) -> JoinedDigests:
         digests = tuple(digests)
-        if any("," in d for d in digests):
+        joined = ",".join(digests)
+        if digests and joined.count(",") != len(digests) - 1:
             raise ValueError("a sample digest cannot contain ','")
-        return cls(",".join(digests), len(digests))
+        return cls(joined, len(digests))
 
     def _items(self) -> tuple[str, ...]:
         return tuple(self.joined.split(",")) if self.size else ()
@@ -520,15 +521,26 @@ def chain_ledger(digest: str, record: Consumption) -> str:
     h = hashlib.blake2b(digest.encode(), digest_size=16)
     parts = (
         _int64s([record.update]),
-        _int64s(itertools.chain.from_iterable(record.requests)),
+        _request_int64s(record.requests),
         _int64s(record.sample_versions),
-        ",".join(record.sample_digests).encode(),
+        (record.sample_digests.joined if type(record.sample_digests) is JoinedDigests
+         else ",".join(record.sample_digests)).encode(),
         f"{record.scores_digest}|{record.steps!r}|{record.commit_digest}".encode(),
     )
     for part in parts:
         h.update(struct.pack("<q", len(part)))
         h.update(part)
     return h.hexdigest()
+
+
+def _request_int64s(requests: Sequence[RequestId]) -> bytes:
+    """The ids' (batch, prompt, sample) triples as int64 LE; a whole batch's without making
+    its ids (a commit chains 512 of them)."""
+    if type(requests) is not BatchRequests:
+        return _int64s(itertools.chain.from_iterable(requests))
+    prompts, samples = np.divmod(np.arange(len(requests), dtype="<i8"), requests.group_size)
+    batches = np.full(len(requests), requests.batch, dtype="<i8")
+    return np.stack([batches, prompts, samples], axis=1).astype("<i8").tobytes()
 
 
 def _int64s(values: Iterable[int]) -> bytes:

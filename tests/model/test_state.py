@@ -36,6 +36,7 @@ from invar.model.state import (  # noqa: E402
     JoinedDigests,
     NoOps,
     Sample,
+    _request_int64s,
     history_text,
 )
 from invar.testing import canonical_run, reply  # noqa: E402
@@ -160,6 +161,8 @@ def test_batch_requests_are_the_request_ids_of_the_batch(batch, prompts, group):
     assert compact != BatchRequests(batch + 1, prompts, group)
     assert compact != BatchRequests(batch, prompts, group + 1)
     assert pickle.loads(pickle.dumps(compact)) == compact
+    # The ledger chain packs a whole batch's ids without making them: the same bytes.
+    assert _request_int64s(compact) == _request_int64s(ids)
 
 
 @given(st.lists(st.text(alphabet="0123456789abcdef", max_size=24), max_size=8))
