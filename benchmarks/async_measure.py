@@ -171,7 +171,6 @@ def profile_breakdown(path: Path, wall: float) -> dict[str, Any]:
         ("  state_digest (before/after)", "model/state.py", "state_digest"),
         ("  journal append", "runtime/journal.py", "append"),
         ("  Driver._dispatch", "runtime/driver.py", "_dispatch"),
-        ("    learner_inputs (token rows)", "runtime/learner_executor.py", "learner_inputs"),
         ("  Driver._record_update (metrics row)", "runtime/driver.py", "_record_update"),
         ("Driver._accept_frame (decode worker events)", "runtime/driver.py", "_accept_frame"),
         ("  messages.decode", "model/messages.py", "decode"),

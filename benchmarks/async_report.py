@@ -243,9 +243,10 @@ def tables(report: dict[str, Any]) -> list[tuple[str, list[str], list[list[str]]
         rows.append(["CPU s per update (whole run)", f"{r['cpu_seconds_per_update_total']:.2f}"])
         out.append(("4. Core + driver share of wall time, default `invar train` "
                     f"({r['updates']} updates; target < 2 %)", ["", "value"], rows,
-                    "core_and_driver_share counts Driver._apply (core step, state digests, "
-                    "journal, dispatch); decoding worker frames is not in it (see the "
-                    "profile)."))
+                    "core_and_driver_share counts the driver's event path: Driver._apply "
+                    "(core step, state digests, journal, dispatch) and Driver._accept_frame "
+                    "(decoding worker frames). A learner command's inputs are built, and its "
+                    "reply encoded for the journal, in the learner's thread."))
     r = runs.get("default_profiled")
     if r and r.get("profile"):
         prof = r["profile"]
