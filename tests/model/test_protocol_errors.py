@@ -115,6 +115,19 @@ def nan_logprob(d):
     return changed(good, behavior_logprobs=(math.nan,) + good.completions[0].behavior_logprobs[1:])
 
 
+def infinite_logprob_after_the_first(d):
+    """-inf (and a NaN after the first value) passes `max(...) <= 0`: only the sum sees it."""
+    good = first_completion(d)
+    row = good.completions[0].behavior_logprobs
+    return changed(good, behavior_logprobs=row[:1] + (-math.inf,) + row[2:])
+
+
+def nan_logprob_after_the_first(d):
+    good = first_completion(d)
+    row = good.completions[0].behavior_logprobs
+    return changed(good, behavior_logprobs=row[:1] + (math.nan,) + row[2:])
+
+
 def length_mismatch(d):
     good = first_completion(d)
     return changed(good, behavior_logprobs=good.completions[0].behavior_logprobs + (-1.0,))
@@ -360,6 +373,8 @@ SCENARIOS = [
     (unknown_sample, Reason.UNKNOWN_REQUEST),
     (positive_logprob, Reason.MALFORMED_PAYLOAD),
     (nan_logprob, Reason.MALFORMED_PAYLOAD),
+    (infinite_logprob_after_the_first, Reason.MALFORMED_PAYLOAD),
+    (nan_logprob_after_the_first, Reason.MALFORMED_PAYLOAD),
     (length_mismatch, Reason.MALFORMED_PAYLOAD),
     (empty_response, Reason.MALFORMED_PAYLOAD),
     (infinite_reward, Reason.MALFORMED_PAYLOAD),
@@ -445,7 +460,10 @@ def test_refusal(scenario, reason):
 
 def test_a_refused_frame_names_the_completion_at_fault():
     for scenario, prefix in ((good_then_unknown, "completions[1]: "),
-                             (nan_logprob, "completions[0].behavior_logprobs: ")):
+                             (nan_logprob, "completions[0].behavior_logprobs: "),
+                             (infinite_logprob_after_the_first,
+                              "completions[0].behavior_logprobs: "),
+                             (nan_logprob_after_the_first, "completions[0].behavior_logprobs: ")):
         d = Driver(CONFIG)
         bad = scenario(d)
         outcome = step(d.state, bad)

@@ -61,6 +61,18 @@ def test_every_state_of_a_run_is_hashable():
     assert len({state_digest(s) for s in states}) == len(set(states))
 
 
+def test_states_survive_pickling_whole_hashed_or_not():
+    """The checker's processes and checkpoints ship states by pickle: a record leaves its
+    cached hash behind (a string's hash differs between processes) and nothing else."""
+    for state in states_of_a_run()[::7]:
+        fresh = pickle.loads(pickle.dumps(state))
+        hash(state)  # caches the hashes of the records
+        again = pickle.loads(pickle.dumps(state))
+        for copy in (fresh, again):
+            assert copy == state and state_digest(copy) == state_digest(state)
+            assert "_hash" not in copy.__dict__ and copy.ledger == state.ledger
+
+
 def test_equal_runs_give_equal_states_and_digests():
     a = canonical_run(CONFIG, ("a", "b")).state
     b = canonical_run(CONFIG, ("a", "b")).state
