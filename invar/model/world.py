@@ -35,7 +35,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 from invar.model import schedule
 from invar.model.config import RunConfig
@@ -545,6 +545,10 @@ class Answers:
         return _worker_answer(worker, command)
 
 
+Key = TypeVar("Key")
+Answer = TypeVar("Answer")
+
+
 class AnswersByValue(Answers):
     """`Answers` also remembered by value, for one search (a model checker makes one per
     search and passes it to `deliver_message`): equal components given equal commands answer
@@ -565,6 +569,13 @@ class AnswersByValue(Answers):
         self._crashed: dict[Learner, Learner] = {}
         self._restarted: dict[Learner, tuple[Learner, Message]] = {}
 
+    def _remember(self, table: dict[Key, Answer], key: Key, answer: Answer) -> Answer:
+        """`answer` kept in `table` under `key` (the table forgotten wholesale when full)."""
+        if len(table) >= self._kept:
+            table.clear()
+        table[key] = answer
+        return answer
+
     def carried(self, where: str, command: Command) -> Message:
         """One message per command value: its key (a repr) made once, and its body one object
         in every world that holds it (the memos keyed by identity downstream keep hitting).
@@ -575,9 +586,7 @@ class AnswersByValue(Answers):
             return message(where, command)
         known = self._carried.get((where, command))
         if known is None:
-            if len(self._carried) >= self._kept:
-                self._carried.clear()
-            known = self._carried[where, command] = message(where, command)
+            known = self._remember(self._carried, (where, command), message(where, command))
         return known
 
     def published(self, version: int, digest: str) -> Message:
@@ -589,36 +598,29 @@ class AnswersByValue(Answers):
     def crashed(self, learner: Learner) -> Learner:
         known = self._crashed.get(learner)
         if known is None:
-            if len(self._crashed) >= self._kept:
-                self._crashed.clear()
-            known = self._crashed[learner] = super().crashed(learner)
+            known = self._remember(self._crashed, learner, super().crashed(learner))
         return known
 
     def restarted(self, learner: Learner) -> tuple[Learner, Message]:
         known = self._restarted.get(learner)
         if known is None:
-            if len(self._restarted) >= self._kept:
-                self._restarted.clear()
-            known = self._restarted[learner] = super().restarted(learner)
+            known = self._remember(self._restarted, learner, super().restarted(learner))
         return known
 
     def _learner_answer(self, learner: Learner, command: Command,
                         value: tuple[bool, int]) -> LearnerAnswer:
         known = self._learner_values.get((learner, command, value))
         if known is None:
-            if len(self._learner_values) >= self._kept:
-                self._learner_values.clear()
-            known = self._learner_values[learner, command, value] = _learner_answer(
-                learner, command, *value)
+            known = self._remember(self._learner_values, (learner, command, value),
+                                   _learner_answer(learner, command, *value))
         return known
 
     def _worker_answer(self, worker: Worker, command: LoadWeights | LaunchRequest
                        ) -> WorkerAnswer:
         known = self._worker_values.get((worker, command))
         if known is None:
-            if len(self._worker_values) >= self._kept:
-                self._worker_values.clear()
-            known = self._worker_values[worker, command] = _worker_answer(worker, command)
+            known = self._remember(self._worker_values, (worker, command),
+                                   _worker_answer(worker, command))
         return known
 
 
