@@ -23,7 +23,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from git_trees import ROOT, extract
+from git_trees import add_baselines, trees
 
 
 def default_run(tree: Path, run_dir: Path) -> dict[str, float]:
@@ -38,16 +38,14 @@ def default_run(tree: Path, run_dir: Path) -> dict[str, float]:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--baseline", action="append", default=[],
-                        help="git revision to compare against (repeatable)")
+    add_baselines(parser)
     parser.add_argument("--runs", type=int, default=3, help="default runs per tree")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
-        trees = {rev: extract(rev, Path(tmp) / "trees" / rev) for rev in args.baseline}
-        trees["this tree"] = ROOT
-        rows: dict[str, list[dict[str, float]]] = {label: [] for label in trees}
+        compared = trees(args.baseline, Path(tmp) / "trees")
+        rows: dict[str, list[dict[str, float]]] = {label: [] for label in compared}
         for run in range(args.runs):
-            for label, tree in trees.items():
+            for label, tree in compared.items():
                 summary = default_run(tree, Path(tmp) / "runs" / f"{run}-{label}")
                 rows[label].append(summary)
                 print(f"  run {run + 1}, {label}: wall {summary['wall_seconds']:.1f} s, "

@@ -22,13 +22,11 @@ Trees run interleaved, length by length; the best of `--repeats` CPU times
 from __future__ import annotations
 
 import argparse
-import json
-import subprocess
 import sys
 import tempfile
 from pathlib import Path
 
-from git_trees import ROOT, extract
+from git_trees import add_baselines, run_json, trees
 
 # Runs inside each tree: prints {"step_ms", "step_digest_ms"} per update for `updates`.
 REPLAY = r"""
@@ -78,33 +76,25 @@ print(json.dumps({"kib": size / len(ledger) / 1024, "tracked": tracked / len(led
 """
 
 
-def _run(tree: Path, code: str, *args: str) -> dict[str, float]:
-    out = subprocess.run([sys.executable, "-c", code, *args], cwd=tree, check=True,
-                         capture_output=True, text=True, env={"PYTHONPATH": str(tree)}).stdout
-    result: dict[str, float] = json.loads(out)
-    return result
-
-
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--baseline", action="append", default=[], help="a git revision")
+    add_baselines(parser)
     parser.add_argument("--lengths", type=int, nargs="+", default=[40, 400, 2000],
                         help="run lengths in updates")
     parser.add_argument("--repeats", type=int, default=3)
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as scratch:
-        trees = {rev: extract(rev, Path(scratch) / rev) for rev in args.baseline}
-        trees["this tree"] = ROOT
+        compared = trees(args.baseline, Path(scratch))
         print(f"{'tree':<12}{'updates':>9}{'step ms/upd':>13}{'+ digest ms/upd':>17}")
         for length in args.lengths:
-            for name, tree in trees.items():
-                r = _run(tree, REPLAY, str(length), str(args.repeats))
+            for name, tree in compared.items():
+                r = run_json(tree, REPLAY, str(length), str(args.repeats))
                 print(f"{name:<12}{length:>9,}{r['step_ms']:>13.3f}{r['step_digest_ms']:>17.3f}",
                       flush=True)
         print(f"\n{'tree':<12}{'ledger KiB/update':>19}{'GC-tracked objects/update':>27}")
-        for name, tree in trees.items():
-            r = _run(tree, LEDGER)
+        for name, tree in compared.items():
+            r = run_json(tree, LEDGER)
             print(f"{name:<12}{r['kib']:>19.1f}{r['tracked']:>27.0f}")
     return 0
 

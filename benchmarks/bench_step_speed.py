@@ -16,13 +16,11 @@ jobs than wall time), in samples per second.
 from __future__ import annotations
 
 import argparse
-import json
-import subprocess
 import sys
 import tempfile
 from pathlib import Path
 
-from git_trees import ROOT, extract
+from git_trees import add_baselines, run_json, trees
 
 # Runs inside each tree: prints {"events", "samples", "step_s", "step_digest_s"}.
 REPLAY = r"""
@@ -62,27 +60,21 @@ print(json.dumps({"events": len(events), "samples": samples, "step_s": best[Fals
 
 
 def measure(tree: Path, repeats: int) -> dict[str, float]:
-    out = subprocess.run([sys.executable, "-c", REPLAY, str(repeats)], cwd=tree,
-                         env={"PYTHONPATH": str(tree), "PATH": "/usr/bin:/bin"},
-                         check=True, capture_output=True, text=True).stdout
-    result: dict[str, float] = json.loads(out)
-    return result
+    return run_json(tree, REPLAY, str(repeats))
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--baseline", action="append", default=[],
-                        help="git revision to compare against (repeatable)")
+    add_baselines(parser)
     parser.add_argument("--rounds", type=int, default=3, help="interleaved rounds")
     parser.add_argument("--repeats", type=int, default=5, help="replays per round (best kept)")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
-        trees = {rev: extract(rev, Path(tmp) / rev) for rev in args.baseline}
-        trees["this tree"] = ROOT
+        compared = trees(args.baseline, Path(tmp))
         best: dict[str, dict[str, float]] = {}
         for _ in range(args.rounds):
-            for label, tree in trees.items():
+            for label, tree in compared.items():
                 run = measure(tree, args.repeats)
                 kept = best.setdefault(label, run)
                 for key in ("step_s", "step_digest_s"):

@@ -592,7 +592,8 @@ class AnswersByValue(Answers):
     def published(self, version: int, digest: str) -> Message:
         known = self._published.get((version, digest))
         if known is None:
-            known = self._published[version, digest] = super().published(version, digest)
+            known = self._remember(self._published, (version, digest),
+                                   super().published(version, digest))
         return known
 
     def crashed(self, learner: Learner) -> Learner:
