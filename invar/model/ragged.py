@@ -1,0 +1,224 @@
+"""Ragged rows of numbers held as one read-only array: log-prob matrices and token rows.
+
+A batch's log-probs and tokens are rows of different lengths. Held as tuples of Python
+numbers, every update turns hundreds of rows into objects, and every check, digest, padding
+and encoding walks them one number at a time. `Ragged` keeps the rows as one flat, read-only
+numpy array and their lengths: checks and digests are single passes in C, padding is one
+scatter (or a reshape, when every row has the same length), and the wire's packed encoding
+is the array's bytes.
+
+It is a value, like the tuple of tuples it stands for: immutable, equal and hashed by its
+dtype, row lengths and bytes (bitwise: -0.0 and 0.0 differ, a NaN equals itself, as in the
+digests), so states and messages that hold one compare and hash by value (the checker relies
+on it). Indexing and iterating give rows as tuples of Python numbers; `row` gives a view.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+import numpy as np
+
+FLOAT = np.dtype("<f8")
+INT = np.dtype("<i8")
+
+
+class Ragged:
+    """Rows of float64 or int64 numbers of any lengths, as one flat read-only array."""
+
+    __slots__ = ("values", "lengths", "_starts", "_hash")
+
+    values: np.ndarray
+    """The rows back to back: 1-D, little-endian float64 or int64, read-only."""
+    lengths: tuple[int, ...]
+    """Each row's length, in order."""
+    _starts: np.ndarray | None
+    _hash: int | None
+
+    def __init__(self, values: np.ndarray, lengths: Sequence[int]) -> None:
+        values = np.asarray(values)
+        if values.ndim != 1:
+            raise ValueError(f"values: expected a 1-D array, got shape {values.shape}")
+        if values.dtype not in (FLOAT, INT):
+            raise ValueError(f"values: expected little-endian float64 or int64, got "
+                             f"{values.dtype}")
+        lengths = tuple(lengths)
+        if any(type(n) is not int or n < 0 for n in lengths):
+            raise ValueError("lengths: expected non-negative integers")
+        if sum(lengths) != len(values):
+            raise ValueError(f"lengths: rows of {sum(lengths)} values in all, values has "
+                             f"{len(values)}")
+        # A read-only array over immutable memory is shared as is; anything else is copied,
+        # so that no one holding the source can change a value after the fact.
+        if not _frozen(values):
+            values = values.copy()
+            values.flags.writeable = False
+        set_ = object.__setattr__
+        set_(self, "values", values)
+        set_(self, "lengths", lengths)
+        set_(self, "_starts", None)
+        set_(self, "_hash", None)
+
+    @classmethod
+    def of(cls, rows: Sequence[Sequence[float]] | Sequence[Sequence[int]],
+           dtype: np.dtype[Any] = FLOAT) -> Ragged:
+        """The rows given as sequences of numbers; `ValueError` names the first row that is
+        not a flat sequence of them."""
+        if isinstance(rows, Ragged):
+            return rows if rows.values.dtype == dtype else cls(rows.values.astype(dtype),
+                                                                rows.lengths)
+        try:
+            lengths = [len(row) for row in rows]
+            flat = list(itertools.chain.from_iterable(rows))
+        except TypeError:
+            flat = None
+        # Python ints (and floats, for float rows) only: no bool, no silent truncation of a
+        # float to an int, no string that numpy would parse.
+        allowed = _INT_TYPES if dtype == INT else _NUMBER_TYPES
+        if flat is None or not set(map(type, flat)) <= allowed:
+            index = next((i for i, row in enumerate(rows) if not _flat_of(row, allowed)), None)
+            where = "rows" if index is None else f"rows[{index}]"
+            raise ValueError(f"{where}: not a flat sequence of "
+                             f"{'integers' if dtype == INT else 'numbers'}") from None
+        try:
+            values = np.fromiter(flat, dtype=dtype, count=len(flat))
+        except OverflowError:
+            raise ValueError("rows: an integer outside int64") from None
+        values.flags.writeable = False
+        return cls(values, lengths)
+
+    @classmethod
+    def from_padded(cls, values: np.ndarray, mask: np.ndarray) -> Ragged:
+        """The rows of `values` (n, T) under a mask whose True entries lead each row."""
+        values = np.asarray(values)
+        mask = np.asarray(mask, dtype=bool)
+        if values.ndim != 2 or mask.shape != values.shape:
+            raise ValueError(f"values {values.shape} and mask {mask.shape}: expected two "
+                             f"2-D arrays of one shape")
+        dtype = INT if values.dtype.kind in "iu" else FLOAT
+        lengths = mask.sum(axis=1)
+        flat = np.ascontiguousarray(values[mask], dtype=dtype)
+        flat.flags.writeable = False
+        return cls(flat, lengths.tolist())
+
+    # -- reading ----------------------------------------------------------------------------
+
+    def __len__(self) -> int:
+        return len(self.lengths)
+
+    def row(self, index: int) -> np.ndarray:
+        """Row `index` as a read-only view."""
+        start = int(self.starts()[index])
+        return self.values[start:start + self.lengths[index]]
+
+    def __getitem__(self, index: int) -> tuple[Any, ...]:
+        return tuple(self.row(index).tolist())
+
+    def __iter__(self) -> Iterator[tuple[Any, ...]]:
+        return iter(self.rows())
+
+    def rows(self) -> tuple[tuple[Any, ...], ...]:
+        """Every row as a tuple of Python numbers (what the value stands for)."""
+        if self.uniform():
+            width = self.lengths[0]
+            if width == 0:
+                return ((),) * len(self.lengths)
+            return tuple(map(tuple, self.values.reshape(len(self.lengths), width).tolist()))
+        flat, out, start = self.values.tolist(), [], 0
+        for length in self.lengths:
+            out.append(tuple(flat[start:start + length]))
+            start += length
+        return tuple(out)
+
+    def starts(self) -> np.ndarray:
+        """Where each row begins in `values`."""
+        if self._starts is None:
+            starts = np.zeros(len(self.lengths), dtype=np.int64)
+            if len(self.lengths) > 1:
+                np.cumsum(self.lengths[:-1], out=starts[1:])
+            starts.flags.writeable = False
+            object.__setattr__(self, "_starts", starts)
+        assert self._starts is not None
+        return self._starts
+
+    def uniform(self) -> bool:
+        """Every row has the same length (fixed-shape generation: the common case)."""
+        lengths = self.lengths
+        return bool(lengths) and lengths.count(lengths[0]) == len(lengths)
+
+    def padded(self) -> tuple[np.ndarray, np.ndarray]:
+        """(values (n, T), mask (n, T)), T the longest row: row i's values lead row i, 0 under
+        a False mask. Rows of one length are a read-only view, with no copy."""
+        n = len(self.lengths)
+        if self.uniform():
+            shape = (n, self.lengths[0])
+            return self.values.reshape(shape), np.ones(shape, dtype=bool)
+        mask = np.arange(max(self.lengths, default=0)) < np.asarray(self.lengths)[:, None]
+        values = np.zeros(mask.shape, dtype=self.values.dtype)
+        values[mask] = self.values
+        return values, mask
+
+    def take(self, rows: Sequence[int]) -> Ragged:
+        """The rows at `rows`, in that order."""
+        if not rows:
+            return Ragged(self.values[:0], ())
+        lengths = [self.lengths[i] for i in rows]
+        starts = self.starts()[list(rows)]
+        index = np.concatenate([np.arange(s, s + n) for s, n in zip(starts.tolist(), lengths)])
+        values = self.values[index]
+        values.flags.writeable = False
+        return Ragged(values, lengths)
+
+    def tobytes(self) -> bytes:
+        """The values' little-endian bytes, back to back (digests and the wire use these)."""
+        return self.values.tobytes()
+
+    # -- a value ----------------------------------------------------------------------------
+
+    def __eq__(self, other: object) -> bool:
+        if self is other:
+            return True
+        if not isinstance(other, Ragged):
+            return NotImplemented
+        return (self.values.dtype == other.values.dtype and self.lengths == other.lengths
+                and self.values.tobytes() == other.values.tobytes())
+
+    def __hash__(self) -> int:
+        if self._hash is None:
+            object.__setattr__(self, "_hash", hash((self.values.dtype.char, self.lengths,
+                                                   self.values.tobytes())))
+        assert self._hash is not None
+        return self._hash
+
+    def __repr__(self) -> str:
+        kind = ", INT" if self.values.dtype == INT else ""
+        return f"Ragged.of({self.rows()!r}{kind})"
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (Ragged, (self.values, self.lengths))
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        raise AttributeError(f"Ragged is immutable: cannot set {name}")
+
+
+def _frozen(values: np.ndarray) -> bool:
+    """A read-only array none of whose bases can be written either."""
+    base: Any = values
+    while isinstance(base, np.ndarray):
+        if base.flags.writeable:
+            return False
+        base = base.base
+    return base is None or isinstance(base, bytes)
+
+
+_INT_TYPES = frozenset({int, np.int64})
+_NUMBER_TYPES = frozenset({int, float, np.int64, np.float64})
+
+
+def _flat_of(row: Any, allowed: frozenset[type]) -> bool:
+    try:
+        return set(map(type, row)) <= allowed
+    except TypeError:
+        return False
