@@ -109,7 +109,8 @@ def main(argv: list[str] | None = None) -> int:
                 frames.append(json.dumps(raw, separators=(",", ":")).encode())
         updates = max(state.committed, 1)
         learner = [(s, c) for s, cs in dispatches for c in cs if route(c) == LEARNER]
-        launch_lists = [[c for c in cs if type(c).__name__ == "LaunchRequest"]
+        # (LaunchRequests since 9c745ff+1, one per batch and worker; LaunchRequest before)
+        launch_lists = [[c for c in cs if type(c).__name__ in ("LaunchRequest", "LaunchRequests")]
                         for _, cs in dispatches]
         launch_lists = [cs for cs in launch_lists if cs]
         states = [s for s, _ in dispatches]

@@ -38,7 +38,7 @@ from invar.model.messages import (
     Evaluate,
     Event,
     ForwardObserved,
-    LaunchRequest,
+    LaunchRequests,
     LearnerStarted,
     LoadWeights,
     Matrix,
@@ -136,11 +136,21 @@ def outstanding_commands(state: State) -> tuple[Command, ...]:
     for batch in state.batches:
         if batch.pending + batch.completed == len(batch.slots):
             continue
-        requests = schedule.request_ids(state.config, batch.batch)
-        version = schedule.gen_version(state.config, batch.batch)
+        config = state.config
+        requests = schedule.request_ids(config, batch.batch)
+        launches: dict[Assigned, _Launches] = {}
         for position, slot in enumerate(batch.slots):
             if isinstance(slot, Assigned):
-                out.append(_launch(state.config, requests[position], version, slot))
+                columns = launches.get(slot)
+                if columns is None:
+                    columns = launches[slot] = _Launches(slot)
+                request = requests[position]
+                columns.requests.append(request)
+                columns.seeds.append(schedule.sampling_seed(config, request))
+                columns.prompt_indices.append(
+                    schedule.prompt_index(config, request.batch, request.prompt))
+        version = schedule.gen_version(config, batch.batch)
+        out.extend(columns.command(version) for columns in launches.values())
     for w in state.workers:
         if w.phase is WorkerPhase.LOADING:
             out.append(_load(state, w))
@@ -751,7 +761,7 @@ def _version_needed(state: State, version: int) -> bool:
 
 def _assign_pending(state: State, commands: list[Command]) -> State:
     """Launch pending requests, a prompt group at a time, on the least-loaded live worker
-    holding their version."""
+    holding their version: one `LaunchRequests` per batch and worker."""
     for index, batch in enumerate(state.batches):
         if batch.pending == 0:
             continue
@@ -764,6 +774,7 @@ def _assign_pending(state: State, commands: list[Command]) -> State:
         slots = batch.slots
         requests = schedule.request_ids(state.config, batch.batch)
         changes: dict[int, Assigned] = {}
+        launches: dict[str, _Launches] = {}
         config = state.config
         group_size = config.group_size
         # A prompt's group goes to one worker: its samples share the prompt's prefill, and the
@@ -774,19 +785,39 @@ def _assign_pending(state: State, commands: list[Command]) -> State:
                 continue
             name = min(loads, key=lambda k: (loads[k], k))
             loads[name] += len(group)
-            holder = next(w for w in ready if w.name == name)
-            slot = Assigned(name, holder.incarnation)
+            columns = launches.get(name)
+            if columns is None:
+                holder = next(w for w in ready if w.name == name)
+                columns = launches[name] = _Launches(Assigned(name, holder.incarnation))
             prompt = start // group_size
             seeds = schedule.group_seeds(config, batch.batch, prompt)
             index_of_prompt = schedule.prompt_index(config, batch.batch, prompt)
             for position in group:
-                changes[position] = slot
-                commands.append(_launch_request(slot, requests[position], version,
-                                                seeds[position - start], index_of_prompt))
+                changes[position] = columns.slot
+                columns.requests.append(requests[position])
+                columns.seeds.append(seeds[position - start])
+                columns.prompt_indices.append(index_of_prompt)
+        commands.extend(columns.command(version) for columns in launches.values())
         state = evolve(state, batches=_set(state.batches, index, batch.with_slots(changes)))
         for w in ready:
             state = _put_worker(state, evolve(w, assigned=loads[w.name]))
     return state
+
+
+class _Launches:
+    """The columns of one `LaunchRequests`, as `_assign_pending` and `outstanding_commands`
+    fill them."""
+
+    def __init__(self, slot: Assigned) -> None:
+        self.slot = slot
+        self.requests: list[RequestId] = []
+        self.seeds: list[int] = []
+        self.prompt_indices: list[int] = []
+
+    def command(self, version: int) -> LaunchRequests:
+        return LaunchRequests(self.slot.worker, self.slot.incarnation, version,
+                              tuple(self.requests), tuple(self.seeds),
+                              tuple(self.prompt_indices))
 
 
 def _schedule_loads(state: State, commands: list[Command]) -> State:
@@ -811,20 +842,6 @@ def _schedule_loads(state: State, commands: list[Command]) -> State:
         state = _put_worker(state, loading)
         commands.append(_load(state, loading))
     return state
-
-
-def _launch(config: RunConfig, request: RequestId, version: int,
-            slot: Assigned) -> LaunchRequest:
-    return _launch_request(slot, request, version, schedule.sampling_seed(config, request),
-                           schedule.prompt_index(config, request.batch, request.prompt))
-
-
-def _launch_request(slot: Assigned, request: RequestId, version: int, seed: int,
-                    prompt_index: int) -> LaunchRequest:
-    """One per sample launched, the core's most frequent command: `built`, not `__init__`."""
-    return built(LaunchRequest, {"worker": slot.worker, "incarnation": slot.incarnation,
-                                 "request": request, "version": version, "seed": seed,
-                                 "prompt_index": prompt_index})
 
 
 def _load(state: State, worker: WorkerState) -> LoadWeights:

@@ -20,6 +20,7 @@ from invar.model.messages import (
     LoadWeights,
     Publish,
     SetTimer,
+    one_per_request,
 )
 from invar.model.state import Assigned, LearnerPhase, NoOps, Sample, State, WorkerPhase
 
@@ -268,7 +269,7 @@ def commands_respect_schedule(before: State, commands: Sequence[Command], after:
     committed versions and their commit digests; the timer is armed only while a reply is
     awaited."""
     config = after.config
-    for command in commands:
+    for command in one_per_request(commands):
         if isinstance(command, LaunchRequest):
             if command.version != schedule.gen_version(config, command.request.batch):
                 return f"request {tuple(command.request)} launched with version {command.version}"

@@ -21,6 +21,7 @@ import sys
 import types
 import typing
 from array import array
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, NamedTuple, Union
 
@@ -204,6 +205,44 @@ class LaunchRequest:
 
 
 @dataclass(frozen=True)
+class LaunchRequests:
+    """Worker: sample each of `requests` from `version`, with its seed and task prompt: the
+    launches of one batch that the core gives one worker incarnation in one decision, as
+    columns (the mirror of `RequestsCompleted`). Each is `LaunchRequest` `i` of `launches()`;
+    the transport sends them in one frame, and a model checker's network carries each alone."""
+
+    worker: str
+    incarnation: int
+    version: int
+    requests: tuple[RequestId, ...]
+    seeds: tuple[int, ...]
+    prompt_indices: tuple[int, ...]
+
+    def __post_init__(self) -> None:
+        if not len(self.requests) == len(self.seeds) == len(self.prompt_indices):
+            raise ValueError(f"LaunchRequests: {len(self.requests)} requests, "
+                             f"{len(self.seeds)} seeds, {len(self.prompt_indices)} prompt "
+                             f"indices (one each per request)")
+
+    def launches(self) -> tuple[LaunchRequest, ...]:
+        return tuple(
+            LaunchRequest(self.worker, self.incarnation, request, self.version, seed, prompt)
+            for request, seed, prompt in zip(self.requests, self.seeds, self.prompt_indices))
+
+
+def one_per_request(commands: Iterable[Command]) -> tuple[Command, ...]:
+    """`commands` in order, each `LaunchRequests` replaced by its launches: commands as a
+    component that takes them one at a time sees them (the model checker's network, tests)."""
+    out: list[Command] = []
+    for command in commands:
+        if type(command) is LaunchRequests:
+            out.extend(command.launches())
+        else:
+            out.append(command)
+    return tuple(out)
+
+
+@dataclass(frozen=True)
 class ScoreProbabilities:
     """Learner: score these samples with the current (frozen) weights, and the reference."""
 
@@ -295,8 +334,9 @@ Event = (
     | VersionEvaluated | CheckpointWritten | TimerFired
 )
 Command = (
-    LoadWeights | LaunchRequest | ScoreProbabilities | RunForward | ApplyCotangent | Commit
-    | Publish | RetainVersion | ReleaseVersion | Evaluate | Checkpoint | SetTimer
+    LoadWeights | LaunchRequest | LaunchRequests | ScoreProbabilities | RunForward
+    | ApplyCotangent | Commit | Publish | RetainVersion | ReleaseVersion | Evaluate | Checkpoint
+    | SetTimer
 )
 EVENT_TYPES: tuple[type, ...] = typing.get_args(Event)
 COMMAND_TYPES: tuple[type, ...] = typing.get_args(Command)
@@ -540,22 +580,23 @@ _LAUNCH_FIELDS = ("type", "v", "worker", "incarnation", "n", "request", "version
                   "prompt_index")
 
 
-def pack_launches(launches: list[LaunchRequest] | tuple[LaunchRequest, ...]) -> dict[str, Any]:
+def pack_launches(launches: Sequence[LaunchRequests]) -> dict[str, Any]:
     """The launches of one frame, all for one worker incarnation, as columns (like
     `pack_completions`): `n`, requests as n rows of 3, version, seed and prompt index packed;
-    the worker and its incarnation once. `unpack_launches` gives the same commands back."""
-    if not launches:
+    the worker and its incarnation once. `unpack_launches` gives each `LaunchRequest` back."""
+    if not launches or not any(c.requests for c in launches):
         raise ValueError("pack_launches: no launches")
     worker, incarnation = launches[0].worker, launches[0].incarnation
     if any(c.worker != worker or c.incarnation != incarnation for c in launches):
         raise ValueError("pack_launches: launches for more than one worker incarnation")
+    count = sum(len(c.requests) for c in launches)
     return {
         "type": "LaunchRequest", "v": ENCODING_VERSION, "worker": worker,
-        "incarnation": incarnation, "n": len(launches),
-        "request": _pack([x for c in launches for x in c.request], "<i8"),
-        "version": _pack([c.version for c in launches], "<i8"),
-        "seed": _pack([c.seed for c in launches], "<i8"),
-        "prompt_index": _pack([c.prompt_index for c in launches], "<i8"),
+        "incarnation": incarnation, "n": count,
+        "request": _pack([x for c in launches for r in c.requests for x in r], "<i8"),
+        "version": _pack([c.version for c in launches for _ in c.requests], "<i8"),
+        "seed": _pack([seed for c in launches for seed in c.seeds], "<i8"),
+        "prompt_index": _pack([p for c in launches for p in c.prompt_indices], "<i8"),
     }
 
 

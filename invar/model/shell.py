@@ -29,6 +29,7 @@ from invar.model.messages import (
     Evaluate,
     Event,
     LaunchRequest,
+    LaunchRequests,
     LoadWeights,
     Publish,
     ReleaseVersion,
@@ -52,6 +53,7 @@ incarnation: a command for a retired incarnation is not delivered)."""
 ROUTES: dict[type, str] = {
     LoadWeights: WORKER,
     LaunchRequest: WORKER,
+    LaunchRequests: WORKER,
     ScoreProbabilities: LEARNER,
     RunForward: LEARNER,
     ApplyCotangent: LEARNER,
@@ -66,8 +68,8 @@ ROUTES: dict[type, str] = {
 """Command type -> the component that carries it out (one table for every world)."""
 
 REPLIED: frozenset[type] = frozenset({
-    LoadWeights, LaunchRequest, ScoreProbabilities, RunForward, ApplyCotangent, Commit,
-    Evaluate, Checkpoint, Publish,
+    LoadWeights, LaunchRequest, LaunchRequests, ScoreProbabilities, RunForward, ApplyCotangent,
+    Commit, Evaluate, Checkpoint, Publish,
 })
 """Commands answered by an event; the core re-sends them (`outstanding_commands`) until it is
 accepted. RetainVersion and ReleaseVersion are idempotent orders to the store, made durable by

@@ -71,6 +71,7 @@ from invar.model.messages import (
     WorkerConnected,
     WorkerLost,
     matrix_digest,
+    one_per_request,
 )
 from invar.model.shell import LEARNER, STORE, TIMER, Delivery, Verdict, deliver, route
 from invar.model.state import LearnerPhase, State, WorkerPhase, cached_repr, evolve
@@ -448,8 +449,9 @@ def routed_delivery(core: State, event: Event,
     """`shell.deliver(core, event)` with each command's route and message (`carried`: how a
     message is made, `message` or a memo of it: `Answers.carried`)."""
     delivery = deliver(core, event)
-    return delivery, tuple((c, where, carried(where, c))
-                           for c, where in ((c, route(c)) for c in delivery.commands))
+    # Each launch travels alone: the network may lose, repeat or reorder any one of them.
+    return delivery, tuple((c, where, carried(where, c)) for c, where in
+                           ((c, route(c)) for c in one_per_request(delivery.commands)))
 
 
 _deliveries = IdentityMemo(1 << 16)

@@ -39,7 +39,7 @@ from invar.model.messages import (
     Command,
     DecodeError,
     Event,
-    LaunchRequest,
+    LaunchRequests,
     LearnerStarted,
     LoadWeights,
     Publish,
@@ -333,7 +333,7 @@ class Driver:
 
     def _dispatch(self, commands: tuple[Command, ...]) -> None:
         """The one place where commands meet the world: each goes where `shell.route` says."""
-        launches: list[LaunchRequest] = []
+        launches: list[LaunchRequests] = []
         for command in commands:
             where = route(command)
             if where == LEARNER:
@@ -345,7 +345,7 @@ class Driver:
                 self._to_store(command)
             elif where == TIMER:
                 self._timer_armed = True
-            elif isinstance(command, LaunchRequest):  # to worker `where`, sent in one frame
+            elif isinstance(command, LaunchRequests):  # to worker `where`, in one frame
                 launches.append(command)
             else:
                 assert isinstance(command, LoadWeights), command  # route: the one other kind
@@ -631,10 +631,10 @@ def _log_failed_deletion(future: asyncio.Future[None]) -> None:
                   exc_info=future.exception())
 
 
-def launch_frames(launches: list[LaunchRequest]) -> dict[tuple[str, int], dict[str, Any]]:
+def launch_frames(launches: list[LaunchRequests]) -> dict[tuple[str, int], dict[str, Any]]:
     """The frame each worker incarnation gets for `launches` (one dispatch's, in order): its
-    launches as columns (`pack_launches`), encoded once per frame, not once per command."""
-    by_worker: dict[tuple[str, int], list[LaunchRequest]] = {}
+    launches as columns (`pack_launches`), one frame however many commands."""
+    by_worker: dict[tuple[str, int], list[LaunchRequests]] = {}
     for command in launches:
         by_worker.setdefault((command.worker, command.incarnation), []).append(command)
     return {key: {"kind": "launches", "launches": pack_launches(commands)}

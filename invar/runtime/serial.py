@@ -18,6 +18,7 @@ from invar.model.core import run_complete
 from invar.model.messages import (
     Event,
     LaunchRequest,
+    LaunchRequests,
     LearnerStarted,
     LoadWeights,
     Publish,
@@ -103,7 +104,7 @@ def run_serial(config: TrainConfig, learner: LearnerBackend) -> State:
             else:
                 stats.noops += 1
             stats.core_seconds += time.perf_counter() - began
-            launches: dict[str, list[LaunchRequest]] = {}
+            launches: dict[str, list[LaunchRequest]] = {}  # one worker call each, as a frame
             for command in delivery.commands:
                 where = route(command)
                 if where == LEARNER:
@@ -118,8 +119,8 @@ def run_serial(config: TrainConfig, learner: LearnerBackend) -> State:
                         store.delete(command.version)
                 elif where == TIMER:
                     pass  # nothing is lost here: the retry timer never needs to fire
-                elif isinstance(command, LaunchRequest):
-                    launches.setdefault(where, []).append(command)
+                elif isinstance(command, LaunchRequests):
+                    launches.setdefault(where, []).extend(command.launches())
                 else:
                     assert isinstance(command, LoadWeights), command  # route: the one other kind
                     loaded = workers[where].load(command, *store.read(command.version))

@@ -33,6 +33,7 @@ from invar.model.messages import (
     Evaluate,
     Event,
     LaunchRequest,
+    LaunchRequests,
     LearnerStarted,
     LoadWeights,
     Publish,
@@ -91,10 +92,13 @@ __all__ = [
 ]
 
 
-def worker_reply(command: LaunchRequest | LoadWeights) -> Event:
-    """What a correct worker answers to a launch or a load."""
+def worker_reply(command: LaunchRequest | LaunchRequests | LoadWeights) -> Event:
+    """What a correct worker answers to a launch (one frame for launches sent together) or a
+    load."""
     if isinstance(command, LoadWeights):
         return WeightsLoaded(command.worker, command.incarnation, command.load, command.version)
+    if isinstance(command, LaunchRequests):
+        return sample_reply(*command.launches())
     return sample_reply(command)
 
 
@@ -121,7 +125,7 @@ def learner_reply(command: Command, optimizer_steps: int) -> Event | None:
 
 def reply(command: Command, optimizer_steps: int) -> Event | None:
     """The correct reply of whichever component `command` is addressed to."""
-    if isinstance(command, (LaunchRequest, LoadWeights)):
+    if isinstance(command, (LaunchRequest, LaunchRequests, LoadWeights)):
         return worker_reply(command)
     return learner_reply(command, optimizer_steps)
 

@@ -14,6 +14,7 @@ which properties the last event violates: the check that a trace really is a cou
 
 from __future__ import annotations
 
+import dataclasses
 import types
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -169,16 +170,20 @@ def _cotangent_for_another_step(mp: Any) -> None:
 
 
 def _reissued_request_new_seed(mp: Any) -> None:
-    original = core._launch_request
+    original = core._Launches.command
 
-    def launch_request(slot, request, version, seed, prompt_index):
-        # The bug: the seed is derived with the worker's incarnation, so a request re-issued
-        # to a reconnected worker samples with a new seed (the first issue is unaffected).
-        if slot.incarnation:
-            seed = schedule.derive_seed(seed, "incarnation", slot.incarnation)
-        return original(slot, request, version, seed, prompt_index)
+    def command(self, version):
+        launches = original(self, version)
+        if self.slot.incarnation:
+            # The bug: the seed is derived with the worker's incarnation, so a request
+            # re-issued to a reconnected worker samples with a new seed (the first issue is
+            # unaffected).
+            seeds = tuple(schedule.derive_seed(seed, "incarnation", self.slot.incarnation)
+                          for seed in launches.seeds)
+            launches = dataclasses.replace(launches, seeds=seeds)
+        return launches
 
-    mp.setattr(core, "_launch_request", launch_request)
+    mp.setattr(core._Launches, "command", command)
 
 
 def _batch_filled_in_completion_order(mp: Any) -> None:

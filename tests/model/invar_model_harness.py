@@ -32,6 +32,7 @@ from invar.model.messages import (
     ScoreProbabilities,
     WorkerConnected,
     WorkerLost,
+    one_per_request,
 )
 from invar.testing import reply, version_digest
 
@@ -73,7 +74,8 @@ class Driver:
         """Apply an event that must be accepted; queue the commands it returns."""
         outcome = step(self.state, event)
         assert not isinstance(outcome, ProtocolError), f"{event} refused: {outcome}"
-        self.state, commands = outcome
+        self.state, batched = outcome
+        commands = one_per_request(batched)  # each launch answered alone, as canonical_run does
         self.events.append(event)
         self.commands.extend(commands)
         self.queue.extend(commands)

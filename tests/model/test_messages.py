@@ -63,6 +63,11 @@ STRATEGIES: dict[type, st.SearchStrategy] = {
                              version=small, weights_digest=digests),
     m.LaunchRequest: st.builds(m.LaunchRequest, worker=names, incarnation=small,
                                request=request_ids, version=small, seed=ints, prompt_index=small),
+    m.LaunchRequests: st.integers(0, 4).flatmap(lambda n: st.builds(
+        m.LaunchRequests, worker=names, incarnation=small, version=small,
+        requests=st.lists(request_ids, min_size=n, max_size=n).map(tuple),
+        seeds=st.lists(ints, min_size=n, max_size=n).map(tuple),
+        prompt_indices=st.lists(small, min_size=n, max_size=n).map(tuple))),
     m.ScoreProbabilities: st.builds(m.ScoreProbabilities, update=small, attempt=small,
                                     requests=request_lists, reference=st.booleans()),
     m.RunForward: st.builds(m.RunForward, observation=observations, attempt=small,
@@ -269,27 +274,44 @@ def test_decoded_completions_are_ordinary_dataclass_instances():
             back[0].reward = 2.0  # type: ignore[misc]
 
 
-launch_lists = st.tuples(names, small).flatmap(lambda key: st.lists(st.builds(
-    m.LaunchRequest, worker=st.just(key[0]), incarnation=st.just(key[1]), request=request_ids,
-    version=small, seed=ints, prompt_index=small), min_size=1, max_size=5))
+launch_frames = st.tuples(names, small).flatmap(lambda key: st.lists(
+    st.integers(0, 4).flatmap(lambda n: st.builds(
+        m.LaunchRequests, worker=st.just(key[0]), incarnation=st.just(key[1]), version=small,
+        requests=st.lists(request_ids, min_size=n, max_size=n).map(tuple),
+        seeds=st.lists(ints, min_size=n, max_size=n).map(tuple),
+        prompt_indices=st.lists(small, min_size=n, max_size=n).map(tuple))),
+    min_size=1, max_size=3).filter(lambda frame: any(c.requests for c in frame)))
 
 
-@given(launch_lists)
+@given(launch_frames)
 @settings(max_examples=100, deadline=None)
-def test_packed_launches_round_trip(launches):
-    """A frame's launches (one worker incarnation) travel as columns and come back equal."""
-    packed = json.loads(json.dumps(m.pack_launches(launches)))
+def test_packed_launches_round_trip(frame):
+    """A frame's launches (one worker incarnation) travel as columns and come back as each
+    command's launches, in order."""
+    packed = json.loads(json.dumps(m.pack_launches(frame)))
     back = m.unpack_launches(packed)
-    assert back == tuple(launches)
+    assert back == tuple(launch for command in frame for launch in command.launches())
     assert all(type(c.request) is RequestId for c in back)
 
 
+def _launches(worker: str, incarnation: int, *requests: RequestId) -> m.LaunchRequests:
+    return m.LaunchRequests(worker, incarnation, 0, requests, (12345,) * len(requests),
+                            (7,) * len(requests))
+
+
 def test_pack_launches_takes_one_worker_incarnation():
-    first = m.LaunchRequest("w0", 0, RequestId(0, 0, 0), 0, 1, 0)
+    first = _launches("w0", 0, RequestId(0, 0, 0))
     with pytest.raises(ValueError, match="more than one worker incarnation"):
         m.pack_launches([first, dataclasses.replace(first, incarnation=1)])
     with pytest.raises(ValueError, match="no launches"):
         m.pack_launches([])
+    with pytest.raises(ValueError, match="no launches"):
+        m.pack_launches([_launches("w0", 0)])
+
+
+def test_launches_need_a_seed_and_a_prompt_per_request():
+    with pytest.raises(ValueError, match="2 requests, 1 seeds, 2 prompt indices"):
+        m.LaunchRequests("w0", 0, 0, (RequestId(0, 0, 0), RequestId(0, 0, 1)), (1,), (0, 0))
 
 
 @pytest.mark.parametrize("mutate, where", [
@@ -307,8 +329,7 @@ def test_pack_launches_takes_one_worker_incarnation():
     (lambda d: d.__setitem__("extra", 1), "launches: expected exactly the fields"),
 ])
 def test_packed_launch_errors_name_the_field(mutate, where):
-    launch = m.LaunchRequest("w0", 0, RequestId(0, 1, 0), 0, 12345, 7)
-    data = m.pack_launches([launch, dataclasses.replace(launch, request=RequestId(0, 1, 1))])
+    data = m.pack_launches([_launches("w0", 0, RequestId(0, 1, 0), RequestId(0, 1, 1))])
     mutate(data)
     with pytest.raises(DecodeError) as info:
         m.unpack_launches(data)

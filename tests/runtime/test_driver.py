@@ -18,7 +18,7 @@ import pytest
 
 from invar.model import schedule
 from invar.model.core import logical_projection, run_complete, step
-from invar.model.messages import LaunchRequest, decode
+from invar.model.messages import LaunchRequest, decode, one_per_request
 from invar.model.schedule import RequestId
 from invar.model.state import state_digest
 from invar.runtime import journal
@@ -183,7 +183,7 @@ def _launches(config, run_dir: Path) -> dict[RequestId, list[LaunchRequest]]:
     for entry, before, after in journal.replay(protocol, entries):
         assert not isinstance(after, journal.Departure), after
         _, commands = step(before, entry.event)
-        for command in commands:
+        for command in one_per_request(commands):
             if isinstance(command, LaunchRequest):
                 launched.setdefault(command.request, []).append(command)
     return launched
