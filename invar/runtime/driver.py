@@ -1,13 +1,15 @@
 """The driver: an asyncio loop that owns the core's state and carries out its commands.
 
-    happening -> Event -> shell.deliver(state, event) -> journal (fsync if durable) -> dispatch
+    happening -> Event -> shell.deliver(state, event) -> journal -> (fsync if durable) -> dispatch
 
 The driver decides nothing the core or the shell decides. It turns worker frames, learner
 results, process exits and timer expiries into events and delivers them with
 `invar.model.shell.deliver`: an accepted event is journalled (with the state digest before and
-after, synced first when the delivery is `durable`) and its commands are handed to the
-components `shell.route` names (`Driver._dispatch`); a no-op is counted, a refusal logged and
-counted, neither is fatal. Rollout workers are processes behind a `Transport`; the learner runs
+after) and its commands are handed to the components `shell.route` names (`Driver._dispatch`);
+when the delivery is `durable` they wait for a sync covering its line, and every later event's
+commands wait behind them, in order (the sync runs in a thread: the loop goes on stepping
+events instead of waiting on the disk). A no-op is counted, a refusal logged and counted,
+neither is fatal. Rollout workers are processes behind a `Transport`; the learner runs
 in a thread of this process (`LearnerExecutor`, keeping `LearnerRules`), so rollout and
 learning overlap when the schedule allows it.
 
@@ -25,6 +27,7 @@ import json
 import logging
 import os
 import time
+from collections import deque
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -163,6 +166,13 @@ class Driver:
         """A worker event's JSON text as received, by the event's id, until it is journalled."""
         self._deleting: dict[int, asyncio.Future[None]] = {}
         """Store deletions of released versions, running in a thread, by version."""
+        self._held: deque[_Held] = deque()
+        """Commands waiting for a journal sync (their own, or an earlier event's), in order."""
+        self._syncing: asyncio.Future[None] | None = None
+        self._synced = -1
+        """The newest journal line a finished sync covers."""
+        self._releasing = -1
+        """The seq of the event whose commands are being dispatched."""
         self._digest_of: State | None = None
         self._digest = ""
         self.state: State = initial_state(config.protocol)
@@ -196,6 +206,9 @@ class Driver:
         if not self.resume:
             self._write_config()
         self.journal = journal_io.Journal(journal_path, self.config.protocol)
+        if self.resume:
+            self.journal.sync()  # what the run is resumed from is durable before anything goes out
+        self._synced = self.seq - 1
         self.store = WeightsStore(self.run_dir / "store")
         self._spawn_task(self._learner_loop())
         try:
@@ -238,6 +251,8 @@ class Driver:
                 while not run_complete(self.state):
                     event = await self.events.get()
                     self._apply(event)
+                if self._syncing is not None:
+                    await self._syncing  # the last commands (a release) are carried out
         finally:
             gc.unfreeze()  # a process that goes on (tests, notebooks) gets its objects back
             await self._shutdown()
@@ -250,6 +265,8 @@ class Driver:
 
     async def _shutdown(self) -> None:
         self._stopping = True
+        if self._syncing is not None:  # a sync in flight finishes before the journal closes
+            await asyncio.gather(self._syncing, return_exceptions=True)
         for handle in list(self.workers.values()):
             await handle.transport.close()
         for task in list(self._tasks):
@@ -278,7 +295,7 @@ class Driver:
 
     def _apply(self, event: Event | _Crash) -> None:
         if isinstance(event, _Crash):
-            if isinstance(event.error, RunStopped):
+            if isinstance(event.error, (RunStopped, ReleaseNotDurable)):
                 raise event.error
             raise RuntimeError("a driver task failed") from event.error
         # The CPU clock is read outside the wall-clock window: reading it is a system call
@@ -312,13 +329,53 @@ class Driver:
         # Metrics rows go first: a crash right after the journal line must not lose them (a
         # row whose event the journal missed is written again, and replaced, on resume).
         self._record(event, before_state, after_state)
-        self.journal.append(self.seq, event, before, after, sync=delivery.durable,
-                            encoded=encoded)
+        seq = self.seq
+        self.journal.append(seq, event, before, after, sync=False, encoded=encoded)
         self.seq += 1
         self.stats.events += 1
         self.state = after_state
         self._last_progress = time.perf_counter()
-        self._dispatch(delivery.commands)
+        if delivery.durable or self._held:
+            # Commands wait for the sync that makes their line durable, and any command
+            # issued after them waits behind them (dispatch keeps the order of events); the
+            # loop goes on taking events meanwhile instead of waiting on the disk.
+            self._held.append(_Held(seq, delivery.durable, delivery.commands, after_state))
+            if delivery.durable and self._syncing is None:
+                self._syncing = asyncio.ensure_future(self._sync_and_release())
+                self._syncing.add_done_callback(self._task_done)
+        else:
+            self._releasing = seq
+            self._dispatch(delivery.commands, after_state)
+
+    async def _sync_and_release(self) -> None:
+        """Sync the journal and dispatch the held commands its sync covers, in order, until
+        none is held. One sync covers every line written before it starts, so a burst of
+        durable deliveries shares syncs."""
+        try:
+            while self._held:
+                if any(held.durable and held.seq > self._synced for held in self._held):
+                    covered = self.seq - 1
+                    self.stats.core_cpu_seconds += await asyncio.to_thread(self._sync)
+                    self._synced = covered
+                if self._stopping:
+                    return  # a run that stops sends nothing more (a resume re-sends it)
+                began_cpu = time.thread_time()  # outside the wall window, as in `_apply`
+                began = time.perf_counter()
+                while self._held and not (self._held[0].durable
+                                          and self._held[0].seq > self._synced):
+                    held = self._held.popleft()
+                    self._releasing = held.seq
+                    self._dispatch(held.commands, held.state)
+                self.stats.core_seconds += time.perf_counter() - began
+                self.stats.core_cpu_seconds += time.thread_time() - began_cpu
+        finally:
+            self._syncing = None
+
+    def _sync(self) -> float:
+        """The journal's fsync, in a thread; returns the CPU seconds it took (the driver's)."""
+        began = time.thread_time()
+        self.journal.sync()
+        return time.thread_time() - began
 
     def _record(self, event: Event, before: State, after: State) -> None:
         """The metrics an accepted event makes (each accepted once: duplicates are no-ops)."""
@@ -331,8 +388,9 @@ class Driver:
         elif isinstance(event, VersionEvaluated):
             self.metrics.evaluation(event.version, event.reward)
 
-    def _dispatch(self, commands: tuple[Command, ...]) -> None:
-        """The one place where commands meet the world: each goes where `shell.route` says."""
+    def _dispatch(self, commands: tuple[Command, ...], state: State) -> None:
+        """The one place where commands meet the world: each goes where `shell.route` says.
+        `state`: the state the commands were issued in."""
         launches: list[LaunchRequests] = []
         for command in commands:
             where = route(command)
@@ -340,7 +398,7 @@ class Driver:
                 # The state the command was issued in: its inputs are built from it by the
                 # learner's thread (data preparation is the learner's work, as on a learner
                 # host; states are immutable, so reading one there is safe).
-                self.learner_queue.put_nowait((command, self.state))
+                self.learner_queue.put_nowait((command, state))
             elif where == STORE:
                 self._to_store(command)
             elif where == TIMER:
@@ -361,11 +419,11 @@ class Driver:
             self._spawn_task(self._publish(command))
         elif isinstance(command, ReleaseVersion):
             # Deleted only once the release is durable: a driver restarted from a journal
-            # without it would still need the version. The delivery was durable, so the line
-            # was synced before this dispatch; the check keeps that ordering explicit.
-            if self.journal.synced_seq != self.seq - 1:
-                raise RuntimeError(f"release of version {command.version} before its journal "
-                                   f"line {self.seq - 1} is durable")
+            # without it would still need the version. The delivery was durable, so its
+            # commands waited for a sync covering the line; the check keeps that explicit.
+            if self._synced < self._releasing:
+                raise ReleaseNotDurable(f"release of version {command.version} before its "
+                                        f"journal line {self._releasing} is durable")
             # The unlinks run off the event loop (on a busy disk they cost milliseconds); a
             # later publication of the version, and the shutdown, wait for them.
             deleting = asyncio.get_running_loop().run_in_executor(None, self.store.delete,
@@ -659,9 +717,24 @@ class RunStopped(RuntimeError):
     """The run cannot go on (no worker can serve); it stays resumable."""
 
 
+class ReleaseNotDurable(RuntimeError):
+    """A version's release was about to be carried out before its journal line was synced:
+    the driver stops rather than delete weights a restart may need."""
+
+
 @dataclass
 class _Crash:
     error: BaseException
+
+
+@dataclass(frozen=True)
+class _Held:
+    """An accepted event's commands, waiting for a journal sync."""
+
+    seq: int
+    durable: bool
+    commands: tuple[Command, ...]
+    state: State
 
 
 def pin_current_process(cpus: tuple[int, ...]) -> None:

@@ -92,8 +92,11 @@ class Journal:
         self._file.flush()
 
     def sync(self) -> None:
+        """Make every line appended so far durable (lines appended while it runs, from
+        another thread, may or may not be: `synced_seq` does not count them)."""
+        covered = self._last_seq
         os.fsync(self._file.fileno())
-        self.synced_seq = self._last_seq
+        self.synced_seq = covered
 
     def close(self) -> None:
         self._file.close()

@@ -186,8 +186,8 @@ def test_a_release_deletes_weights_only_after_its_journal_line_is_synced(tmp_pat
     to_store = Driver._to_store
 
     def spy_to_store(self, command):
-        if isinstance(command, ReleaseVersion):  # dispatched after the line of self.seq - 1
-            happened.append(("release", command.version, self.seq - 1))
+        if isinstance(command, ReleaseVersion):  # the commands of the line self._releasing
+            happened.append(("release", command.version, self._releasing))
         to_store(self, command)
 
     def spy_append(self, seq, event, *args, **kwargs):
@@ -196,7 +196,7 @@ def test_a_release_deletes_weights_only_after_its_journal_line_is_synced(tmp_pat
 
     def spy_sync(self):
         sync(self)
-        happened.append(("sync", self._last_seq))
+        happened.append(("sync", self.synced_seq))
 
     def spy_delete(self, version):
         happened.append(("delete", version))
@@ -217,6 +217,55 @@ def test_a_release_deletes_weights_only_after_its_journal_line_is_synced(tmp_pat
         synced = [h[1] for h in happened[:i] if h[0] == "sync"]
         assert synced and synced[-1] >= released[-1], happened[max(i - 4, 0):i + 1]
     assert not (tmp_path / "store" / f"weights-{happened[deletes[0]][1]:06d}.bin").exists()
+
+
+def test_commands_wait_for_their_sync_while_the_loop_goes_on(tmp_path, rt, monkeypatch):
+    """On a slow disk the loop keeps journalling events while a sync runs, yet no command of a
+    durable delivery goes out before a sync covers its line, and commands go out in the order
+    of their events."""
+    import threading
+    import time
+
+    config = config_for(rt, tmp_path)
+    durable: set[int] = set()
+    dispatched: list[tuple[int, int]] = []  # (the issuing event's seq, the journal's synced)
+    appended_while_syncing: list[int] = []
+    syncing = threading.Event()
+    accept, append, sync, dispatch = (Driver._accept, journal.Journal.append,
+                                      journal.Journal.sync, Driver._dispatch)
+
+    def spy_accept(self, event, delivery, encoded):
+        if delivery.durable:
+            durable.add(self.seq)
+        accept(self, event, delivery, encoded)
+
+    def spy_append(self, seq, *args, **kwargs):
+        if syncing.is_set():
+            appended_while_syncing.append(seq)
+        append(self, seq, *args, **kwargs)
+
+    def slow_sync(self):
+        syncing.set()
+        time.sleep(0.02)
+        sync(self)
+        syncing.clear()
+
+    def spy_dispatch(self, commands, state):
+        dispatched.append((self._releasing, self.journal.synced_seq))
+        dispatch(self, commands, state)
+
+    monkeypatch.setattr(Driver, "_accept", spy_accept)
+    monkeypatch.setattr(journal.Journal, "append", spy_append)
+    monkeypatch.setattr(journal.Journal, "sync", slow_sync)
+    monkeypatch.setattr(Driver, "_dispatch", spy_dispatch)
+    _, state = run(config)
+    assert_canonical(config, state)
+    assert appended_while_syncing, "the loop waited for every sync"
+    assert durable and {seq for seq, _ in dispatched} >= durable
+    for seq, synced in dispatched:
+        assert seq not in durable or synced >= seq, (seq, synced)
+    order = [seq for seq, _ in dispatched]
+    assert order == sorted(order)
 
 
 def test_a_release_that_is_not_durable_stops_the_driver(tmp_path, rt, monkeypatch):
