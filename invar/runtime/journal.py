@@ -1,11 +1,13 @@
 """The driver's journal: every accepted event, as JSON lines, with the state digest around it.
 
 Line 1 is a header with the protocol configuration; then one line per accepted event:
-`{"seq": n, "before": digest, "after": digest, "event": <encoded event>}`. The file is
-flushed on every line and fsynced when `shell.deliver` says the delivery is durable (before a
-Commit, Publish or ReleaseVersion goes out, and when a commit or a learner start is accepted),
-so after a crash it holds at least every event up to the last such point; a torn last line is
-ignored on reading.
+`{"seq": n, "before": digest, "after": digest, "event": <encoded event>}`. Lines are kept in
+memory as they are appended and written, with an fsync, by `sync`: when `shell.deliver` says
+the delivery is durable (before a Commit, Publish or ReleaseVersion goes out, and when a commit
+or a learner start is accepted) and at close. So after a crash the file holds at least every
+event up to the last such point (the protocol re-sends whatever followed), and appending costs
+the event path no system call; a torn last line is ignored on reading. The driver runs `sync`
+in a thread while it appends further lines.
 
 Replaying the journal through `shell.deliver` reproduces the driver's state exactly: that is
 how the driver resumes, and how `invar-check --trace` validates a real run against the model.
@@ -17,6 +19,7 @@ from __future__ import annotations
 
 import json
 import os
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -54,51 +57,64 @@ __all__ = [
 
 
 class Journal:
-    """Append-only writer."""
+    """Append-only writer: `append` from one thread, `sync` from another (one at a time)."""
 
     def __init__(self, path: Path, config: RunConfig) -> None:
         self.path = path
         self.synced_seq: int | None = None
         """The seq of the newest line an fsync covers (None: none appended by this writer)."""
         self._last_seq: int | None = None
+        self._unwritten: list[str] = []
+        """Lines appended since the last sync began, in order."""
+        self._taking = threading.Lock()  # appends against a sync taking the lines
+        self._writing = threading.Lock()  # lines reach the file in order, one sync at a time
         if path.exists():
             _drop_torn_tail(path)
         fresh = not path.exists() or path.stat().st_size == 0
         # The append handle lives as long as the writer (closed by close()).
         self._file = open(path, "a", encoding="utf-8")  # noqa: SIM115
         if fresh:
-            self._write({"journal": JOURNAL_FORMAT, "protocol": protocol_to_dict(config)})
+            self._unwritten.append(json.dumps(
+                {"journal": JOURNAL_FORMAT, "protocol": protocol_to_dict(config)},
+                separators=(",", ":")) + "\n")
             self.sync()
 
     def append(self, seq: int, event: Event, before: str, after: str, sync: bool,
                encoded: dict[str, Any] | str | None = None) -> None:
         """`encoded`: the event's encoding when the caller already has it as received, as a
         dict or as its compact JSON text (written as it is: a worker's frame of completions is
-        most of a run's journal, and encoding it again would cost more than the core)."""
+        most of a run's journal, and encoding it again would cost more than the core).
+        `sync`: make this line durable before returning."""
         if isinstance(encoded, str):
-            record = {"seq": seq, "before": before, "after": after}
-            head = json.dumps(record, separators=(",", ":"))
-            self._file.write(f'{head[:-1]},"event":{encoded}}}\n')
-            self._file.flush()
+            head = json.dumps({"seq": seq, "before": before, "after": after},
+                              separators=(",", ":"))
+            line = f'{head[:-1]},"event":{encoded}}}\n'
         else:
-            self._write({"seq": seq, "before": before, "after": after,
-                         "event": encoded if encoded is not None else encode(event)})
-        self._last_seq = seq
+            line = json.dumps({"seq": seq, "before": before, "after": after,
+                               "event": encoded if encoded is not None else encode(event)},
+                              separators=(",", ":")) + "\n"
+        with self._taking:
+            self._unwritten.append(line)
+            self._last_seq = seq
         if sync:
             self.sync()
 
-    def _write(self, record: dict[str, Any]) -> None:
-        self._file.write(json.dumps(record, separators=(",", ":")) + "\n")
-        self._file.flush()
-
     def sync(self) -> None:
-        """Make every line appended so far durable (lines appended while it runs, from
-        another thread, may or may not be: `synced_seq` does not count them)."""
-        covered = self._last_seq
-        os.fsync(self._file.fileno())
-        self.synced_seq = covered
+        """Write every line appended so far and make it durable (lines appended while it
+        runs, from another thread, wait for the next sync: `synced_seq` does not count
+        them)."""
+        with self._writing:
+            with self._taking:
+                lines, self._unwritten = self._unwritten, []
+                covered = self._last_seq
+            if lines:
+                self._file.write("".join(lines))
+                self._file.flush()
+            os.fsync(self._file.fileno())
+            self.synced_seq = covered
 
     def close(self) -> None:
+        self.sync()
         self._file.close()
 
 

@@ -1,0 +1,64 @@
+"""The journal writer: lines reach the file, in order, only through `sync` (or `close`), and
+`synced_seq` never counts a line appended while a sync was running."""
+
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+
+import pytest
+
+from invar.model.config import RunConfig
+from invar.model.messages import TimerFired
+from invar.runtime import journal
+
+
+def _lines(path: Path) -> list[str]:
+    return path.read_text().splitlines()
+
+
+def test_lines_are_written_by_sync_in_order_and_by_close(tmp_path: Path) -> None:
+    path = tmp_path / "journal.jsonl"
+    writer = journal.Journal(path, RunConfig())
+    assert len(_lines(path)) == 1 and writer.synced_seq is None  # the header, synced
+    for seq in range(3):
+        writer.append(seq, TimerFired(), "b", "a", sync=False)
+    assert len(_lines(path)) == 1  # nothing written yet: no system call per event
+    writer.sync()
+    assert [line.startswith(f'{{"seq":{seq},') for seq, line in enumerate(_lines(path)[1:])] \
+        == [True] * 3
+    assert writer.synced_seq == 2
+    writer.append(3, TimerFired(), "b", "a", sync=True)
+    assert len(_lines(path)) == 5 and writer.synced_seq == 3
+    writer.append(4, TimerFired(), "b", "a", sync=False)
+    writer.close()
+    _, entries = journal.read(path)
+    assert [entry.seq for entry in entries] == [0, 1, 2, 3, 4]
+
+
+def test_a_line_appended_during_a_sync_waits_for_the_next(tmp_path: Path,
+                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    path = tmp_path / "journal.jsonl"
+    writer = journal.Journal(path, RunConfig())
+    writer.append(0, TimerFired(), "b", "a", sync=False)
+    in_fsync, release = threading.Event(), threading.Event()
+    real_fsync = journal.os.fsync
+
+    def slow_fsync(fd: int) -> None:
+        in_fsync.set()
+        release.wait(5)
+        real_fsync(fd)
+
+    monkeypatch.setattr(journal.os, "fsync", slow_fsync)
+    syncing = threading.Thread(target=writer.sync)
+    syncing.start()
+    assert in_fsync.wait(5)
+    writer.append(1, TimerFired(), "b", "a", sync=False)  # while line 0 is being synced
+    release.set()
+    syncing.join(5)
+    assert writer.synced_seq == 0
+    assert len(_lines(path)) == 2  # the header and line 0
+    monkeypatch.setattr(journal.os, "fsync", real_fsync)
+    writer.sync()
+    assert writer.synced_seq == 1 and len(_lines(path)) == 3
+    writer.close()
