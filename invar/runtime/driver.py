@@ -127,6 +127,7 @@ class Driver:
         self.task = build_task(task_section(config))
         self.metrics = MetricsLog(self.run_dir, config, tensorboard=config.output.tensorboard,
                                   trackers=config.output.trackers)
+        self.metrics.deferred = True  # written out with each journal sync (`_sync`)
         heldout = prompt_rows(self.task, "heldout",
                               range(heldout_count(self.task, config.task.heldout_prompts)))
         self.verifier = make_verifier(self.task, task_section(config))
@@ -276,6 +277,7 @@ class Driver:
         # logged by `_log_failed_deletion`).
         deleting, self._deleting = list(self._deleting.values()), {}
         await asyncio.gather(*deleting, return_exceptions=True)
+        self.metrics.write_out()  # rows before the journal lines, as in `_sync`
         self.journal.close()
         self.metrics.close(complete=run_complete(self.state))
         self.verifier.close()
@@ -326,8 +328,9 @@ class Driver:
             self._digest = state_digest(before_state)
         before, after = self._digest, state_digest(after_state)
         self._digest, self._digest_of = after, after_state
-        # Metrics rows go first: a crash right after the journal line must not lose them (a
-        # row whose event the journal missed is written again, and replaced, on resume).
+        # Metrics rows go first (kept, then written before the journal's lines by `_sync`): a
+        # crash right after the journal line must not lose them (a row whose event the
+        # journal missed is written again, and replaced, on resume).
         self._record(event, before_state, after_state)
         seq = self.seq
         self.journal.append(seq, event, before, after, sync=False, encoded=encoded)
@@ -372,8 +375,11 @@ class Driver:
             self._syncing = None
 
     def _sync(self) -> float:
-        """The journal's fsync, in a thread; returns the CPU seconds it took (the driver's)."""
+        """In a thread: the metrics rows kept so far, then the journal's lines and its fsync
+        (rows first: a crash must not lose the row of a journalled event). Returns the CPU
+        seconds it took (the driver's)."""
         began = time.thread_time()
+        self.metrics.write_out()
         self.journal.sync()
         return time.thread_time() - began
 

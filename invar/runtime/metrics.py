@@ -8,6 +8,7 @@ import contextlib
 import csv
 import io
 import json
+import threading
 import time
 from collections import Counter
 from collections.abc import Callable, Iterator
@@ -58,6 +59,11 @@ class MetricsLog:
         self._jsonl: Any = None
         self._csv_file: Any = None
         self._tensorboard = tensorboard
+        self.deferred = False
+        """Set by a caller that writes the rows out itself, with `write_out` (from a thread of
+        its own: the driver, so that its event path makes no system call for them)."""
+        self._unwritten: list[Callable[[], None]] = []
+        self._taking = threading.Lock()
         self._tb: Any = None
         self._tracker_names = trackers
         self._trackers: Any = None
@@ -166,15 +172,19 @@ class MetricsLog:
             self.updates.pop()  # a row written just before a crash, for an update redone
         self.updates.append(row)
         self._session_updates += 1
-        self._track("update", update, _tracked_update(row))
-        self._write("update", row)
-        self._csv.writerow(row)
-        self._csv_file.flush()
         if self._session_updates == HINT_AFTER:
             self._print_hint()
-        if self._tb is not None:
-            for key in ("reward", "staleness", *terms, *(verifier or {})):
-                self._tb.add_scalar(f"train/{key}", row[key], update)
+
+        def write() -> None:
+            self._track("update", update, _tracked_update(row))
+            self._write("update", row)
+            self._csv.writerow(row)
+            self._csv_file.flush()
+            if self._tb is not None:
+                for key in ("reward", "staleness", *terms, *(verifier or {})):
+                    self._tb.add_scalar(f"train/{key}", row[key], update)
+
+        self._emit(write)
 
     def _print_hint(self) -> None:
         """Once per session, after its first updates: the measured R, T and the most overlap
@@ -197,10 +207,30 @@ class MetricsLog:
         row = {"version": version, "heldout_reward": reward, "wall": self.wall()}
         self.evaluations = sorted([e for e in self.evaluations if e["version"] != version]
                                   + [row], key=lambda e: e["version"])
-        self._track("evaluation", version, _tracked_evaluation(row))
-        self._write("evaluation", row)
-        if self._tb is not None:
-            self._tb.add_scalar("eval/heldout_reward", reward, version)
+
+        def write() -> None:
+            self._track("evaluation", version, _tracked_evaluation(row))
+            self._write("evaluation", row)
+            if self._tb is not None:
+                self._tb.add_scalar("eval/heldout_reward", reward, version)
+
+        self._emit(write)
+
+    def _emit(self, write: Callable[[], None]) -> None:
+        """Write a row now, or keep it for `write_out` when the log is `deferred`."""
+        if not self.deferred:
+            write()
+            return
+        with self._taking:
+            self._unwritten.append(write)
+
+    def write_out(self) -> None:
+        """Write the rows kept since the last call, in order (`deferred`: safe to call from
+        another thread than the one recording rows, one call at a time)."""
+        with self._taking:
+            writes, self._unwritten = self._unwritten, []
+        for write in writes:
+            write()
 
     def _track(self, kind: str, step: int, metrics: dict[str, float]) -> None:
         """To the trackers, before the row is written to metrics.jsonl: a crash in between
@@ -253,6 +283,7 @@ class MetricsLog:
         earlier ones up to their last recorded row), `events` the journal's (`events`, when
         given); the `session_*` keys are of this life alone."""
         self._open()
+        self.write_out()
         session = time.perf_counter() - stats.started
         wall = self.earlier_seconds + session
         protocol = self.config.protocol
@@ -296,6 +327,7 @@ class MetricsLog:
     def close(self, complete: bool = False) -> None:
         """Close the files; the trackers' runs end as finished when the run is `complete`
         (else as killed: a resumed run continues them)."""
+        self.write_out()
         if self._jsonl is not None:
             self._jsonl.close()
             self._csv_file.close()
