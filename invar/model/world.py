@@ -788,6 +788,10 @@ INTRUDER = "intruder"
 """A worker name that never connected."""
 
 
+_FORGED_ROW = Ragged.of(((-0.5,),))
+"""One log-prob row, well formed: made once (a matrix is a value, shared by every forgery)."""
+
+
 def forgeries(state: State) -> tuple[Event, ...]:
     """Events that no correct component could send in `state`: the core must refuse each (a
     ProtocolError), neither accept it nor pass it off as a duplicate or late reply. Forged from
@@ -796,7 +800,7 @@ def forgeries(state: State) -> tuple[Event, ...]:
     forward never requested, a wrong version, a digest that is not the real one, a malformed
     score matrix, a commit or boundary acknowledgement out of turn."""
     config = state.config
-    row = Ragged.of(((-0.5,),))
+    row = _FORGED_ROW
     out: list[Event] = [WorkerLost(INTRUDER, 0), WeightsLoaded(INTRUDER, 0, 1, 0)]
     for worker in state.workers:
         out.append(WorkerLost(worker.name, worker.incarnation + 1))
