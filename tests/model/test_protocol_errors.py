@@ -215,6 +215,13 @@ def forward_nan(d):
     return replace(good, current_logprobs=Ragged.of(((math.nan,) + rows[0][1:],) + rows[1:]))
 
 
+def forward_infinite_in_the_last_row(d):
+    at_phase(d, LearnerPhase.FORWARD)
+    good = learner_reply(d)
+    rows = good.current_logprobs.rows()
+    return replace(good, current_logprobs=Ragged.of(rows[:-1] + (rows[-1][:-1] + (math.inf,),)))
+
+
 def forward_wrong_rows(d):
     at_phase(d, LearnerPhase.FORWARD)
     good = learner_reply(d)
@@ -428,6 +435,7 @@ SCENARIOS = [
     (scores_unrequested_reference, Reason.MALFORMED_PAYLOAD),
     (forward_row_length, Reason.MALFORMED_PAYLOAD),
     (forward_nan, Reason.MALFORMED_PAYLOAD),
+    (forward_infinite_in_the_last_row, Reason.MALFORMED_PAYLOAD),
     (forward_wrong_rows, Reason.MALFORMED_PAYLOAD),
     (forward_as_rows_of_floats, Reason.MALFORMED_PAYLOAD),
     (observation_from_the_future, Reason.UNREQUESTED_OBSERVATION),
@@ -526,7 +534,8 @@ def test_a_refused_matrix_names_the_field_and_the_row_at_fault():
             (scores_unrequested_reference, "reference: not requested"),
             (forward_row_length, "current_logprobs[0]: 1 values for 2 tokens"),
             (forward_nan, "current_logprobs[0]: every value must be a finite log-probability"),
-            (forward_wrong_rows, "current_logprobs: "),
+            (forward_infinite_in_the_last_row, "current_logprobs[1]: every value must be"),
+            (forward_wrong_rows, "current_logprobs: 3 rows for 2 samples"),
             (forward_as_rows_of_floats, "current_logprobs: expected a Ragged")):
         d = Driver(CONFIG)
         bad = scenario(d)
