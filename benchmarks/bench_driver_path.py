@@ -7,7 +7,10 @@
 The journal's events are replayed through `shell.deliver` once, timed (`step` in a cold
 process, as in the run, but alone on the machine), and once more keeping every state; then
 each driver piece is timed on its own over the whole run, best of `--repeat`: learner inputs of
-the learner commands (built in the learner's thread since a78edc7), encoding the launches of
+the learner commands (built in the learner's thread since a78edc7), the learner's replies (the
+executor around a backend that answers with the journal's own log-prob arrays: the rules, the
+replies built from the arrays, the cotangents padded back, each reply encoded; also in the
+learner's thread), encoding the launches of
 each dispatch (one frame per worker), decoding each worker frame, appending every line to a
 journal as text already encoded (without fsync: the syncs are the same before and after), and
 the state digests (each state's repr computed afresh, as in a run). Milliseconds per update are
@@ -55,6 +58,61 @@ def _forget_reprs(values: Any) -> None:
         elif hasattr(value, "__dict__") and not isinstance(value, type):
             value.__dict__.pop("_repr", None)
             todo.extend(value.__dict__.values())
+
+
+class _ReplayBackend:
+    """A learner backend that answers with the journal's own log-probs, as (n, T) float64
+    arrays (what a real backend returns), and digests: whatever the executor does around the
+    backend is all that is left to time. Scores are answered in journal order; forwards, steps
+    and commits by their serial or version."""
+
+    def __init__(self, entries: list[Any]) -> None:
+        import numpy as np
+        self.scores: list[tuple[Any, Any]] = []
+        self.forwards: dict[int, tuple[str, Any]] = {}
+        self.steps: dict[int, str] = {}
+        self.commits: dict[int, str] = {}
+        self.started = ("", 0)
+
+        def table(matrix: Any) -> Any:
+            return None if matrix is None else np.array([list(row) for row in matrix],
+                                                        dtype=np.float64)
+
+        for entry in entries:
+            event = entry.event
+            kind = type(event).__name__
+            if kind == "LearnerStarted" and not self.started[0]:
+                self.started = (event.weights_digest, event.committed_version)
+            elif kind == "ProbabilitiesReported":
+                self.scores.append((table(event.proximal), table(event.reference)))
+            elif kind == "ForwardObserved":
+                self.forwards[event.observation.serial] = (event.pre_step_digest,
+                                                          table(event.current_logprobs))
+            elif kind == "StepFinished":
+                self.steps[event.observation.serial] = event.post_step_digest
+            elif kind == "UpdateCommitted":
+                self.commits[event.update + 1] = event.weights_digest
+        self.next_score = 0
+
+    def start(self) -> tuple[int, str]:
+        self.next_score = 0
+        return self.started[1], self.started[0]
+
+    def score(self, inputs: Any, start: int, need_reference: bool) -> tuple[Any, Any]:
+        answer = self.scores[self.next_score]
+        self.next_score += 1
+        return answer
+
+    def forward(self, update: int, step: int, serial: int, inputs: Any, start: int
+                ) -> tuple[str, Any]:
+        return self.forwards[serial]
+
+    def apply_cotangent(self, update: int, step: int, serial: int, pre_step_digest: str,
+                        cotangent: Any) -> str:
+        return self.steps[serial]
+
+    def commit(self, version: int) -> str:
+        return self.commits[version]
 
 
 def _best(repeat: int, work: Callable[[], Any], setup: Callable[[], Any] | None = None) -> float:
@@ -121,6 +179,27 @@ def main(argv: list[str] | None = None) -> int:
             for s, command in learner:
                 learner_inputs(s, task, command)
 
+        import numpy as np
+
+        from invar.model.messages import dumps
+        from invar.runtime.learner_executor import LearnerExecutor
+        from invar.runtime.metrics import MetricsLog
+        # The commands the learner runs (its evaluations and checkpoints do backend work).
+        replayed = [c for _, c in learner if type(c).__name__ in
+                    ("ScoreProbabilities", "RunForward", "ApplyCotangent", "Commit")]
+        executor = LearnerExecutor(_ReplayBackend(entries), task, np.zeros((1, 1)), scratch,
+                                   MetricsLog(scratch, None, tensorboard=False))
+        no_tokens = np.zeros((1, 1), dtype=np.int64)  # the replay backend reads none
+
+        def replies() -> None:
+            executor.start(0)
+            for command in replayed:
+                reply = executor.execute(command, no_tokens)
+                if reply is not None:
+                    dumps(reply)
+                # A refusal would time a broken replay, not the learner's work.
+                assert executor.last_decision != "refuse", command
+
         def launches() -> None:
             for commands in launch_lists:
                 driver_module.launch_frames(commands)
@@ -145,7 +224,8 @@ def main(argv: list[str] | None = None) -> int:
             for s in states:
                 state_digest(s)
 
-        pieces = {"learner_inputs": inputs, "launch encoding": launches,
+        pieces = {"learner_inputs": inputs, "learner replies": replies,
+                  "launch encoding": launches,
                   "frame decoding": decode, "journal append (no fsync)": append,
                   "state digests": digests}
         print(f"{path}: {len(entries)} events, {updates} updates, "

@@ -17,8 +17,8 @@ from invar.model.objective import (
     group_advantages,
     objective,
     pad,
-    unpad,
 )
+from invar.model.ragged import Ragged
 
 KL_COEFS = (0.0, 0.1)
 
@@ -601,7 +601,7 @@ def test_config_edges_are_accepted():
 
 
 # ---------------------------------------------------------------------------------------------
-# pad / unpad
+# pad
 # ---------------------------------------------------------------------------------------------
 
 
@@ -611,14 +611,15 @@ def test_config_edges_are_accepted():
         st.lists(st.floats(allow_nan=False, allow_infinity=False), max_size=6), max_size=5
     )
 )
-def test_pad_unpad_round_trip(rows):
+def test_pad_is_what_the_rows_as_a_matrix_pad_to(rows):
     values, mask = pad(rows)
     assert values.dtype == np.float64 and mask.dtype == np.bool_
     assert values.shape == mask.shape == (len(rows), max((len(r) for r in rows), default=0))
     assert np.all(values[~mask] == 0.0)
     assert mask.sum(axis=1).tolist() == [len(row) for row in rows]
-    assert unpad(values, mask) == tuple(tuple(row) for row in rows)
-    assert all(type(x) is float for row in unpad(values, mask) for x in row)
+    matrix_values, matrix_mask = Ragged.of(rows).padded()
+    assert np.array_equal(values, matrix_values) and np.array_equal(mask, matrix_mask)
+    assert Ragged.from_padded(values, mask).rows() == tuple(tuple(row) for row in rows)
 
 
 def test_pad_accepts_tuples_and_arrays():
@@ -627,8 +628,8 @@ def test_pad_accepts_tuples_and_arrays():
     np.testing.assert_array_equal(mask, [[True, True], [True, False], [False, False]])
 
 
-def test_unpad_refuses_mismatched_shapes():
-    with pytest.raises(ValueError, match="^mask:"):
-        unpad(np.zeros((2, 3)), np.ones((2, 2), dtype=bool))
-    with pytest.raises(ValueError, match="^mask:"):
-        unpad(np.zeros((2, 2)), np.ones((2, 2)))
+def test_from_padded_refuses_mismatched_shapes():
+    with pytest.raises(ValueError, match="expected two 2-D arrays of one shape"):
+        Ragged.from_padded(np.zeros((2, 3)), np.ones((2, 2), dtype=bool))
+    with pytest.raises(ValueError, match="expected two 2-D arrays of one shape"):
+        Ragged.from_padded(np.zeros(4), np.ones(4, dtype=bool))

@@ -62,7 +62,8 @@ from invar.model.messages import (
     built,
     matrix_digest,
 )
-from invar.model.objective import group_advantages, objective, pad, unpad
+from invar.model.objective import group_advantages, objective, pad
+from invar.model.ragged import FLOAT, Ragged
 from invar.model.schedule import RequestId
 from invar.model.state import (
     AppliedStep,
@@ -369,6 +370,10 @@ def _on_learner_started(state: State, event: LearnerStarted) -> Handled:
 
 
 def _on_probabilities_reported(state: State, event: ProbabilitiesReported) -> Handled:
+    problem = (_not_a_matrix("proximal", event.proximal)
+               or (event.reference is not None and _not_a_matrix("reference", event.reference)))
+    if problem:
+        return ProtocolError(state, event, Reason.MALFORMED_PAYLOAD, problem)
     learner = state.learner
     if event.attempt < learner.attempt or event.update < state.committed:
         return _LATE
@@ -397,6 +402,9 @@ def _on_probabilities_reported(state: State, event: ProbabilitiesReported) -> Ha
 
 
 def _on_forward_observed(state: State, event: ForwardObserved) -> Handled:
+    problem = _not_a_matrix("current_logprobs", event.current_logprobs)
+    if problem:
+        return ProtocolError(state, event, Reason.MALFORMED_PAYLOAD, problem)
     learner = state.learner
     status = _observation_status(state, event.observation, event.attempt)
     if status == "late":
@@ -583,8 +591,8 @@ def _batch_inputs(config: RunConfig, batch: BatchState,
         advantages=group_advantages(rewards, config.group_size,
                                     config.objective.normalize_advantages),
         behavior=pad([s.behavior_logprobs for s in samples])[0],
-        proximal=pad(scores.proximal)[0],
-        reference=None if scores.reference is None else pad(scores.reference)[0],
+        proximal=scores.proximal.padded()[0],
+        reference=None if scores.reference is None else scores.reference.padded()[0],
     )
     for values in inputs:
         if values is not None:
@@ -598,7 +606,7 @@ def _cotangent(state: State, batch: BatchState, plan: tuple[int, ...],
     config = state.config
     scores = state.learner.scores
     assert scores is not None
-    current, mask = pad(event.current_logprobs)
+    current, mask = event.current_logprobs.padded()
     # The minibatch's rows of the batch's arrays, as wide as its longest response: exactly
     # what padding its own rows would give.
     rows, width = list(plan), current.shape[1]
@@ -611,7 +619,8 @@ def _cotangent(state: State, batch: BatchState, plan: tuple[int, ...],
     terms, cotangent = objective(config.objective, advantages, current, proximal, behavior, mask,
                                  reference=reference, staleness=staleness)
     return ApplyCotangent(event.observation, event.attempt, event.pre_step_digest,
-                          matrix_digest(event.current_logprobs), unpad(cotangent, mask), terms)
+                          matrix_digest(event.current_logprobs),
+                          Ragged.from_padded(cotangent, mask), terms)
 
 
 def _observation_status(state: State, observation: ObservationId, attempt: int) -> str:
@@ -911,22 +920,38 @@ def _payloads_plausible(completions: tuple[Completion, ...]) -> bool:
     return math.isfinite(sum(c.reward for c in completions))
 
 
+def _not_a_matrix(name: str, matrix: Any) -> str:
+    """What is wrong with the type of a log-prob matrix field (empty: it is a `Matrix`):
+    checked before anything reads it, as decoding would (a hand-built event may hold rows of
+    Python floats, which `Ragged.of` turns into a matrix)."""
+    if type(matrix) is not Ragged:
+        return f"{name}: expected a Ragged of float64 log-probs, got {type(matrix).__name__}"
+    if matrix.values.dtype != FLOAT:
+        return f"{name}: expected float64 log-probs, got {matrix.values.dtype}"
+    return ""
+
+
 def _matrix_problem(name: str, matrix: Matrix | None, lengths: list[int]) -> str:
     if matrix is None:
         return f"{name}: missing"
     if len(matrix) != len(lengths):
         return f"{name}: {len(matrix)} rows for {len(lengths)} samples"
-    # The whole matrix in a few C passes; the row at fault is looked for only when one is.
-    flat = array("d", itertools.chain.from_iterable(matrix))
-    if [len(row) for row in matrix] == lengths and (
-            not flat or (math.isfinite(sum(flat)) and max(flat) <= 0.0)):
+    # The whole matrix in two C passes; the row at fault is looked for only when one is.
+    if matrix.lengths == tuple(lengths) and _logprobs(matrix.values):
         return ""
-    for i, (row, length) in enumerate(zip(matrix, lengths)):
+    for i, length in enumerate(lengths):
+        row = matrix.row(i)
         if len(row) != length:
             return f"{name}[{i}]: {len(row)} values for {length} tokens"
-        if row and not (math.isfinite(sum(row)) and max(row) <= 0.0):  # as _sample_problem
+        if not _logprobs(row):
             return f"{name}[{i}]: every value must be a finite log-probability (<= 0)"
     return ""
+
+
+def _logprobs(values: np.ndarray) -> bool:
+    """Every value finite and <= 0: the largest is <= 0 (not NaN, not +inf, not positive) and
+    the smallest is not -inf (nor NaN)."""
+    return not len(values) or bool(values.max() <= 0.0 and values.min() > -math.inf)
 
 
 def _sample_digests(completions: tuple[Completion, ...]) -> list[str]:

@@ -17,10 +17,8 @@ import functools
 import hashlib
 import itertools
 import json
-import sys
 import types
 import typing
-from array import array
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, NamedTuple, Union
@@ -28,6 +26,7 @@ from typing import Any, NamedTuple, Union
 import numpy as np
 
 from invar.model.objective import ObjectiveTerms
+from invar.model.ragged import FLOAT, Ragged
 from invar.model.schedule import RequestId
 
 ENCODING_VERSION = 3
@@ -38,7 +37,10 @@ frame's completions are most of a run's journal, and as JSON numbers each value 
 characters and a parse."""
 
 Logprobs = tuple[float, ...]
-Matrix = tuple[tuple[float, ...], ...]
+Matrix = Ragged
+"""A log-prob matrix: a row of float64 per sample (`Ragged`; see `logprob_matrix`). Events
+carry it as such from the learner to the journal: checked, digested, padded and packed as
+one array, never as Python floats."""
 
 
 class ObservationId(NamedTuple):
@@ -386,18 +388,26 @@ def dumps(message: Any) -> str:
 
 
 def matrix_digest(*matrices: Matrix | None) -> str:
-    """Content digest of log-prob matrices (rows of float64): binds a cotangent to the forward
-    it was computed from, and a proximal score to the update. Learners compute the same."""
+    """Content digest of log-prob matrices: binds a cotangent to the forward it was computed
+    from, and a proximal score to the update. Learners compute the same: blake2b_96 over each
+    matrix's rows as little-endian float64, back to back, then `|` (None: just the `|`)."""
     h = hashlib.blake2b(digest_size=12)
     for matrix in matrices:
-        # The rows' float64 bytes back to back (hashing is streaming: one update per matrix
-        # digests the same bytes as one per row).
-        values = array("d", itertools.chain.from_iterable(matrix or ()))
-        if sys.byteorder == "big":  # `array` packs in the machine's order
-            values.byteswap()
-        h.update(values.tobytes())
+        if matrix is not None:
+            h.update(np.ascontiguousarray(matrix.values).data)
         h.update(b"|")
     return h.hexdigest()
+
+
+def logprob_matrix(values: np.ndarray) -> Matrix:
+    """A learner's log-probs, an (n, T) array with every row whole (fixed-shape generation),
+    as a `Matrix` of n rows of T float64 values: one copy, no Python floats."""
+    table = np.array(values, dtype=FLOAT, order="C")
+    if table.ndim != 2:
+        raise ValueError(f"log-probs: expected an (n, T) array, got shape {table.shape}")
+    table.flags.writeable = False
+    rows, width = table.shape
+    return Ragged(table.reshape(-1), (width,) * rows)
 
 
 def loads(text: str | bytes) -> Any:
@@ -446,8 +456,8 @@ def _to_json(value: Any) -> Any:
 
 # ---------------------------------------------------------------------------------------------
 # Packed arrays: little-endian float64 / int64 bytes in base64, ragged rows by their lengths.
-# Exact (a float64 round-trips bit for bit) and decoded in C; every value still reaches the
-# core as a Python float or int, so the core's checks (finite, in range) judge it as before.
+# Exact (a float64 round-trips bit for bit) and decoded in C. A log-prob matrix decodes to a
+# `Ragged` over the decoded bytes, with no Python float per value.
 
 
 def _pack(values: list[float] | list[int], dtype: str) -> str:
@@ -497,17 +507,20 @@ def _object(value: Any, keys: tuple[str, ...], where: str) -> dict[str, Any]:
     return value
 
 
-def pack_matrix(matrix: Matrix) -> dict[str, Any]:
-    """`{"rows": [length per row], "f64": base64}`."""
-    lengths = list(map(len, matrix))
-    flat = np.fromiter(itertools.chain.from_iterable(matrix), dtype="<f8", count=sum(lengths))
-    return {"rows": lengths, "f64": base64.b64encode(flat.tobytes()).decode("ascii")}
+def pack_matrix(matrix: Matrix | Sequence[Sequence[float]]) -> dict[str, Any]:
+    """`{"rows": [length per row], "f64": base64}`: the matrix's values as they are. (Rows
+    given as sequences, as a frame's behaviour log-probs still are, become a `Ragged` first.)"""
+    if not isinstance(matrix, Ragged):
+        matrix = Ragged.of(matrix)
+    values = np.ascontiguousarray(matrix.values, dtype=FLOAT)  # as is, unless int64
+    return {"rows": list(matrix.lengths), "f64": base64.b64encode(values.data).decode("ascii")}
 
 
 def unpack_matrix(value: Any, where: str) -> Matrix:
+    """`pack_matrix`'s encoding as a `Ragged` over the decoded bytes (read-only, not copied)."""
     data = _object(value, ("rows", "f64"), where)
     lengths = _lengths(data["rows"], f"{where}.rows")
-    return _rows(data["f64"], "<f8", lengths, f"{where}.f64")
+    return Ragged(_unpack_array(data["f64"], "<f8", sum(lengths), f"{where}.f64"), lengths)
 
 
 _COMPLETION_COLUMNS = ("n", "request", "version", "tokens", "behavior_logprobs", "reward")

@@ -185,7 +185,7 @@ def group_advantages(
 
 
 # ---------------------------------------------------------------------------------------------
-# Ragged <-> padded
+# Rows of Python numbers -> padded (log-prob matrices pad themselves: `Ragged.padded`)
 # ---------------------------------------------------------------------------------------------
 
 
@@ -211,21 +211,6 @@ def pad(rows: Sequence[Sequence[float]]) -> tuple[np.ndarray, np.ndarray]:
     values = np.zeros(mask.shape, dtype=np.float64)
     values[mask] = flat
     return values, mask
-
-
-def unpad(values: np.ndarray, mask: np.ndarray) -> tuple[tuple[float, ...], ...]:
-    """(values (n, T), mask (n, T)) -> ragged tuples of python floats, valid entries in order."""
-    values = np.asarray(values, dtype=np.float64)
-    mask = np.asarray(mask)
-    if values.ndim != 2:
-        raise ValueError(f"values: expected a 2-D array, got shape {values.shape}")
-    if mask.dtype != np.bool_:
-        raise ValueError(f"mask: expected a bool array, got dtype {mask.dtype}")
-    if mask.shape != values.shape:
-        raise ValueError(f"mask: shape {mask.shape} differs from values shape {values.shape}")
-    if mask.all():  # rows of one length: one conversion to Python floats
-        return tuple(map(tuple, values.tolist()))
-    return tuple(tuple(row[keep].tolist()) for row, keep in zip(values, mask))
 
 
 # ---------------------------------------------------------------------------------------------

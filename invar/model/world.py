@@ -73,6 +73,7 @@ from invar.model.messages import (
     matrix_digest,
     one_per_request,
 )
+from invar.model.ragged import Ragged
 from invar.model.shell import LEARNER, STORE, TIMER, Delivery, Verdict, deliver, route
 from invar.model.state import LearnerPhase, State, WorkerPhase, cached_repr, evolve
 
@@ -125,19 +126,19 @@ def sample_reply(*commands: LaunchRequest) -> RequestsCompleted:
 
 
 def scores_reply(command: ScoreProbabilities) -> ProbabilitiesReported:
-    proximal = tuple(tuple(_logprob(*r, command.update, -1, i) for i in range(RESPONSE_TOKENS))
-                     for r in command.requests)
-    reference = (tuple(tuple(_logprob(*r, -2, i) for i in range(RESPONSE_TOKENS))
-                       for r in command.requests) if command.reference else None)
+    proximal = Ragged.of([[_logprob(*r, command.update, -1, i) for i in range(RESPONSE_TOKENS)]
+                          for r in command.requests])
+    reference = (Ragged.of([[_logprob(*r, -2, i) for i in range(RESPONSE_TOKENS)]
+                            for r in command.requests]) if command.reference else None)
     return ProbabilitiesReported(command.update, command.attempt, proximal, reference)
 
 
 def forward_reply(command: RunForward, optimizer_steps: int, noise: int = 0) -> ForwardObserved:
     """`noise` > 0 stands for a non-reproducible re-run (other kernels, other sums)."""
     obs = command.observation
-    current = tuple(tuple(_logprob(*r, obs.update, obs.step, noise, i)
-                          if noise else _logprob(*r, obs.update, obs.step, i)
-                          for i in range(RESPONSE_TOKENS)) for r in command.requests)
+    current = Ragged.of([[_logprob(*r, obs.update, obs.step, noise, i)
+                           if noise else _logprob(*r, obs.update, obs.step, i)
+                           for i in range(RESPONSE_TOKENS)] for r in command.requests])
     return ForwardObserved(obs, command.attempt, step_digest(obs.update, obs.step, optimizer_steps),
                            current)
 
@@ -582,7 +583,7 @@ class AnswersByValue(Answers):
         """One message per command value: its key (a repr) made once, and its body one object
         in every world that holds it (the memos keyed by identity downstream keep hitting).
         Exact: the core builds a command's fields from ints, strings, bools and tuples of
-        them, so equal commands have equal reprs; an ApplyCotangent, which carries floats
+        them, so equal commands have equal reprs; an ApplyCotangent, whose terms are floats
         (0.0 and -0.0 are equal, their reprs are not), gets a message of its own."""
         if type(command) is ApplyCotangent:
             return message(where, command)
@@ -789,6 +790,10 @@ INTRUDER = "intruder"
 """A worker name that never connected."""
 
 
+_FORGED_ROW = Ragged.of(((-0.5,),))
+"""One log-prob row, well formed: made once (a matrix is a value, shared by every forgery)."""
+
+
 def forgeries(state: State) -> tuple[Event, ...]:
     """Events that no correct component could send in `state`: the core must refuse each (a
     ProtocolError), neither accept it nor pass it off as a duplicate or late reply. Forged from
@@ -797,7 +802,7 @@ def forgeries(state: State) -> tuple[Event, ...]:
     forward never requested, a wrong version, a digest that is not the real one, a malformed
     score matrix, a commit or boundary acknowledgement out of turn."""
     config = state.config
-    row = ((-0.5,),)
+    row = _FORGED_ROW
     out: list[Event] = [WorkerLost(INTRUDER, 0), WeightsLoaded(INTRUDER, 0, 1, 0)]
     for worker in state.workers:
         out.append(WorkerLost(worker.name, worker.incarnation + 1))
@@ -866,12 +871,14 @@ def forgeries(state: State) -> tuple[Event, ...]:
                     StepFinished(ahead, learner.attempt, "forged")]
         batch = state.batch(newest)
         if learner.phase is LearnerPhase.SCORING and batch is not None:
-            rows = tuple((-0.5,) * len(s.tokens) for s in batch.slots)  # type: ignore[union-attr]
+            every = tuple((-0.5,) * len(s.tokens)  # type: ignore[union-attr]
+                          for s in batch.slots)
+            rows = Ragged.of(every)
             reference = rows if config.objective.needs_reference else None
             out.append(ProbabilitiesReported(newest, learner.attempt + 1, rows, reference))
             # The current attempt's scores, malformed in one matrix only: a positive "log-prob"
             # in either; a reference missing where the KL term needs one, or sent where not.
-            positive = ((0.5,) * len(rows[0]),) + rows[1:]
+            positive = Ragged.of(((0.5,) * len(every[0]),) + every[1:])
             out.append(ProbabilitiesReported(newest, learner.attempt, positive, reference))
             if reference is not None:
                 out += [ProbabilitiesReported(newest, learner.attempt, rows, positive),
@@ -880,8 +887,8 @@ def forgeries(state: State) -> tuple[Event, ...]:
                 out.append(ProbabilitiesReported(newest, learner.attempt, rows, rows))
         pending = learner.observation
         if learner.phase is LearnerPhase.FORWARD and pending is not None and batch is not None:
-            rows = tuple((-0.5,) * len(batch.slots[i].tokens)  # type: ignore[union-attr]
-                         for i in learner.positions)
+            rows = Ragged.of([(-0.5,) * len(batch.slots[i].tokens)  # type: ignore[union-attr]
+                              for i in learner.positions])
             out += [ForwardObserved(pending, learner.attempt, "forged", rows),
                     ForwardObserved(pending, learner.attempt + 1, learner.step_digest, rows)]
         if learner.phase is LearnerPhase.APPLYING and pending is not None:

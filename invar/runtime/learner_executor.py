@@ -31,6 +31,7 @@ from invar.model.messages import (
     StepFinished,
     UpdateCommitted,
     VersionEvaluated,
+    logprob_matrix,
 )
 from invar.model.schedule import RequestId
 from invar.model.state import Sample, State
@@ -155,22 +156,24 @@ class LearnerExecutor:
         if isinstance(command, ScoreProbabilities):
             assert inputs is not None, command  # `learner_inputs` builds them for this kind
             proximal, reference = self.learner.score(inputs, start, command.reference)
-            return ProbabilitiesReported(command.update, command.attempt, _rows(proximal),
-                                         None if reference is None else _rows(reference))
+            return ProbabilitiesReported(
+                command.update, command.attempt, logprob_matrix(proximal),
+                None if reference is None else logprob_matrix(reference))
         if isinstance(command, RunForward):
             assert inputs is not None, command  # as for scoring
             obs = command.observation
             digest, current = self.learner.forward(obs.update, obs.step, obs.serial, inputs, start)
-            reply = ForwardObserved(obs, command.attempt, digest, _rows(current))
+            reply = ForwardObserved(obs, command.attempt, digest, logprob_matrix(current))
             self.rules = rules.forwarded(command, reply)
             self._forward = reply
             return reply
         if isinstance(command, ApplyCotangent):
             obs = command.observation
+            # The backend's own (writable) copy: the command's values are read-only.
+            cotangent = np.array(command.cotangent.padded()[0])
             try:
                 digest = self.learner.apply_cotangent(obs.update, obs.step, obs.serial,
-                                                      command.pre_step_digest,
-                                                      np.array(_padded(command.cotangent)))
+                                                      command.pre_step_digest, cotangent)
             except ValueError as error:  # BindingError is a ValueError; the forward stays
                 self._refused(command, str(error))
                 return None
@@ -235,15 +238,6 @@ def _identity(command: Command) -> str:
         if value is not None:
             return f"{name}={value}"
     return ""
-
-
-def _rows(matrix: np.ndarray) -> tuple[tuple[float, ...], ...]:
-    return tuple(tuple(row) for row in np.asarray(matrix, dtype=np.float64).tolist())
-
-
-def _padded(rows: tuple[tuple[float, ...], ...]) -> list[list[float]]:
-    width = max(len(r) for r in rows)
-    return [list(r) + [0.0] * (width - len(r)) for r in rows]
 
 
 def learner_inputs(state: State, task: Task, command: Command) -> np.ndarray | None:

@@ -41,6 +41,7 @@ from invar.model.messages import (
     matrix_digest,
 )
 from invar.model.objective import ObjectiveConfig, ObjectiveTerms, objective
+from invar.model.ragged import Ragged
 from invar.model.schedule import RequestId
 from invar.model.world import Decision, LearnerRules
 from invar.runtime.backend import BindingError
@@ -508,7 +509,7 @@ def _forward(serial, update=0, attempt=0):
 
 def _cotangent(reply, current=None, pre=None):
     current = reply.current_logprobs if current is None else current
-    values = tuple(tuple(0.05 * (i + 1) for _ in row) for i, row in enumerate(current))
+    values = Ragged.of([[0.05 * (i + 1) for _ in row] for i, row in enumerate(current)])
     terms = ObjectiveTerms(0.0, 0.0, 1.0, 1.0, 0.0, 0.0, 16)
     return ApplyCotangent(reply.observation, reply.attempt, pre or reply.pre_step_digest,
                           matrix_digest(current), values, terms)
@@ -564,7 +565,8 @@ def the_executor_decides_as_the_learner_rules(backend, directory, monkeypatch):
     assert check.send(_forward(2), repeat, rows) == pending  # from memory, not re-run
     check.send(_forward(3, attempt=1), ignore, rows)  # another attempt's
     check.send(_cotangent(first), refuse)  # for the replaced forward
-    other = tuple(tuple(x + 0.25 for x in row) for row in pending.current_logprobs)
+    current = pending.current_logprobs
+    other = Ragged(current.values + 0.25, current.lengths)
     check.send(_cotangent(pending, current=other), refuse)  # from other log-probs
     check.send(_cotangent(pending, pre="0" * 64), refuse)  # from another state
     check.send(Evaluate(0), run)  # nothing applied yet: exactly commit 0's weights

@@ -108,8 +108,8 @@ class FakeLearner:
         # Scoring is of the frozen weights of the update's start: the newest commit.
         reply = scores_reply(ScoreProbabilities(self.committed_version, 0, _requests(rows),
                                                 need_reference))
-        return (np.array(reply.proximal),
-                None if reply.reference is None else np.array(reply.reference))
+        return (reply.proximal.padded()[0],
+                None if reply.reference is None else reply.reference.padded()[0])
 
     def forward(self, update: int, step: int, observation: int, rows: np.ndarray, start: int
                 ) -> tuple[str, np.ndarray]:
@@ -117,7 +117,7 @@ class FakeLearner:
         command = RunForward(ObservationId(update, step, observation), 0, _requests(rows))
         reply = forward_reply(command, self.optimizer_steps)
         assert reply.pre_step_digest == self.state_digest(), "forward from an unexpected state"
-        current = np.array(reply.current_logprobs)
+        current = reply.current_logprobs.padded()[0]
         self._pending = ((update, step, observation, self.state_digest()), current.shape)
         return self.state_digest(), current
 

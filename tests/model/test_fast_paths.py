@@ -8,6 +8,7 @@ import hashlib
 import math
 import struct
 
+import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -19,6 +20,7 @@ from invar.model.core import (
     _sample_problem,
 )
 from invar.model.messages import Completion, matrix_digest
+from invar.model.ragged import Ragged
 from invar.model.schedule import RequestId
 from invar.model.state import Assigned, BatchState, Sample, _sample_hash, _text_hash
 
@@ -90,9 +92,10 @@ def test_a_plausible_frame_has_no_bad_completion(frame):
 def test_matrix_problem_fast_path_agrees_with_rows(rows, wrong_length):
     matrix = tuple(tuple(r) for r in rows)
     lengths = [len(r) + (1 if wrong_length and i == 0 else 0) for i, r in enumerate(rows)]
-    problem = _matrix_problem("m", matrix, lengths)
+    problem = _matrix_problem("m", Ragged.of(matrix), lengths)
+    # PROTOCOL.md §4.1: row i as long as sample i's tokens, every value finite and <= 0.
     bad_rows = [i for i, r in enumerate(matrix)
-                if len(r) != lengths[i] or (r and not (math.isfinite(sum(r)) and max(r) <= 0))]
+                if len(r) != lengths[i] or not all(math.isfinite(x) and x <= 0 for x in r)]
     if bad_rows:
         assert problem.startswith(f"m[{bad_rows[0]}]")
     else:
@@ -105,8 +108,27 @@ def test_matrix_problem_fast_path_agrees_with_rows(rows, wrong_length):
 def test_matrix_digest_is_the_spec_formula(first, second):
     a = tuple(map(tuple, first))
     b = None if second is None else tuple(map(tuple, second))
-    assert matrix_digest(a, b) == spec_matrix_digest(a, b)
-    assert matrix_digest(a) == spec_matrix_digest(a)
+    matrix_a, matrix_b = Ragged.of(a), None if b is None else Ragged.of(b)
+    assert matrix_digest(matrix_a, matrix_b) == spec_matrix_digest(a, b)
+    assert matrix_digest(matrix_a) == spec_matrix_digest(a)
+
+
+def test_matrix_digests_are_those_of_encoding_3():
+    """Pinned (computed from rows of Python floats before matrices were arrays): the digests
+    journalled and bound into cotangents stay what they were."""
+    third = -1.0 / 3.0
+    proximal = Ragged.of(((-0.5, third), (), (-0.0, 5e-324)))
+    reference = Ragged.of(((third,), (-2.0,), (-1e-300, -1e300)))
+    assert matrix_digest(proximal, reference) == "420d04afeb855bb6277eb2b2"
+    assert matrix_digest(proximal) == "835009ea874962f4eca7cd50"
+    assert matrix_digest(proximal, None) == "8ac46dd9c7f6b0a9427c56e7"
+    assert matrix_digest(Ragged.of(())) == "6010515d1c376128358ce26b"
+    # A strided view of a read-only array (kept as is, not copied) digests its own values.
+    table = np.array([-0.5, 9.0, third, 9.0])
+    table.flags.writeable = False
+    strided = Ragged(table[::2], (2,))
+    assert not strided.values.flags.c_contiguous
+    assert matrix_digest(strided) == spec_matrix_digest(((-0.5, third),))
 
 
 @given(st.integers(0, 2**40), st.lists(st.one_of(st.integers(-5, 10**6), st.text(max_size=3)),

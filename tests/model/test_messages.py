@@ -7,6 +7,7 @@ import dataclasses
 import json
 import re
 
+import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -15,6 +16,7 @@ from invar.model import COMMAND_TYPES, EVENT_TYPES, DecodeError, decode, dumps, 
 from invar.model import messages as m
 from invar.model.messages import ENCODING_VERSION, ObservationId
 from invar.model.objective import ObjectiveTerms
+from invar.model.ragged import INT, Ragged
 from invar.model.schedule import RequestId
 
 # ---------------------------------------------------------------------------------------------
@@ -27,7 +29,7 @@ digests = st.text(alphabet="0123456789abcdefw.", max_size=32)
 reals = st.floats(allow_nan=False, allow_infinity=False)
 logprobs = st.floats(max_value=0.0, allow_nan=False, allow_infinity=False)
 row = st.lists(logprobs, max_size=5).map(tuple)
-matrix = st.lists(row, max_size=4).map(tuple)
+matrix = st.lists(row, max_size=4).map(Ragged.of)
 request_ids = st.builds(RequestId, batch=small, prompt=small, sample=small)
 request_lists = st.lists(request_ids, max_size=5).map(tuple)
 observations = st.builds(ObservationId, update=small, step=small, serial=small)
@@ -74,8 +76,8 @@ STRATEGIES: dict[type, st.SearchStrategy] = {
                             requests=request_lists),
     m.ApplyCotangent: st.builds(m.ApplyCotangent, observation=observations, attempt=small,
                                 pre_step_digest=digests, forward_digest=digests,
-                                cotangent=st.lists(st.lists(reals, max_size=4).map(tuple),
-                                                   max_size=3).map(tuple),
+                                cotangent=st.lists(st.lists(reals, max_size=4),
+                                                   max_size=3).map(Ragged.of),
                                 terms=terms),
     m.Commit: st.builds(m.Commit, update=small, attempt=small, expected_digest=digests),
     m.Publish: st.builds(m.Publish, version=small, weights_digest=digests),
@@ -251,10 +253,71 @@ def test_packed_completion_errors_name_the_path(mutate, where):
 def test_packed_arrays_are_exact_and_keep_ragged_rows():
     """Float64 bits survive packing (no decimal round trip), and rows keep their own lengths."""
     tiny, third = 5e-324, -1.0 / 3.0
-    event = m.ProbabilitiesReported(2, 1, ((tiny, third), (), (-0.0,)), ((third,),))
+    event = m.ProbabilitiesReported(2, 1, Ragged.of(((tiny, third), (), (-0.0,))),
+                                    Ragged.of(((third,),)))
     back = loads(dumps(event))
     assert back == event and back.proximal[2][0] == 0.0 and str(back.proximal[2][0]) == "-0.0"
     assert [len(r) for r in back.proximal] == [2, 0, 1]
+
+
+def test_packed_matrices_are_the_wire_format_of_encoding_3():
+    """The text a log-prob matrix travels as, pinned (written by the encoder of tuples of
+    floats that `Ragged` replaced): journals written before read the same, byte for byte."""
+    third = -1.0 / 3.0
+    event = m.ProbabilitiesReported(
+        2, 1, Ragged.of(((-0.5, third), (), (-0.0, 5e-324))),
+        Ragged.of(((third,), (-2.0,), (-1e-300, -1e300))))
+    text = ('{"type":"ProbabilitiesReported","v":3,"update":2,"attempt":1,'
+            '"proximal":{"rows":[2,0,2],"f64":"AAAAAAAA4L9VVVVVVVXVvwAAAAAAAACAAQAAAAAAAAA="},'
+            '"reference":{"rows":[1,1,2],"f64":"VVVVVVVV1b8AAAAAAAAAwFnz+MIfbqWBnHUAiDzkN/4="}}')
+    assert dumps(event) == text and loads(text) == event
+    command = m.ApplyCotangent(ObservationId(0, 1, 2), 0, "w0", "f0",
+                               Ragged.of(((0.1, -0.2), (0.3,))),
+                               ObjectiveTerms(0.0, 0.0, 1.0, 1.0, 0.0, 0.0, 3))
+    assert '"cotangent":{"rows":[2,1],"f64":"mpmZmZmZuT+amZmZmZnJvzMzMzMzM9M/"}' in dumps(command)
+    assert loads(dumps(command)) == command
+
+
+def test_a_decoded_matrix_is_a_read_only_view_of_the_decoded_bytes():
+    back = loads(dumps(m.ForwardObserved(ObservationId(0, 0, 0), 0, "w0",
+                                         Ragged.of(((-0.5, -0.25),) * 3))))
+    values = back.current_logprobs.values
+    assert values.dtype == np.dtype("<f8") and not values.flags.writeable
+    assert isinstance(values.base, bytes)  # no copy, no Python float per value
+    with pytest.raises(ValueError):
+        values[0] = 0.0
+
+
+def test_pack_matrix_takes_rows_as_sequences_too():
+    """A frame's behaviour log-probs are packed from rows of Python floats: the same text."""
+    rows = ((-0.5, -1.0 / 3.0), (), (-0.0,))
+    assert m.pack_matrix(rows) == m.pack_matrix(Ragged.of(rows))
+    with pytest.raises(ValueError, match=r"rows\[1\]"):
+        m.pack_matrix(((-0.5,), ("x",)))
+
+
+@pytest.mark.parametrize("mutate, where", [
+    (lambda d: d.__setitem__("rows", [2, 1]), "ForwardObserved.current_logprobs.f64: 32 bytes, "
+                                              "expected 24"),
+    (lambda d: d.__setitem__("rows", [2, -2]), "ForwardObserved.current_logprobs.rows"),
+    (lambda d: d.__setitem__("rows", [2.0, 2]), "ForwardObserved.current_logprobs.rows"),
+    (lambda d: d.__setitem__("f64", "not base64!"), "current_logprobs.f64: not base64"),
+    (lambda d: d.__setitem__("f64", [-0.5, -0.5]), "current_logprobs.f64: expected base64"),
+    (lambda d: d.pop("rows"), "current_logprobs: expected exactly the fields"),
+    (lambda d: d.__setitem__("i64", ""), "current_logprobs: expected exactly the fields"),
+])
+def test_packed_matrix_errors_name_the_field(mutate, where):
+    data = encode(m.ForwardObserved(ObservationId(0, 0, 0), 0, "w0",
+                                    Ragged.of(((-0.5, -0.25), (-1.0, -2.0)))))
+    mutate(data["current_logprobs"])
+    assert where in decode_error(data)
+
+
+def test_an_integer_matrix_is_packed_as_its_float64_values():
+    """An int64 matrix is no log-prob matrix (the core refuses it before anything is
+    journalled), but it is never packed as int64 bytes that would read back as other floats."""
+    event = m.ForwardObserved(ObservationId(0, 0, 0), 0, "w0", Ragged.of(((1, 2),), INT))
+    assert loads(dumps(event)).current_logprobs == Ragged.of(((1.0, 2.0),))
 
 
 def test_decoded_completions_are_ordinary_dataclass_instances():
@@ -339,7 +402,7 @@ def test_packed_launch_errors_name_the_field(mutate, where):
 
 
 def test_nested_dataclass_error_names_the_path():
-    command = m.ApplyCotangent(ObservationId(0, 0, 0), 0, "w0", "f0", ((0.1,),),
+    command = m.ApplyCotangent(ObservationId(0, 0, 0), 0, "w0", "f0", Ragged.of(((0.1,),)),
                                ObjectiveTerms(0.0, 0.0, 1.0, 1.0, 0.0, 0.0, 1))
     data = encode(command)
     data["terms"]["tokens"] = "many"

@@ -10,6 +10,7 @@ import sys
 from dataclasses import fields, replace
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -50,6 +51,7 @@ from invar.model.messages import (  # noqa: E402
     WorkerConnected,
     WorkerLost,
 )
+from invar.model.ragged import INT, Ragged  # noqa: E402
 from invar.model.schedule import RequestId  # noqa: E402
 from invar.model.shell import Verdict, deliver  # noqa: E402
 from invar.model.state import Sample  # noqa: E402
@@ -162,13 +164,35 @@ def good_then_unknown(d):
 def scores_wrong_rows(d):
     at_phase(d, LearnerPhase.SCORING)
     good = learner_reply(d)
-    return replace(good, proximal=good.proximal[:-1])
+    return replace(good, proximal=good.proximal.take(range(len(good.proximal) - 1)))
 
 
 def scores_positive(d):
     at_phase(d, LearnerPhase.SCORING)
     good = learner_reply(d)
-    return replace(good, proximal=((0.1,) * len(good.proximal[0]),) + good.proximal[1:])
+    rows = good.proximal.rows()
+    return replace(good, proximal=Ragged.of(((0.1,) * len(rows[0]),) + rows[1:]))
+
+
+def scores_infinite_in_the_last_row(d):
+    at_phase(d, LearnerPhase.SCORING)
+    good = learner_reply(d)
+    rows = good.proximal.rows()
+    return replace(good, proximal=Ragged.of(rows[:-1] + ((-math.inf,) + rows[-1][1:],)))
+
+
+def scores_as_rows_of_floats(d):
+    """A hand-built event's rows of Python floats are not a matrix (`Ragged.of` makes one)."""
+    at_phase(d, LearnerPhase.SCORING)
+    good = learner_reply(d)
+    return replace(good, proximal=good.proximal.rows())
+
+
+def scores_of_integers(d):
+    at_phase(d, LearnerPhase.SCORING)
+    good = learner_reply(d)
+    lengths = good.proximal.lengths
+    return replace(good, proximal=Ragged(np.zeros(sum(lengths), dtype=INT), lengths))
 
 
 def scores_unrequested_reference(d):
@@ -180,14 +204,35 @@ def scores_unrequested_reference(d):
 def forward_row_length(d):
     at_phase(d, LearnerPhase.FORWARD)
     good = learner_reply(d)
-    return replace(good, current_logprobs=((-0.5,),) + good.current_logprobs[1:])
+    rows = good.current_logprobs.rows()
+    return replace(good, current_logprobs=Ragged.of(((-0.5,),) + rows[1:]))
 
 
 def forward_nan(d):
     at_phase(d, LearnerPhase.FORWARD)
     good = learner_reply(d)
-    row = good.current_logprobs[0]
-    return replace(good, current_logprobs=((math.nan,) + row[1:],) + good.current_logprobs[1:])
+    rows = good.current_logprobs.rows()
+    return replace(good, current_logprobs=Ragged.of(((math.nan,) + rows[0][1:],) + rows[1:]))
+
+
+def forward_infinite_in_the_last_row(d):
+    at_phase(d, LearnerPhase.FORWARD)
+    good = learner_reply(d)
+    rows = good.current_logprobs.rows()
+    return replace(good, current_logprobs=Ragged.of(rows[:-1] + (rows[-1][:-1] + (math.inf,),)))
+
+
+def forward_wrong_rows(d):
+    at_phase(d, LearnerPhase.FORWARD)
+    good = learner_reply(d)
+    current = good.current_logprobs
+    return replace(good, current_logprobs=current.take([*range(len(current)), 0]))
+
+
+def forward_as_rows_of_floats(d):
+    at_phase(d, LearnerPhase.FORWARD)
+    good = learner_reply(d)
+    return replace(good, current_logprobs=good.current_logprobs.rows())
 
 
 def observation_from_the_future(d):
@@ -199,7 +244,8 @@ def observation_from_the_future(d):
 
 
 def observation_while_waiting(d):
-    return ForwardObserved(ObservationId(0, 0, 0), 0, version_digest(0), ((-0.5, -0.5),))
+    return ForwardObserved(ObservationId(0, 0, 0), 0, version_digest(0),
+                           Ragged.of(((-0.5, -0.5),)))
 
 
 def observation_of_wrong_step(d):
@@ -327,7 +373,7 @@ def lost_future_incarnation(d):
 
 
 def scores_while_waiting(d):
-    return ProbabilitiesReported(0, 0, ((-0.5, -0.5),) * 4, None)
+    return ProbabilitiesReported(0, 0, Ragged.of(((-0.5, -0.5),) * 4), None)
 
 
 def scores_future_update(d):
@@ -383,9 +429,15 @@ SCENARIOS = [
     (good_then_unknown, Reason.UNKNOWN_REQUEST),
     (scores_wrong_rows, Reason.MALFORMED_PAYLOAD),
     (scores_positive, Reason.MALFORMED_PAYLOAD),
+    (scores_infinite_in_the_last_row, Reason.MALFORMED_PAYLOAD),
+    (scores_as_rows_of_floats, Reason.MALFORMED_PAYLOAD),
+    (scores_of_integers, Reason.MALFORMED_PAYLOAD),
     (scores_unrequested_reference, Reason.MALFORMED_PAYLOAD),
     (forward_row_length, Reason.MALFORMED_PAYLOAD),
     (forward_nan, Reason.MALFORMED_PAYLOAD),
+    (forward_infinite_in_the_last_row, Reason.MALFORMED_PAYLOAD),
+    (forward_wrong_rows, Reason.MALFORMED_PAYLOAD),
+    (forward_as_rows_of_floats, Reason.MALFORMED_PAYLOAD),
     (observation_from_the_future, Reason.UNREQUESTED_OBSERVATION),
     (observation_while_waiting, Reason.UNREQUESTED_OBSERVATION),
     (step_finished_before_cotangent, Reason.UNREQUESTED_OBSERVATION),
@@ -468,6 +520,46 @@ def test_a_refused_frame_names_the_completion_at_fault():
         bad = scenario(d)
         outcome = step(d.state, bad)
         assert isinstance(outcome, ProtocolError) and outcome.detail.startswith(prefix), outcome
+
+
+def test_a_refused_matrix_names_the_field_and_the_row_at_fault():
+    last = CONFIG.prompts_per_batch * CONFIG.group_size - 1
+    for scenario, detail in (
+            (scores_wrong_rows, f"proximal: {last} rows for {last + 1} samples"),
+            (scores_positive, "proximal[0]: every value must be a finite log-probability"),
+            (scores_infinite_in_the_last_row, f"proximal[{last}]: every value must be a finite"),
+            (scores_as_rows_of_floats, "proximal: expected a Ragged of float64 log-probs, got "
+                                       "tuple"),
+            (scores_of_integers, "proximal: expected float64 log-probs, got int64"),
+            (scores_unrequested_reference, "reference: not requested"),
+            (forward_row_length, "current_logprobs[0]: 1 values for 2 tokens"),
+            (forward_nan, "current_logprobs[0]: every value must be a finite log-probability"),
+            (forward_infinite_in_the_last_row, "current_logprobs[1]: every value must be"),
+            (forward_wrong_rows, "current_logprobs: 3 rows for 2 samples"),
+            (forward_as_rows_of_floats, "current_logprobs: expected a Ragged")):
+        d = Driver(CONFIG)
+        bad = scenario(d)
+        outcome = step(d.state, bad)
+        assert isinstance(outcome, ProtocolError) and outcome.detail.startswith(detail), outcome
+
+
+def test_a_resent_forward_that_is_no_matrix_is_refused_not_digested():
+    """In APPLYING a re-sent forward is digested to tell a duplicate from a divergent one: a
+    payload that is no matrix is refused before that, the state untouched."""
+    d = Driver(CONFIG)
+    at_phase(d, LearnerPhase.FORWARD)
+    good = learner_reply(d)
+    d.apply(good)
+    assert d.state.learner.phase is LearnerPhase.APPLYING
+    lengths = good.current_logprobs.lengths
+    for payload in (good.current_logprobs.rows(),
+                    Ragged(np.zeros(sum(lengths), dtype=INT), lengths)):
+        outcome = step(d.state, replace(good, current_logprobs=payload))
+        assert isinstance(outcome, ProtocolError), outcome
+        assert outcome.reason is Reason.MALFORMED_PAYLOAD and outcome.state is d.state
+        assert outcome.detail.startswith("current_logprobs: expected "), outcome
+    after, commands = step(d.state, good)
+    assert after.noops.duplicates == d.state.noops.duplicates + 1 and commands == ()
 
 
 def test_non_event_is_refused():

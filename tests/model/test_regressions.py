@@ -42,8 +42,8 @@ from invar.model.objective import (  # noqa: E402
     group_advantages,
     objective,
     pad,
-    unpad,
 )
+from invar.model.ragged import Ragged  # noqa: E402
 from invar.testing import canonical_run, reply, version_digest  # noqa: E402
 
 
@@ -192,10 +192,10 @@ def test_f1_unit_older_forward_after_a_newer_one():
     f1 = m.RunForward(o1, 0, requests[1:])
     r0, r1 = forward_reply(f0, k), forward_reply(f1, k)
     terms = ObjectiveTerms(0.0, 0.0, 1.0, 1.0, 0.0, 0.0, 2)
-    c0 = m.ApplyCotangent(o0, 0, "w0", m.matrix_digest(r0.current_logprobs), ((0.1, 0.1),),
-                          terms)
-    c1 = m.ApplyCotangent(o1, 0, "w0.1", m.matrix_digest(r1.current_logprobs), ((0.1, 0.1),),
-                          terms)
+    c0 = m.ApplyCotangent(o0, 0, "w0", m.matrix_digest(r0.current_logprobs),
+                          Ragged.of(((0.1, 0.1),)), terms)
+    c1 = m.ApplyCotangent(o1, 0, "w0.1", m.matrix_digest(r1.current_logprobs),
+                          Ragged.of(((0.1, 0.1),)), terms)
 
     def after_o1(rules):
         assert rules.decide(f0) == Decision.RUN
@@ -436,12 +436,13 @@ def test_f5_ledger_fields_are_what_the_components_reported():
         def answer(self, command):
             event = super().answer(command)
             if isinstance(event, m.ProbabilitiesReported):
-                event = replace(event, proximal=tuple(tuple(v - 0.01 for v in row)
-                                                      for row in event.proximal))
+                shifted = Ragged(event.proximal.values - 0.01, event.proximal.lengths)
+                event = replace(event, proximal=shifted)
                 reported["scores"].append(m.matrix_digest(event.proximal, event.reference))
             if isinstance(event, m.ForwardObserved):
-                event = replace(event, current_logprobs=tuple(
-                    tuple(v - 0.02 for v in row) for row in event.current_logprobs))
+                current = event.current_logprobs
+                event = replace(event, current_logprobs=Ragged(current.values - 0.02,
+                                                               current.lengths))
                 reported["forwards"].append(m.matrix_digest(event.current_logprobs))
             return event
 
@@ -515,13 +516,13 @@ class DistinctValues(Driver):
                         behavior_logprobs=v.behavior(c.request), reward=v.reward(c.request))
                 for c in event.completions))
         if isinstance(event, m.ProbabilitiesReported):
-            return replace(event, proximal=tuple(v.proximal(r, command.update)
-                                                 for r in command.requests),
-                           reference=tuple(v.reference(r) for r in command.requests))
+            return replace(event, proximal=Ragged.of([v.proximal(r, command.update)
+                                                      for r in command.requests]),
+                           reference=Ragged.of([v.reference(r) for r in command.requests]))
         if isinstance(event, m.ForwardObserved):
             obs = command.observation
-            return replace(event, current_logprobs=tuple(v.current(r, obs.update, obs.step)
-                                                         for r in command.requests))
+            return replace(event, current_logprobs=Ragged.of([v.current(r, obs.update, obs.step)
+                                                              for r in command.requests]))
         return event
 
 
@@ -551,7 +552,7 @@ def _expected(v: Values, update: int, step_index: int, miswired: str = ""):
                                      mask, reference=reference, staleness=staleness)
     except ValueError:
         return None
-    return [getattr(terms, f.name) for f in fields(terms)], unpad(cotangent, mask)
+    return [getattr(terms, f.name) for f in fields(terms)], Ragged.from_padded(cotangent, mask)
 
 
 def _close(a, b) -> bool:

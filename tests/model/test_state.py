@@ -12,6 +12,7 @@ import sys
 from dataclasses import fields, replace
 from pathlib import Path
 
+import numpy as np
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -30,6 +31,7 @@ from invar.model import (  # noqa: E402
     step,
 )
 from invar.model.messages import RunForward, TimerFired  # noqa: E402
+from invar.model.ragged import Ragged  # noqa: E402
 from invar.model.state import (  # noqa: E402
     BatchRequests,
     History,
@@ -119,8 +121,9 @@ def test_scores_and_cotangent_payloads_are_excluded_from_equality():
     state = mid_run_state()
     learner = state.learner
     assert learner.scores is not None and learner.cotangent is not None
-    scores = replace(learner.scores,
-                     proximal=tuple(tuple(-1.0 for _ in row) for row in learner.scores.proximal))
+    proximal = learner.scores.proximal
+    scores = replace(learner.scores, proximal=Ragged(np.full(len(proximal.values), -1.0),
+                                                     proximal.lengths))
     twin = replace(state, learner=replace(learner, scores=scores, cotangent=None))
     assert twin == state and hash(twin) == hash(state)
     assert state_digest(twin) == state_digest(state)
@@ -247,8 +250,8 @@ def test_states_with_different_cotangents_differ():
     d.pump_to_phase(LearnerPhase.FORWARD, 0)
     (forward,) = [c for c in outstanding_commands(d.state) if isinstance(c, RunForward)]
     observed = reply(forward, CONFIG.optimizer_steps)
-    other = replace(observed, current_logprobs=tuple(tuple(v - 0.3 for v in row)
-                                                     for row in observed.current_logprobs))
+    current = observed.current_logprobs
+    other = replace(observed, current_logprobs=Ragged(current.values - 0.3, current.lengths))
     a, _ = step(d.state, observed)
     b, _ = step(d.state, other)
     assert a != b and state_digest(a) != state_digest(b)

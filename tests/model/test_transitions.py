@@ -43,6 +43,7 @@ from invar.model.messages import (  # noqa: E402
     WorkerConnected,
     WorkerLost,
 )
+from invar.model.ragged import Ragged  # noqa: E402
 from invar.model.transitions import (  # noqa: E402
     LEARNER,
     LEARNER_INTERNAL,
@@ -176,14 +177,15 @@ def plausible(d: Driver, event_type: type):
     state = d.state
     learner = state.learner
     batch = state.batch(state.committed)
-    rows = tuple((-0.5,) * len(s.tokens) if hasattr(s, "tokens") else (-0.5, -0.5)
-                 for s in (batch.slots if batch is not None else ()))
+    rows = Ragged.of([(-0.5,) * len(s.tokens) if hasattr(s, "tokens") else (-0.5, -0.5)
+                      for s in (batch.slots if batch is not None else ())])
     observation = learner.observation or ObservationId(state.committed, learner.step,
                                                        learner.observations)
     if event_type is ProbabilitiesReported:
         return ProbabilitiesReported(state.committed, learner.attempt, rows, None)
     if event_type is ForwardObserved:
-        return ForwardObserved(observation, learner.attempt, learner.step_digest, rows[:1])
+        return ForwardObserved(observation, learner.attempt, learner.step_digest,
+                               rows.take(range(min(1, len(rows)))))
     if event_type is StepFinished:
         return StepFinished(observation, learner.attempt, "after")
     return UpdateCommitted(state.committed, learner.step_digest)

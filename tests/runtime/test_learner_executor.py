@@ -26,12 +26,14 @@ from invar.model.messages import (
     LearnerStarted,
     ObservationId,
     RunForward,
+    ScoreProbabilities,
     StepFinished,
     UpdateCommitted,
     VersionEvaluated,
     matrix_digest,
 )
 from invar.model.objective import ObjectiveTerms
+from invar.model.ragged import Ragged
 from invar.model.schedule import RequestId
 from invar.model.world import Decision, LearnerRules
 from invar.runtime.commits import read_commit
@@ -82,7 +84,7 @@ def cotangent(reply: ForwardObserved, current=None, pre=None, width=None):
     reply's own)."""
     current = reply.current_logprobs if current is None else current
     width = width or len(current[0])
-    values = tuple(tuple(0.05 * (i + 1) for _ in range(width)) for i in range(len(current)))
+    values = Ragged.of([[0.05 * (i + 1)] * width for i in range(len(current))])
     return ApplyCotangent(reply.observation, reply.attempt, pre or reply.pre_step_digest,
                           matrix_digest(current), values, TERMS)
 
@@ -101,7 +103,7 @@ def test_an_older_forward_resent_after_a_newer_one_does_not_replace_the_binding(
 def test_a_cotangent_from_other_logprobs_than_the_pending_forward_is_refused(tmp_path):
     executor = make_executor(tmp_path)
     reply = executor.execute(forward(1), rows(1))
-    other = tuple(tuple(x - 0.5 for x in row) for row in reply.current_logprobs)
+    other = Ragged(reply.current_logprobs.values - 0.5, reply.current_logprobs.lengths)
     digest = executor.learner.state_digest()
     assert executor.execute(cotangent(reply, current=other), None) is None
     assert executor.last_decision == Decision.REFUSE
@@ -109,6 +111,35 @@ def test_a_cotangent_from_other_logprobs_than_the_pending_forward_is_refused(tmp
     assert executor.learner.state_digest() == digest
     assert executor.metrics.counters["learner_refused"] == 1
     assert isinstance(executor.execute(cotangent(reply), None), StepFinished)  # still pending
+
+
+def test_log_probs_travel_as_matrices_and_the_cotangent_as_the_backends_own_array(tmp_path):
+    """The backend's arrays become float64 matrices with no Python float per value (what
+    the core checks, digests and pads), and a cotangent reaches the backend as a writable
+    (n, T) float64 array equal to the command's."""
+    executor = make_executor(tmp_path)
+    scores = executor.execute(ScoreProbabilities(0, 0, REQUESTS, True), rows(1))
+    reply = executor.execute(forward(1), rows(1))
+    backend = executor.learner.learner
+    proximal, reference = backend.score(rows(1), TASK.prompt_length, True)
+    for matrix, array in ((scores.proximal, proximal), (scores.reference, reference),
+                          (reply.current_logprobs, None)):
+        assert type(matrix) is Ragged and matrix.values.dtype == np.float64
+        assert matrix.lengths == (TASK.response_length,) * len(REQUESTS)
+        if array is not None:
+            assert np.array_equal(matrix.padded()[0], np.asarray(array, dtype=np.float64))
+    received = []
+
+    def recording(*args):
+        received.append(args[-1])
+        return backend.apply_cotangent(*args)
+
+    executor.learner.apply_cotangent = recording
+    command = cotangent(reply)
+    assert isinstance(executor.execute(command, None), StepFinished)
+    (array,) = received
+    assert array.flags.writeable and array.dtype == np.float64
+    assert np.array_equal(array, command.cotangent.padded()[0])
 
 
 def test_a_resent_pending_forward_is_answered_from_memory(tmp_path):
