@@ -45,7 +45,8 @@ class Ragged:
             raise ValueError(f"values: expected little-endian float64 or int64, got "
                              f"{values.dtype}")
         lengths = tuple(lengths)
-        if any(type(n) is not int or n < 0 for n in lengths):
+        # Two passes in C: every length a Python int (not a bool), none negative.
+        if not (set(map(type, lengths)) <= _INT_TYPE and min(lengths, default=0) >= 0):
             raise ValueError("lengths: expected non-negative integers")
         if sum(lengths) != len(values):
             raise ValueError(f"lengths: rows of {sum(lengths)} values in all, values has "
@@ -213,6 +214,7 @@ def _frozen(values: np.ndarray) -> bool:
     return base is None or isinstance(base, bytes)
 
 
+_INT_TYPE = frozenset({int})
 _INT_TYPES = frozenset({int, np.int64})
 _NUMBER_TYPES = frozenset({int, float, np.int64, np.float64})
 

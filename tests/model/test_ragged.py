@@ -119,8 +119,9 @@ def test_bad_arrays_are_refused() -> None:
         Ragged(np.zeros((2, 2)), (2, 2))
     with pytest.raises(ValueError, match="float64 or int64"):
         Ragged(np.zeros(2, dtype=np.float32), (2,))
-    with pytest.raises(ValueError, match="non-negative"):
-        Ragged(np.zeros(0), (-1, 1))
+    for lengths in ((-1, 1), (True,), (1.0,)):
+        with pytest.raises(ValueError, match="non-negative integers"):
+            Ragged(np.zeros(1), lengths)  # type: ignore[arg-type]
 
 
 def test_repr_rebuilds_the_value() -> None:
