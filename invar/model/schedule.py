@@ -8,6 +8,7 @@ starts; timing can only change *when* these things happen, never *what* they are
 from __future__ import annotations
 
 import hashlib
+import struct
 from dataclasses import dataclass
 from functools import lru_cache
 from typing import NamedTuple
@@ -29,29 +30,25 @@ def derive_seed(root: int, *path: object) -> int:
     return int.from_bytes(hashlib.blake2b(text, digest_size=8).digest(), "big") >> 1
 
 
+def seed_stream(root: int, *path: object, count: int) -> list[int]:
+    """`count` 63-bit seeds from the root seed and a logical path: the SHAKE-128 output of the
+    path's text, cut into big-endian 8-byte words, each shifted right by one. One hash call for
+    a prompt group's seeds or a batch's plan keys; the first k of `count` are the seeds of
+    `count=k` (an extendable output); stable across processes and hosts."""
+    text = ":".join(str(part) for part in (root, *path)).encode()
+    words = struct.unpack(f">{count}Q", hashlib.shake_128(text).digest(8 * count))
+    return [word >> 1 for word in words]
+
+
+@lru_cache(maxsize=4096)
+def group_seeds(config: RunConfig, batch: int, prompt: int) -> tuple[int, ...]:
+    """The sampling seeds of samples 0..G-1 of one prompt: the core launches a group at once."""
+    return tuple(seed_stream(config.seed, "sample", batch, prompt, count=config.group_size))
+
+
 def sampling_seed(config: RunConfig, request: RequestId) -> int:
-    """The seed a worker samples `request` with: the same on every re-issue, on every worker.
-    (The core launches a prompt's group at once, with `group_seeds`: the same values.)"""
-    return derive_seed(config.seed, "sample", *request)
-
-
-def derive_seeds(root: int, *path: object, count: int) -> list[int]:
-    """`[derive_seed(root, *path, i) for i in range(count)]`, with the text they share hashed
-    once: each seed's hash continues from a copy of it (blake2b is streaming, so the seeds are
-    the very same)."""
-    shared = hashlib.blake2b(":".join(str(part) for part in (root, *path, "")).encode(),
-                             digest_size=8)
-    seeds = []
-    for i in range(count):
-        hashed = shared.copy()
-        hashed.update(b"%d" % i)
-        seeds.append(int.from_bytes(hashed.digest(), "big") >> 1)
-    return seeds
-
-
-def group_seeds(config: RunConfig, batch: int, prompt: int) -> list[int]:
-    """`sampling_seed` of samples 0..G-1 of one prompt, in one go."""
-    return derive_seeds(config.seed, "sample", batch, prompt, count=config.group_size)
+    """The seed a worker samples `request` with: the same on every re-issue, on every worker."""
+    return group_seeds(config, request.batch, request.prompt)[request.sample]
 
 
 def prompt_index(config: RunConfig, batch: int, prompt: int) -> int:
@@ -146,11 +143,12 @@ def batches_of_version(config: RunConfig, version: int) -> range:
 def minibatch_plan(config: RunConfig, update: int) -> tuple[tuple[int, ...], ...]:
     """Positions (into `request_ids(update)`) used by each of the K optimizer steps of `update`.
 
-    A permutation keyed by derive_seed(seed, update, position), cut into K near-equal
-    contiguous chunks; each chunk is kept in id order. Redoing an update reuses this plan.
+    A permutation keyed by seed_stream(seed, "plan", update)[position], cut into K
+    near-equal contiguous chunks; each chunk is kept in id order. Redoing an update reuses
+    this plan.
     """
     n = config.samples_per_batch
-    keys = derive_seeds(config.seed, "plan", update, count=n)
+    keys = seed_stream(config.seed, "plan", update, count=n)
     order = sorted(range(n), key=keys.__getitem__)
     k = config.optimizer_steps
     cuts = [round(j * n / k) for j in range(k + 1)]

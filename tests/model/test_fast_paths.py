@@ -131,20 +131,37 @@ def test_matrix_digests_are_those_of_encoding_3():
     assert matrix_digest(strided) == spec_matrix_digest(((-0.5, third),))
 
 
+def spec_seed(root, *path_and_index):
+    """PROTOCOL §2.2's seed_stream(root, *path)[i], written out: word i of the SHAKE-128
+    output of the path's text, big-endian, shifted right by one."""
+    *path, i = path_and_index
+    text = ":".join(str(part) for part in (root, *path)).encode()
+    return int.from_bytes(hashlib.shake_128(text).digest(8 * (i + 1))[8 * i:], "big") >> 1
+
+
 @given(st.integers(0, 2**40), st.lists(st.one_of(st.integers(-5, 10**6), st.text(max_size=3)),
                                      max_size=3), st.integers(0, 12))
-def test_derive_seeds_are_derive_seed_along_a_path(root, path, count):
-    assert schedule.derive_seeds(root, *path, count=count) == [
-        schedule.derive_seed(root, *path, i) for i in range(count)]
+def test_seed_streams_are_the_spec_words(root, path, count):
+    stream = schedule.seed_stream(root, *path, count=count)
+    assert stream == [spec_seed(root, *path, i) for i in range(count)]
+    assert schedule.seed_stream(root, *path, count=count + 3)[:count] == stream
 
 
-def test_group_seeds_are_the_sampling_seeds():
+def test_group_seeds_and_plan_keys_are_the_spec_seeds():
     for config in (RunConfig(), RunConfig(seed=7, group_size=3, prompts_per_batch=2)):
         for batch in range(3):
             for prompt in range(config.prompts_per_batch):
-                assert schedule.group_seeds(config, batch, prompt) == [
-                    schedule.sampling_seed(config, RequestId(batch, prompt, s))
-                    for s in range(config.group_size)]
+                expected = [spec_seed(config.seed, "sample", batch, prompt, s)
+                            for s in range(config.group_size)]
+                assert list(schedule.group_seeds(config, batch, prompt)) == expected
+                assert [schedule.sampling_seed(config, RequestId(batch, prompt, s))
+                        for s in range(config.group_size)] == expected
+            keys = [spec_seed(config.seed, "plan", batch, i)
+                    for i in range(config.samples_per_batch)]
+            order = sorted(range(config.samples_per_batch), key=keys.__getitem__)
+            plan = schedule.minibatch_plan(config, batch)
+            assert sorted(p for step in plan for p in step) == list(range(len(order)))
+            assert plan[0] == tuple(sorted(order[:len(plan[0])]))
 
 
 def slot_term(position, slot):
