@@ -44,7 +44,7 @@ STRATEGIES: dict[type, st.SearchStrategy] = {
         m.RequestsCompleted, worker=names, incarnation=small, completions=st.lists(st.builds(
             m.Completion, request=request_ids, version=small,
             tokens=st.lists(ints, max_size=6).map(tuple), behavior_logprobs=row, reward=reals),
-            max_size=3).map(tuple)),
+            max_size=3).map(m.Completions.of)),
     m.ProbabilitiesReported: st.builds(m.ProbabilitiesReported, update=small, attempt=small,
                                        proximal=matrix, reference=st.none() | matrix),
     m.ForwardObserved: st.builds(m.ForwardObserved, observation=observations, attempt=small,
@@ -237,7 +237,7 @@ def _acceptable(original, wrong) -> bool:
 ])
 def test_packed_completion_errors_name_the_path(mutate, where):
     sample = m.Completion(RequestId(0, 1, 0), 0, (1, 2), (-0.5, -0.25), 1.0)
-    message = m.RequestsCompleted("w0", 0, (sample, sample))
+    message = m.RequestsCompleted("w0", 0, m.Completions.of((sample, sample)))
     data = encode(message)
     mutate(data["completions"])
     assert f"RequestsCompleted.{where}" in decode_error(data)
@@ -252,21 +252,37 @@ def test_packed_arrays_are_exact_and_keep_ragged_rows():
     assert [len(r) for r in back.proximal] == [2, 0, 1]
 
 
-def test_decoded_completions_are_ordinary_dataclass_instances():
-    """Completions are decoded without their __init__ (one dict each): they must still compare,
-    hash, print, replace and convert like constructed ones, in rows of one length or several."""
+def test_decoded_completions_are_views_of_the_wire_that_read_as_records():
+    """A frame decodes to columns over the decoded bytes (read-only, not copied out) that equal,
+    hash, print and read back as the frame of the records it was made from, in rows of one
+    length or several, and encode again to the very same text."""
     made = (m.Completion(RequestId(3, 1, 0), 2, (1, 2), (-0.5, -0.25), 1.0),
             m.Completion(RequestId(3, 1, 1), 2, (4, 5), (-1.5, -0.0), 0.0))
-    for completions in (made, (made[0], dataclasses.replace(made[1], tokens=(7,))),
-                        tuple(dataclasses.replace(c, tokens=(), behavior_logprobs=())
-                              for c in made)):
-        back = loads(dumps(m.RequestsCompleted("w", 1, completions))).completions
-        assert back == completions and hash(back) == hash(completions)
-        assert [repr(c) for c in back] == [repr(c) for c in completions]
-        assert [dataclasses.asdict(c) for c in back] == [dataclasses.asdict(c) for c in completions]
+    for records in (made, (made[0], dataclasses.replace(made[1], tokens=(7,))),
+                    tuple(dataclasses.replace(c, tokens=(), behavior_logprobs=())
+                          for c in made)):
+        frame = m.Completions.of(records)
+        text = dumps(m.RequestsCompleted("w", 1, frame))
+        back = loads(text).completions
+        assert back == frame and hash(back) == hash(frame) and repr(back) == repr(frame)
+        assert tuple(back) == records and [back[i] for i in range(len(back))] == list(records)
         assert all(type(c.request) is RequestId and type(c.tokens) is tuple for c in back)
-        with pytest.raises(dataclasses.FrozenInstanceError):
-            back[0].reward = 2.0  # type: ignore[misc]
+        for column in (back.requests, back.versions, back.rewards, back.tokens.values,
+                       back.behavior_logprobs.values):
+            assert not column.flags.writeable and not column.flags.owndata
+        assert dumps(m.RequestsCompleted("w", 1, back)) == text
+
+
+def test_completions_pack_as_the_records_did():
+    """The columns' encoding (journal format 3) is the one the records had: byte for byte."""
+    frame = m.Completions.of((m.Completion(RequestId(3, 1, 0), 2, (1, 2), (-0.5, -0.25), 1.0),
+                              m.Completion(RequestId(3, 1, 1), 2, (4,), (-1.5,), 0.0)))
+    assert json.dumps(m.pack_completions(frame), separators=(",", ":")) == (
+        '{"n":2,"request":"AwAAAAAAAAABAAAAAAAAAAAAAAAAAAAAAwAAAAAAAAABAAAAAAAAAAEAAAAAAAAA",'
+        '"version":"AgAAAAAAAAACAAAAAAAAAA==",'
+        '"tokens":{"rows":[2,1],"i64":"AQAAAAAAAAACAAAAAAAAAAQAAAAAAAAA"},'
+        '"behavior_logprobs":{"rows":[2,1],"f64":"AAAAAAAA4L8AAAAAAADQvwAAAAAAAPi/"},'
+        '"reward":"AAAAAAAA8D8AAAAAAAAAAA=="}')
 
 
 launch_lists = st.tuples(names, small).flatmap(lambda key: st.lists(st.builds(
