@@ -577,8 +577,7 @@ def independent_completion(state: State, event: RequestsCompleted) -> bool:
     slots of batches that stay incomplete, so no command follows from it."""
     filled: dict[int, set[int]] = {}
     freed: dict[tuple[str, int], int] = {}
-    for completion in event.completions:
-        request = completion.request
+    for request in event.completions.request_ids():
         batch = state.batch(request.batch)
         if batch is None:
             return False
@@ -605,9 +604,9 @@ def _mixed_frame_in_flight(state: Explored) -> bool:
     for m in state.world.network:
         if isinstance(m.body, RequestsCompleted) and len(m.body.completions) > 1:
             filled = set()
-            for c in m.body.completions:
-                batch = core.batch(c.request.batch)
-                slot = batch.slots[c.request.prompt * g + c.request.sample] if batch else None
+            for request in m.body.completions.request_ids():
+                batch = core.batch(request.batch)
+                slot = batch.slots[request.prompt * g + request.sample] if batch else None
                 filled.add(batch is None or isinstance(slot, Sample))
             if filled == {True, False}:
                 return True

@@ -14,11 +14,7 @@ timer), so the same state always leads to the same commands whatever the history
 from __future__ import annotations
 
 import hashlib
-import itertools
 import math
-import struct
-import sys
-from array import array
 from collections import Counter
 from collections.abc import Callable
 from typing import Any
@@ -34,7 +30,7 @@ from invar.model.messages import (
     CheckpointWritten,
     Command,
     Commit,
-    Completion,
+    Completions,
     Evaluate,
     Event,
     ForwardObserved,
@@ -62,7 +58,7 @@ from invar.model.messages import (
     built,
     matrix_digest,
 )
-from invar.model.objective import group_advantages, objective, pad
+from invar.model.objective import group_advantages, objective
 from invar.model.ragged import FLOAT, Ragged
 from invar.model.schedule import RequestId
 from invar.model.state import (
@@ -83,6 +79,7 @@ from invar.model.state import (
     WorkerPhase,
     WorkerState,
     chain_ledger,
+    completions_of,
     evolve,
 )
 from invar.model.transitions import learner_accepts
@@ -258,22 +255,28 @@ def _on_weights_loaded(state: State, event: WeightsLoaded) -> Handled:
 def _on_requests_completed(state: State, event: RequestsCompleted) -> Handled:
     """Each completion of the frame fills its slot, repeats it (duplicate) or contradicts it
     (divergent); the frame is refused whole, changing nothing, if any completion is bad."""
-    if not event.completions:
+    frame = event.completions
+    if type(frame) is not Completions:
+        return ProtocolError(state, event, Reason.MALFORMED_PAYLOAD,
+                             f"completions: expected Completions, got {type(frame).__name__}")
+    if not len(frame):
         return ProtocolError(state, event, Reason.MALFORMED_PAYLOAD,
                              "completions: an empty frame (a reply has at least one)")
-    error = _completions_error(state, event)
+    error = _completions_error(state, event, frame)
     if error is not None:
         return error
     if state.worker(event.worker) is None:
         return ProtocolError(state, event, Reason.UNKNOWN_WORKER,
                              f"worker {event.worker!r} never connected")
     g = state.config.group_size
-    batches = {index: state.batch(index) for index in {c.request.batch for c in event.completions}}
+    requests = frame.requests.tolist()
+    batches = {index: state.batch(index) for index in {request[0] for request in requests}}
     changes: dict[int, dict[int, Slot]] = {i: {} for i, b in batches.items() if b is not None}
     freed: Counter[str] = Counter()  # worker -> its requests done
     noops: Counter[str] = Counter()
-    for completion, digest in zip(event.completions, _sample_digests(event.completions)):
-        index, prompt, sample = completion.request
+    versions = frame.versions.tolist()
+    for row, ((index, prompt, sample), digest) in enumerate(zip(requests,
+                                                                _sample_digests(frame))):
         batch = batches[index]
         if batch is None:
             noops["duplicates"] += 1  # its batch was consumed: the ledger holds it
@@ -285,10 +288,8 @@ def _on_requests_completed(state: State, event: RequestsCompleted) -> Handled:
             # Same identity, version and seed: a numerically invariant worker repeats itself.
             noops["duplicates" if slot.digest == digest else "divergent"] += 1
             continue
-        new[position] = built(Sample, {
-            "digest": digest, "tokens": completion.tokens,
-            "behavior_logprobs": completion.behavior_logprobs, "reward": completion.reward,
-            "version": completion.version})
+        new[position] = built(Sample, {"digest": digest, "version": versions[row],
+                                       "frame": frame, "row": row})
         if slot is not None:
             freed[slot.worker] += 1  # type: ignore[union-attr]
     changes = {index: new for index, new in changes.items() if new}
@@ -306,16 +307,20 @@ def _on_requests_completed(state: State, event: RequestsCompleted) -> Handled:
     return state, []
 
 
-def _completions_error(state: State, event: RequestsCompleted) -> ProtocolError | None:
+def _completions_error(state: State, event: RequestsCompleted,
+                       frame: Completions) -> ProtocolError | None:
     """The first bad completion of the frame, if any: an unknown request, a version other
-    than the one its batch is assigned, or a malformed payload."""
+    than the one its batch is assigned, or a malformed payload. A large frame is judged whole
+    in a few passes over its columns; each completion is looked at only in a small frame or
+    when those fail, to name the one at fault."""
     config, admitted = state.config, state.admitted
+    if len(frame) >= _COLUMNS_FROM and _frame_plausible(config, admitted, frame):
+        return None
     prompts, group = config.prompts_per_batch, config.group_size
-    # Payloads are judged per completion only when the frame's checked together fail.
-    judge_payloads = not _payloads_plausible(event.completions)
     versions: dict[int, int] = {}
-    for i, completion in enumerate(event.completions):
-        request = completion.request
+    for i, (request, version, tokens, logprobs, reward) in enumerate(zip(
+            frame.requests.tolist(), frame.versions.tolist(), frame.tokens.rows(),
+            frame.behavior_logprobs.rows(), frame.rewards.tolist())):
         batch, prompt, sample = request
         if not (0 <= batch < admitted and 0 <= prompt < prompts and 0 <= sample < group):
             return ProtocolError(state, event, Reason.UNKNOWN_REQUEST,
@@ -324,11 +329,12 @@ def _completions_error(state: State, event: RequestsCompleted) -> ProtocolError 
         expected = versions.get(batch)
         if expected is None:
             expected = versions[batch] = schedule.gen_version(config, batch)
-        if completion.version != expected:
+        if version != expected:
             return ProtocolError(state, event, Reason.WRONG_VERSION,
                                  f"completions[{i}]: request {tuple(request)} is assigned "
-                                 f"version {expected}, reply claims {completion.version}")
-        if judge_payloads and (problem := _sample_problem(completion)):
+                                 f"version {expected}, reply claims {version}")
+        problem = _sample_problem(tokens, logprobs, reward)
+        if problem:
             return ProtocolError(state, event, Reason.MALFORMED_PAYLOAD,
                                  f"completions[{i}].{problem}")
     return None
@@ -387,7 +393,7 @@ def _on_probabilities_reported(state: State, event: ProbabilitiesReported) -> Ha
                              f"not requested")
     batch = state.batch(event.update)
     assert batch is not None
-    lengths = [len(s.tokens) for s in batch.slots]  # type: ignore[union-attr]
+    lengths = list(completions_of(batch.slots).tokens.lengths)
     problem = _matrix_problem("proximal", event.proximal, lengths)
     if state.config.objective.needs_reference:
         problem = problem or _matrix_problem("reference", event.reference, lengths)
@@ -423,7 +429,8 @@ def _on_forward_observed(state: State, event: ForwardObserved) -> Handled:
     plan = learner.positions
     batch = state.batch(event.observation.update)
     assert batch is not None
-    lengths = [len(batch.slots[i].tokens) for i in plan]  # type: ignore[union-attr]
+    token_lengths = completions_of(batch.slots).tokens.lengths
+    lengths = [token_lengths[i] for i in plan]
     problem = _matrix_problem("current_logprobs", event.current_logprobs, lengths)
     if problem:
         return ProtocolError(state, event, Reason.MALFORMED_PAYLOAD, problem)
@@ -585,12 +592,11 @@ def _commit_command(update: int, learner: LearnerState) -> Commit:
 
 def _batch_inputs(config: RunConfig, batch: BatchState,
                   scores: ProbabilitiesReported) -> BatchInputs:
-    samples: list[Sample] = list(batch.slots)  # type: ignore[arg-type]
-    rewards = np.array([s.reward for s in samples], dtype=np.float64)
+    completions = completions_of(batch.slots)
     inputs = BatchInputs(
-        advantages=group_advantages(rewards, config.group_size,
+        advantages=group_advantages(completions.rewards, config.group_size,
                                     config.objective.normalize_advantages),
-        behavior=pad([s.behavior_logprobs for s in samples])[0],
+        behavior=completions.behavior_logprobs.padded()[0],
         proximal=scores.proximal.padded()[0],
         reference=None if scores.reference is None else scores.reference.padded()[0],
     )
@@ -886,38 +892,41 @@ def _set(items: tuple[Any, ...], index: int, value: Any) -> tuple[Any, ...]:
 # Payload checks and digests.
 
 
-def _sample_problem(event: Completion) -> str:
-    if not event.tokens:
+def _sample_problem(tokens: tuple[int, ...], logprobs: tuple[float, ...], reward: float) -> str:
+    if not tokens:
         return "tokens: empty response"
-    if min(event.tokens) < 0 or max(event.tokens) >= 1 << 63:
+    if min(tokens) < 0:  # an int64 column holds nothing above 2**63 - 1
         return "tokens: every token must be an id in [0, 2**63)"
-    logprobs = event.behavior_logprobs
-    if len(logprobs) != len(event.tokens):
-        return f"behavior_logprobs: {len(logprobs)} values for {len(event.tokens)} tokens"
-    # One pass in C each: a NaN or an infinity makes the sum non-finite (a sum of finite
-    # log-probs cannot overflow: no real sampler reports values near -1e308).
-    if not (math.isfinite(sum(logprobs)) and max(logprobs) <= 0.0):
+    if len(logprobs) != len(tokens):
+        return f"behavior_logprobs: {len(logprobs)} values for {len(tokens)} tokens"
+    if not all(-math.inf < value <= 0.0 for value in logprobs):  # False for a NaN
         return "behavior_logprobs: every value must be a finite log-probability (<= 0)"
-    if not math.isfinite(event.reward):
+    if not math.isfinite(reward):
         return "reward: must be finite"
     return ""
 
 
-def _payloads_plausible(completions: tuple[Completion, ...]) -> bool:
-    """`_sample_problem` of every completion at once, in a few C passes over the whole frame:
-    True only if none has a problem (False: look at each, to name the one at fault)."""
-    tokens = [c.tokens for c in completions]
-    lengths = [len(t) for t in tokens]
-    if min(lengths) == 0 or lengths != [len(c.behavior_logprobs) for c in completions]:
+def _frame_plausible(config: RunConfig, admitted: int, frame: Completions) -> bool:
+    """`_completions_error` of a whole frame at once, in a few passes over its columns: True
+    only if no completion has a problem (False: look at each, to name the one at fault)."""
+    requests = frame.requests
+    bounds = (admitted, config.prompts_per_batch, config.group_size)
+    if requests.min() < 0 or (requests.max(axis=0) >= bounds).any():
         return False
-    every_token = list(itertools.chain.from_iterable(tokens))
-    if min(every_token) < 0 or max(every_token) >= 1 << 63:
+    batches, row_batch = np.unique(requests[:, 0], return_inverse=True)
+    expected = np.array([schedule.gen_version(config, b) for b in batches.tolist()],
+                        dtype=np.int64)
+    if not np.array_equal(frame.versions, expected[row_batch]):
         return False
-    # All values <= 0, so a sum is finite only if every value is (as in _sample_problem).
-    logprobs = array("d", itertools.chain.from_iterable(c.behavior_logprobs for c in completions))
-    if not (math.isfinite(sum(logprobs)) and max(logprobs) <= 0.0):
+    tokens, logprobs = frame.tokens, frame.behavior_logprobs
+    if min(tokens.lengths) == 0 or tokens.lengths != logprobs.lengths:
         return False
-    return math.isfinite(sum(c.reward for c in completions))
+    if tokens.values.min() < 0:
+        return False
+    values = logprobs.values
+    # The maximum of values holding a NaN is a NaN, which is not <= 0.
+    return bool(values.max() <= 0.0 and values.min() > -np.inf
+                and np.isfinite(frame.rewards).all())
 
 
 def _not_a_matrix(name: str, matrix: Any) -> str:
@@ -954,40 +963,35 @@ def _logprobs(values: np.ndarray) -> bool:
     return not len(values) or bool(values.max() <= 0.0 and values.min() > -math.inf)
 
 
-def _sample_digests(completions: tuple[Completion, ...]) -> list[str]:
+def _sample_digests(frame: Completions) -> list[str]:
     """Each completion's digest: blake2b_96 over its tokens as little-endian int64, its
-    log-probs as float64 and its reward as float64, the frame packed once in C. A large frame
-    of one length (fixed-shape generation) is one numpy table, a row per completion."""
-    if len(completions) >= _TABLE_FROM and _same_length(completions):
-        rows = np.concatenate([
-            np.array([c.tokens for c in completions], dtype="<i8").view(np.uint8),
-            np.array([c.behavior_logprobs for c in completions], dtype="<f8").view(np.uint8),
-            np.array([[c.reward] for c in completions], dtype="<f8").view(np.uint8),
-        ], axis=1).tobytes()
-        width = len(rows) // len(completions)
-        return [hashlib.blake2b(rows[start:start + width], digest_size=12).hexdigest()
-                for start in range(0, len(rows), width)]
-    tokens = array("q", itertools.chain.from_iterable(c.tokens for c in completions))
-    logprobs = array("d", itertools.chain.from_iterable(c.behavior_logprobs for c in completions))
-    if sys.byteorder == "big":  # `array` packs in the machine's order
-        tokens.byteswap()
-        logprobs.byteswap()
-    token_bytes, logprob_bytes = memoryview(tokens).cast("B"), memoryview(logprobs).cast("B")
+    log-probs as float64 and its reward as float64, hashed from the frame's columns where they
+    lie (token and log-prob rows of one length: checked). A large frame of one length
+    (fixed-shape generation) is one table, a row of bytes per completion."""
+    tokens, logprobs, rewards = frame.tokens, frame.behavior_logprobs, frame.rewards
+    n = len(frame)
+    if n >= _COLUMNS_FROM and tokens.uniform():
+        width = tokens.lengths[0]
+        table = np.concatenate([tokens.values.reshape(n, width).view(np.uint8),
+                                logprobs.values.reshape(n, width).view(np.uint8),
+                                rewards.reshape(n, 1).view(np.uint8)], axis=1).tobytes()
+        size = len(table) // n
+        return [hashlib.blake2b(table[start:start + size], digest_size=12).hexdigest()
+                for start in range(0, len(table), size)]
+    token_bytes = np.ascontiguousarray(tokens.values).data.cast("B")
+    logprob_bytes = np.ascontiguousarray(logprobs.values).data.cast("B")
+    reward_bytes = rewards.tobytes()
     digests, start = [], 0
-    for completion in completions:
-        end = start + 8 * len(completion.tokens)
+    for i, length in enumerate(tokens.lengths):
+        end = start + 8 * length
         h = hashlib.blake2b(token_bytes[start:end], digest_size=12)
         h.update(logprob_bytes[start:end])
-        h.update(struct.pack("<d", completion.reward))
+        h.update(reward_bytes[8 * i:8 * i + 8])
         digests.append(h.hexdigest())
         start = end
     return digests
 
 
-_TABLE_FROM = 16
-"""Completions in a frame from which one numpy table pays for its fixed cost (~10 µs)."""
-
-
-def _same_length(completions: tuple[Completion, ...]) -> bool:
-    length = len(completions[0].tokens)
-    return all(len(c.tokens) == length for c in completions)
+_COLUMNS_FROM = 16
+"""Completions in a frame from which passes over its columns pay for their fixed cost (a few
+µs each): a smaller frame is looked at completion by completion."""

@@ -25,6 +25,8 @@ from typing import Any, NamedTuple, Union
 
 import numpy as np
 
+from invar.model.completions import Completion as Completion
+from invar.model.completions import Completions as Completions
 from invar.model.objective import ObjectiveTerms
 from invar.model.ragged import FLOAT, Ragged
 from invar.model.schedule import RequestId
@@ -83,25 +85,16 @@ class WeightsLoaded:
 
 
 @dataclass(frozen=True)
-class Completion:
-    """One request a worker sampled with `version`; logprobs are its own sampler's, per token."""
-
-    request: RequestId
-    version: int
-    tokens: tuple[int, ...]
-    behavior_logprobs: Logprobs
-    reward: float
-
-
-@dataclass(frozen=True)
 class RequestsCompleted:
     """A worker finished `completions` in one call: one reply frame is one event, so the core,
     the journal and the digests run once per frame. Each completion is judged on its own (a
-    frame may repeat some and bring others); a frame with any malformed one is refused whole."""
+    frame may repeat some and bring others); a frame with any malformed one is refused whole.
+    The completions travel as columns (`Completions`; `Completions.of` makes them from
+    records)."""
 
     worker: str
     incarnation: int
-    completions: tuple[Completion, ...]
+    completions: Completions
 
 
 @dataclass(frozen=True)
@@ -507,11 +500,8 @@ def _object(value: Any, keys: tuple[str, ...], where: str) -> dict[str, Any]:
     return value
 
 
-def pack_matrix(matrix: Matrix | Sequence[Sequence[float]]) -> dict[str, Any]:
-    """`{"rows": [length per row], "f64": base64}`: the matrix's values as they are. (Rows
-    given as sequences, as a frame's behaviour log-probs still are, become a `Ragged` first.)"""
-    if not isinstance(matrix, Ragged):
-        matrix = Ragged.of(matrix)
+def pack_matrix(matrix: Matrix) -> dict[str, Any]:
+    """`{"rows": [length per row], "f64": base64}`: the matrix's values as they are."""
     values = np.ascontiguousarray(matrix.values, dtype=FLOAT)  # as is, unless int64
     return {"rows": list(matrix.lengths), "f64": base64.b64encode(values.data).decode("ascii")}
 
@@ -526,26 +516,28 @@ def unpack_matrix(value: Any, where: str) -> Matrix:
 _COMPLETION_COLUMNS = ("n", "request", "version", "tokens", "behavior_logprobs", "reward")
 
 
-def pack_completions(completions: tuple[Completion, ...]) -> dict[str, Any]:
-    """A frame's completions as columns: `n`, then one packed array per field (requests as n
-    rows of 3; tokens and log-probs ragged, by their row lengths)."""
+def pack_completions(completions: Completions) -> dict[str, Any]:
+    """A frame's completions as columns: `n`, then one packed array per column (requests as n
+    rows of 3; tokens and log-probs ragged, by their row lengths): each column's bytes."""
+    tokens, logprobs = completions.tokens, completions.behavior_logprobs
     return {
         "n": len(completions),
-        "request": _pack([x for c in completions for x in c.request], "<i8"),
-        "version": _pack([c.version for c in completions], "<i8"),
-        "tokens": {"rows": [len(c.tokens) for c in completions],
-                   "i64": _pack([t for c in completions for t in c.tokens], "<i8")},
-        "behavior_logprobs": pack_matrix(tuple(c.behavior_logprobs for c in completions)),
-        "reward": _pack([c.reward for c in completions], "<f8"),
+        "request": _packed(completions.requests),
+        "version": _packed(completions.versions),
+        "tokens": {"rows": list(tokens.lengths), "i64": _packed(tokens.values)},
+        "behavior_logprobs": {"rows": list(logprobs.lengths), "f64": _packed(logprobs.values)},
+        "reward": _packed(completions.rewards),
     }
 
 
-def unpack_completions(value: Any, where: str) -> tuple[Completion, ...]:
+def unpack_completions(value: Any, where: str) -> Completions:
+    """`pack_completions`' columns, as arrays over the decoded bytes (read-only, not copied);
+    what the values are (finite, in range) is the core's to judge."""
     data = _object(value, _COMPLETION_COLUMNS, where)
     count = _count(data["n"], f"{where}.n")
-    requests = _request_rows(data["request"], count, f"{where}.request")
-    versions = _unpack(data["version"], "<i8", count, f"{where}.version")
-    rewards = _unpack(data["reward"], "<f8", count, f"{where}.reward")
+    requests = _unpack_array(data["request"], "<i8", 3 * count, f"{where}.request")
+    versions = _unpack_array(data["version"], "<i8", count, f"{where}.version")
+    rewards = _unpack_array(data["reward"], "<f8", count, f"{where}.reward")
     tokens_data = _object(data["tokens"], ("rows", "i64"), f"{where}.tokens")
     token_lengths = _lengths(tokens_data["rows"], f"{where}.tokens.rows")
     logprobs_data = _object(data["behavior_logprobs"], ("rows", "f64"),
@@ -554,14 +546,16 @@ def unpack_completions(value: Any, where: str) -> tuple[Completion, ...]:
     if len(token_lengths) != count or len(logprob_lengths) != count:
         raise DecodeError(f"{where}: {count} completions, but {len(token_lengths)} token rows "
                           f"and {len(logprob_lengths)} log-prob rows")
-    tokens = _rows(tokens_data["i64"], "<i8", token_lengths, f"{where}.tokens.i64")
-    logprobs = _rows(logprobs_data["f64"], "<f8", logprob_lengths,
-                     f"{where}.behavior_logprobs.f64")
-    return tuple(
-        built(Completion, {"request": request, "version": version, "tokens": row,
-                           "behavior_logprobs": logprob_row, "reward": reward})
-        for request, version, row, logprob_row, reward in zip(requests, versions, tokens,
-                                                               logprobs, rewards))
+    tokens = _unpack_array(tokens_data["i64"], "<i8", sum(token_lengths), f"{where}.tokens.i64")
+    logprobs = _unpack_array(logprobs_data["f64"], "<f8", sum(logprob_lengths),
+                             f"{where}.behavior_logprobs.f64")
+    return Completions(requests.reshape(count, 3), versions, Ragged(tokens, token_lengths),
+                       Ragged(logprobs, logprob_lengths), rewards)
+
+
+def _packed(values: np.ndarray) -> str:
+    """A column's little-endian bytes in base64."""
+    return base64.b64encode(values.tobytes()).decode("ascii")
 
 
 def _request_rows(text: Any, count: int, where: str) -> list[RequestId]:
@@ -637,8 +631,8 @@ def unpack_launches(value: Any, where: str = "launches") -> tuple[LaunchRequest,
 
 
 _PACKERS: dict[Any, Any] = {
-    Matrix: pack_matrix, Matrix | None: pack_matrix, tuple[Completion, ...]: pack_completions}
-_UNPACKERS: dict[Any, Any] = {Matrix: unpack_matrix, tuple[Completion, ...]: unpack_completions}
+    Matrix: pack_matrix, Matrix | None: pack_matrix, Completions: pack_completions}
+_UNPACKERS: dict[Any, Any] = {Matrix: unpack_matrix, Completions: unpack_completions}
 
 
 @functools.cache

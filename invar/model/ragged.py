@@ -51,13 +51,8 @@ class Ragged:
         if sum(lengths) != len(values):
             raise ValueError(f"lengths: rows of {sum(lengths)} values in all, values has "
                              f"{len(values)}")
-        # A read-only array over immutable memory is shared as is; anything else is copied,
-        # so that no one holding the source can change a value after the fact.
-        if not _frozen(values):
-            values = values.copy()
-            values.flags.writeable = False
         set_ = object.__setattr__
-        set_(self, "values", values)
+        set_(self, "values", read_only(values))
         set_(self, "lengths", lengths)
         set_(self, "_starts", None)
         set_(self, "_hash", None)
@@ -161,16 +156,35 @@ class Ragged:
         values[mask] = self.values
         return values, mask
 
-    def take(self, rows: Sequence[int]) -> Ragged:
-        """The rows at `rows`, in that order."""
-        if not rows:
+    def take(self, rows: Sequence[int] | np.ndarray) -> Ragged:
+        """The rows at `rows`, in that order: one gather (of the table's rows, when every row
+        has the same length), no Python loop over rows."""
+        picked = np.asarray(rows, dtype=np.int64).reshape(-1)
+        if not len(picked):
             return Ragged(self.values[:0], ())
-        lengths = [self.lengths[i] for i in rows]
-        starts = self.starts()[list(rows)]
-        index = np.concatenate([np.arange(s, s + n) for s, n in zip(starts.tolist(), lengths)])
-        values = self.values[index]
+        if self.uniform():
+            width = self.lengths[0]
+            values = self.values.reshape(len(self.lengths), width)[picked].reshape(-1)
+            values.flags.writeable = False
+            return Ragged(values, (width,) * len(picked))
+        lengths = np.asarray(self.lengths, dtype=np.int64)[picked]
+        # Value j of the result comes from the start of its row plus its offset in the row.
+        ends = np.cumsum(lengths)
+        firsts = np.repeat(self.starts()[picked] - (ends - lengths), lengths)
+        values = self.values[firsts + np.arange(int(ends[-1]))]
         values.flags.writeable = False
-        return Ragged(values, lengths)
+        return Ragged(values, lengths.tolist())
+
+    @classmethod
+    def concatenate(cls, parts: Sequence[Ragged]) -> Ragged:
+        """The rows of `parts` (one at least, all of one dtype), one after the other."""
+        if len({part.values.dtype for part in parts}) != 1:
+            raise ValueError("parts: expected at least one, all of one dtype")
+        if len(parts) == 1:
+            return parts[0]
+        values = np.concatenate([part.values for part in parts])
+        values.flags.writeable = False
+        return cls(values, tuple(itertools.chain.from_iterable(p.lengths for p in parts)))
 
     def tobytes(self) -> bytes:
         """The values' little-endian bytes, back to back (digests and the wire use these)."""
@@ -202,6 +216,17 @@ class Ragged:
 
     def __setattr__(self, name: str, value: Any) -> None:
         raise AttributeError(f"Ragged is immutable: cannot set {name}")
+
+
+def read_only(values: np.ndarray) -> np.ndarray:
+    """`values` if neither it nor any array it views can be written (immutable memory is
+    shared as is), else a read-only copy: no one holding the source can change a value after
+    the fact."""
+    if _frozen(values):
+        return values
+    values = values.copy()
+    values.flags.writeable = False
+    return values
 
 
 def _frozen(values: np.ndarray) -> bool:

@@ -11,6 +11,7 @@ import enum
 import functools
 import hashlib
 import itertools
+import operator
 import struct
 import sys
 import typing
@@ -21,7 +22,9 @@ from typing import Any, NamedTuple, TypeVar
 
 import numpy as np
 
+from invar.model.completions import Completions
 from invar.model.config import RunConfig
+from invar.model.memo import IdentityMemo
 from invar.model.messages import ApplyCotangent, Matrix, ObservationId
 from invar.model.schedule import RequestId
 
@@ -185,18 +188,52 @@ class Assigned:
 @cached_repr
 @dataclass(frozen=True)
 class Sample:
-    """A completed request. Only the digest takes part in equality and hashing."""
+    """A completed request: row `row` of the reply frame it came in (the frame's arrays, shared
+    by its samples, not copied out). Only the digest of its content takes part in equality and
+    hashing."""
 
     digest: str
-    tokens: tuple[int, ...] = field(compare=False, repr=False)
-    behavior_logprobs: tuple[float, ...] = field(compare=False, repr=False)
-    reward: float = field(compare=False, repr=False)
-    version: int = field(default=-1, compare=False, repr=False)
+    version: int = field(compare=False, repr=False)
     """The version the worker reported sampling with (recorded in the ledger)."""
+    frame: Completions = field(compare=False, repr=False)
+    row: int = field(compare=False, repr=False)
+
+    @property
+    def tokens(self) -> tuple[int, ...]:
+        return self.frame.tokens[self.row]
+
+    @property
+    def behavior_logprobs(self) -> tuple[float, ...]:
+        return self.frame.behavior_logprobs[self.row]
+
+    @property
+    def reward(self) -> float:
+        return float(self.frame.rewards[self.row])
 
 
 Slot = None | Assigned | Sample
 """A request's progress: None = pending (not launched on a live worker)."""
+
+
+def completions_of(slots: tuple[Slot, ...]) -> Completions:
+    """The completions of a batch whose every slot is a `Sample`, in slot order, as one frame's
+    columns: the frame itself when the slots are its rows in order, else their rows gathered
+    (once per slots tuple: scoring, each step and the commit of an update read the same)."""
+    gathered: Completions = _GATHERED.of(slots, _gathered)
+    return gathered
+
+
+_GATHERED = IdentityMemo(8)
+
+
+def _gathered(slots: tuple[Slot, ...]) -> Completions:
+    if set(map(type, slots)) != {Sample}:
+        position = next(p for p, slot in enumerate(slots) if type(slot) is not Sample)
+        raise ValueError(f"slots[{position}]: not a sample ({slots[position]!r})")
+    return Completions.gathered(list(map(_FRAME, slots)), list(map(_ROW, slots)))
+
+
+_FRAME, _ROW = operator.attrgetter("frame"), operator.attrgetter("row")
 
 
 @cached_repr

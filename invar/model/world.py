@@ -33,6 +33,7 @@ completed run's `logical_projection` must equal the canonical one.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
@@ -48,6 +49,7 @@ from invar.model.messages import (
     Command,
     Commit,
     Completion,
+    Completions,
     Evaluate,
     Event,
     ForwardObserved,
@@ -122,7 +124,7 @@ def sample_reply(*commands: LaunchRequest) -> RequestsCompleted:
     """One reply frame answering `commands` (launches to one worker incarnation)."""
     first = commands[0]
     return RequestsCompleted(first.worker, first.incarnation,
-                             tuple(sample_completion(c) for c in commands))
+                             Completions.of(sample_completion(c) for c in commands))
 
 
 def scores_reply(command: ScoreProbabilities) -> ProbabilitiesReported:
@@ -372,7 +374,20 @@ def merge_replies(world: World, first: str, second: str) -> World:
     world, b = _take(world, second)
     if not mergeable(a, b):
         raise ValueError(f"not replies of one worker incarnation: {first!r}, {second!r}")
-    return _send(world, message(CORE, merged(a.body, b.body)))
+    return _send(world, _merged_message(a, b))
+
+
+_merges = IdentityMemo(1 << 16)
+
+
+def _merged_message(a: Message, b: Message) -> Message:
+    """The message of `a` and `b` merged, made once for those very messages (a model checker
+    merges the same two in many worlds): its frame is joined and its key printed once, and it
+    is one object in every world, so the memos keyed by identity downstream keep hitting."""
+    known: Message | None = _merges.get(a, b)
+    if known is None:
+        known = _merges.put(a, b, None, message(CORE, merged(a.body, b.body)))
+    return known
 
 
 def merged(a: RequestsCompleted, b: RequestsCompleted) -> RequestsCompleted:
@@ -384,7 +399,7 @@ def split_reply(world: World, key: str) -> World:
     """A reply frame of several completions arrives as two: its first completion, the rest."""
     world, msg = _take(world, key)
     head, tail = msg.body.completions[:1], msg.body.completions[1:]
-    if not tail:
+    if not len(tail):
         raise ValueError(f"a reply of one completion cannot be split: {key!r}")
     return _send(world, message(CORE, evolve(msg.body, completions=head)),
                  message(CORE, evolve(msg.body, completions=tail)))
@@ -822,26 +837,27 @@ def forgeries(state: State) -> tuple[Event, ...]:
         request = schedule.request_ids(config, index)[0]
         version = schedule.gen_version(config, index)
         forged = Completion(request, version, (1,), (-0.5,), 0.0)
-        out.append(RequestsCompleted(INTRUDER, 0, (forged,)))
+        out.append(RequestsCompleted(INTRUDER, 0, _forged_frame(forged)))
         if sender is not None and batch is not None:
             # A sample and a prompt just outside the batch, either side: never launched.
             for outside in (request._replace(sample=config.group_size),
                             request._replace(prompt=config.prompts_per_batch),
                             request._replace(sample=-1), request._replace(prompt=-1)):
                 out.append(RequestsCompleted(sender.name, sender.incarnation,
-                                             (evolve(forged, request=outside),)))
+                                             _forged_frame(evolve(forged, request=outside))))
             # A frame is judged whole: a good completion does not carry a bad one in.
-            out.append(RequestsCompleted(sender.name, sender.incarnation, (
+            out.append(RequestsCompleted(sender.name, sender.incarnation, _forged_frame(
                 forged, evolve(forged, request=request._replace(sample=config.group_size)))))
         if sender is not None:
             wrong = version + 1 if batch is not None else version  # unadmitted: any version
             out.append(RequestsCompleted(sender.name, sender.incarnation,
-                                         (evolve(forged, version=wrong),)))
+                                         _forged_frame(evolve(forged, version=wrong))))
     if sender is not None:
-        out.append(RequestsCompleted(sender.name, sender.incarnation, ()))
+        out.append(RequestsCompleted(sender.name, sender.incarnation, _forged_frame()))
         # A batch before the first: no request was ever launched there.
         before_first = Completion(schedule.RequestId(-1, 0, 0), 0, (1,), (-0.5,), 0.0)
-        out.append(RequestsCompleted(sender.name, sender.incarnation, (before_first,)))
+        out.append(RequestsCompleted(sender.name, sender.incarnation,
+                                     _forged_frame(before_first)))
     learner = state.learner
     newest = state.committed
     if state.commit_digests:
@@ -894,6 +910,12 @@ def forgeries(state: State) -> tuple[Event, ...]:
         if learner.phase is LearnerPhase.APPLYING and pending is not None:
             out.append(StepFinished(pending, learner.attempt + 1, "forged"))
     return tuple(out)
+
+
+@functools.lru_cache(maxsize=1024)
+def _forged_frame(*completions: Completion) -> Completions:
+    """The frame of these forged completions: the same few in many states, made once each."""
+    return Completions.of(completions)
 
 
 def unrefused_forgery(state: State) -> str:

@@ -62,7 +62,7 @@ from invar.model.messages import (
     pack_launches,
 )
 from invar.model.shell import LEARNER, STORE, TIMER, Delivery, Verdict, deliver, route
-from invar.model.state import Sample, State, WorkerPhase, initial_state, state_digest
+from invar.model.state import State, WorkerPhase, completions_of, initial_state, state_digest
 from invar.runtime import journal as journal_io
 from invar.runtime.backend import LearnerBackend
 from invar.runtime.config import TrainConfig, task_section, to_dict, worker_names
@@ -662,8 +662,7 @@ class Driver:
 
     def _record_update(self, before: State) -> None:
         update = before.committed
-        batch = before.batches[0]
-        rewards = [s.reward for s in batch.slots if isinstance(s, Sample)]
+        rewards = completions_of(before.batches[0].slots).rewards
         terms = self._terms.pop(update, [])
         now = time.perf_counter()
         marks = (self.executor.busy_seconds, self.stats.rollout_seconds, self.stats.core_seconds,

@@ -34,7 +34,7 @@ from invar.model.messages import (
     logprob_matrix,
 )
 from invar.model.schedule import RequestId
-from invar.model.state import Sample, State
+from invar.model.state import Sample, State, completions_of
 from invar.model.world import Decision, LearnerRules
 from invar.runtime.backend import LearnerBackend
 from invar.runtime.commits import commit_path
@@ -299,12 +299,12 @@ def _batch_table(key: _ByIdentity, slots: _ByIdentity, batch: int,
     group = config.group_size
     prompts = [_prompt(key, schedule.prompt_index(config, batch, p))
                for p in range(len(samples) // group)]
-    responses = [s.tokens for s in samples]
+    responses = completions_of(samples).tokens
     if not (len(prompts) * group == len(samples) and len({len(p) for p in prompts}) == 1
-            and len({len(r) for r in responses}) == 1):
+            and responses.uniform()):
         return None
     return np.concatenate((np.repeat(np.array(prompts, dtype=np.int64), group, axis=0),
-                           np.array(responses, dtype=np.int64)), axis=1)
+                           responses.padded()[0]), axis=1)
 
 
 class _ByIdentity:

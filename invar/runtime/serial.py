@@ -31,7 +31,7 @@ from invar.model.messages import (
     WorkerConnected,
 )
 from invar.model.shell import LEARNER, STORE, TIMER, Verdict, deliver, route
-from invar.model.state import Sample, State, initial_state, state_digest
+from invar.model.state import State, completions_of, initial_state, state_digest
 from invar.runtime import journal as journal_io
 from invar.runtime.backend import LearnerBackend
 from invar.runtime.config import TrainConfig, task_section, to_dict, worker_names
@@ -130,10 +130,9 @@ def run_serial(config: TrainConfig, learner: LearnerBackend) -> State:
                 # Generate with the thread count a worker process uses, not the learner's.
                 with _torch_threads(config.rollout.threads):
                     completions = workers[name].launch(group)
-                if completions:  # one frame per call, as a worker process replies
+                if len(completions):  # one frame per call, as a worker process replies
                     failures.add(workers[name].verifier_failures(completions))
-                    queue.append(RequestsCompleted(name, group[0].incarnation,
-                                                   tuple(completions)))
+                    queue.append(RequestsCompleted(name, group[0].incarnation, completions))
     for worker in workers.values():
         worker.close()
     verifier.close()
@@ -148,7 +147,7 @@ def _serial_row(config: TrainConfig, metrics: MetricsLog, before: State,
                 started: float, progress: Callable[[int, float, int], None]) -> float:
     """The metrics row of the update `before` commits (as the driver writes it)."""
     update = before.committed
-    rewards = [s.reward for s in before.batches[0].slots if isinstance(s, Sample)]
+    rewards = completions_of(before.batches[0].slots).rewards
     applied = terms.pop(update, [])
     now = time.perf_counter()
     staleness = schedule.staleness(config.protocol, update)

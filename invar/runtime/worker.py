@@ -28,7 +28,7 @@ import torch
 
 from invar.model.messages import (
     ENCODING_VERSION,
-    Completion,
+    Completions,
     Event,
     LaunchRequest,
     LoadWeights,
@@ -38,6 +38,7 @@ from invar.model.messages import (
     dumps,
     unpack_launches,
 )
+from invar.model.ragged import Ragged
 from invar.runtime.policy import Policy, PolicyConfig
 from invar.runtime.sampler import generate
 from invar.runtime.tasks import build_task
@@ -102,7 +103,9 @@ class RolloutWorker:
         self.version: int | None = None
         self.load_serial = -1
         """The serial of the last load carried out (`LoadWeights.load`)."""
-        self.replies: OrderedDict[tuple[int, ...], Completion] = OrderedDict()
+        self.replies: OrderedDict[tuple[int, ...], tuple[Completions, int]] = OrderedDict()
+        """Each request answered since the last load: the frame it was sampled in and its row
+        there (a re-sent launch is answered with the same row)."""
         self.verifier_status: dict[tuple[int, ...], str] = {}
         """FAILED or TIMEOUT, for each request in `replies` whose verifier did not succeed."""
         self.faults = set(args.faults)
@@ -132,33 +135,38 @@ class RolloutWorker:
         self.verifier_status.clear()
         return WeightsLoaded(command.worker, command.incarnation, command.load, command.version)
 
-    def launch(self, commands: list[LaunchRequest]) -> list[Completion]:
-        """The completions of these launches (cached ones re-sent): the caller sends them in
-        one `RequestsCompleted` frame."""
-        out: list[Completion] = []
+    def launch(self, commands: list[LaunchRequest]) -> Completions:
+        """The completions of these launches (cached ones re-sent), as the columns of the one
+        `RequestsCompleted` frame the caller sends (empty: nothing to send)."""
+        frames: list[Completions] = []
+        rows: list[int] = []
         fresh: dict[tuple[int, int], list[LaunchRequest]] = {}
         for command in commands:
             key = tuple(command.request)
             if key in self.replies:
-                out.append(self.replies[key])
+                frame, row = self.replies[key]
+                frames.append(frame)
+                rows.append(row)
             elif command.version == self.version:
                 chunk = (command.request.batch, command.request.prompt // self.args.chunk_prompts)
                 fresh.setdefault(chunk, []).append(command)
             # A launch for another version predates our last load: its request is done.
         sampled = [self._sample_chunk(chunk, group)
                    for (batch, chunk), group in sorted(fresh.items())]
-        for group, rows, tokens, logprobs, pending in sampled:
-            out.extend(self._complete(group, rows, tokens, logprobs, pending))
-        return out
+        for group, rows_of_group, tokens, logprobs, pending in sampled:
+            completed = self._complete(group, rows_of_group, tokens, logprobs, pending)
+            frames.extend([completed] * len(completed))
+            rows.extend(range(len(completed)))
+        return Completions.gathered(frames, rows)
 
-    def verifier_failures(self, completions: list[Completion]) -> dict[str, list[list[int]]]:
+    def verifier_failures(self, completions: Completions) -> dict[str, list[list[int]]]:
         """The requests among `completions` whose verifier failed or timed out (the reply
         frame's header carries them; cached replies re-sent carry them again)."""
         found: dict[str, list[list[int]]] = {}
-        for completion in completions:
-            status = self.verifier_status.get(tuple(completion.request))
+        for request in completions.request_ids():
+            status = self.verifier_status.get(tuple(request))
             if status is not None:
-                found.setdefault(f"verifier_{status}", []).append(list(completion.request))
+                found.setdefault(f"verifier_{status}", []).append(list(request))
         return found
 
     def close(self) -> None:
@@ -206,8 +214,9 @@ class RolloutWorker:
         return group, rows_of_group, tokens, logprobs, pending
 
     def _complete(self, group: list[LaunchRequest], rows: list[int], tokens: Any,
-                  logprobs: Any, pending: Pending) -> list[Completion]:
-        out = []
+                  logprobs: Any, pending: Pending) -> Completions:
+        """The chunk's completions of `group` (its rows `rows` of `tokens` and `logprobs`), as
+        one frame's columns, each kept to answer a re-sent launch."""
         outcomes = pending.outcomes()
         failed = [(tuple(c.request), o) for c, o in zip(group, outcomes) if o.status != OK]
         if failed:  # one line a chunk, to the worker's log
@@ -215,23 +224,31 @@ class RolloutWorker:
             print(f"verifier: {len(failed)} of {len(group)} calls failed or timed out; the first, "
                   f"request {request}: {outcome.status}: {outcome.detail}", file=sys.stderr,
                   flush=True)
-        for command, row, outcome in zip(group, rows, outcomes):
-            version = command.version
-            if "wrong_version_once" in self.faults:
-                self.faults.discard("wrong_version_once")
-                version += 1
-            completion = Completion(command.request, version, tuple(tokens[row].tolist()),
-                                    tuple(logprobs[row].tolist()), outcome.reward)
-            if version == command.version:
+        versions = [command.version for command in group]
+        if "wrong_version_once" in self.faults:
+            self.faults.discard("wrong_version_once")
+            versions[0] += 1
+        frame = Completions(np.array([tuple(c.request) for c in group], dtype=np.int64),
+                            np.array(versions, dtype=np.int64),
+                            _rows_of(np.asarray(tokens, dtype=np.int64)[rows]),
+                            _rows_of(np.asarray(logprobs, dtype=np.float64)[rows]),
+                            np.array([outcome.reward for outcome in outcomes], dtype=np.float64))
+        for row, (command, outcome) in enumerate(zip(group, outcomes)):
+            if versions[row] == command.version:
                 key = tuple(command.request)
-                self.replies[key] = completion
+                self.replies[key] = (frame, row)
                 if outcome.status in (FAILED, TIMEOUT):
                     self.verifier_status[key] = outcome.status
                 if len(self.replies) > REPLY_CACHE:
                     evicted, _ = self.replies.popitem(last=False)
                     self.verifier_status.pop(evicted, None)
-            out.append(completion)
-        return out
+        return frame
+
+
+def _rows_of(table: np.ndarray) -> Ragged:
+    """A fixed-shape chunk's rows (a fresh (n, T) array) as `Ragged` rows, without a copy."""
+    table.flags.writeable = False
+    return Ragged(table.reshape(-1), (table.shape[1],) * table.shape[0])
 
 
 def main(argv: list[str]) -> int:
@@ -270,9 +287,8 @@ def serve(worker: RolloutWorker, args: WorkerArgs) -> int:
         began = time.perf_counter()
         completions = worker.launch(launches)
         frame = None
-        if completions:
-            frame = RequestsCompleted(launches[0].worker, launches[0].incarnation,
-                                      tuple(completions))
+        if len(completions):
+            frame = RequestsCompleted(launches[0].worker, launches[0].incarnation, completions)
         return frame, time.perf_counter() - began
 
     def reply(frame: RequestsCompleted | None, seconds: float) -> bool:
@@ -280,12 +296,12 @@ def serve(worker: RolloutWorker, args: WorkerArgs) -> int:
         if frame is not None and exit_after is not None:
             frame = replace(frame, completions=frame.completions[:max(exit_after - worker.sent,
                                                                       0)])
-        if frame is not None and frame.completions:
+        if frame is not None and len(frame.completions):
             # `compute_seconds` (generation time, for benchmarks) and the requests whose
             # verifier failed ride in the header beside the event, so the event and the
             # journal are unchanged.
             send_event(stdout, frame, compute_seconds=seconds,
-                       **worker.verifier_failures(list(frame.completions)))
+                       **worker.verifier_failures(frame.completions))
             worker.sent += len(frame.completions)
         return exit_after is not None and worker.sent >= exit_after
 

@@ -30,6 +30,7 @@ from invar.model.messages import (
     CheckpointWritten,
     Command,
     Commit,
+    Completions,
     Evaluate,
     Event,
     LaunchRequest,
@@ -192,4 +193,4 @@ def edit_completion(encoded: dict[str, Any], index: int, **changes: Any) -> dict
     frame = decode(encoded)
     completions = list(frame.completions)
     completions[index] = dataclasses.replace(completions[index], **changes)
-    return encode(dataclasses.replace(frame, completions=tuple(completions)))
+    return encode(dataclasses.replace(frame, completions=Completions.of(completions)))

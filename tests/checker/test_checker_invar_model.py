@@ -105,15 +105,15 @@ DUPLICATE_COMPLETION_PATH = [
     "deliver core|WeightsLoaded(worker='wkr0', incarnation=0, load=1, version=0)",
     "deliver wkr0|LaunchRequest(worker='wkr0', incarnation=0, request=RequestId(batch=0, "
     "prompt=0, sample=0), version=0, seed=5868321218909446902, prompt_index=0)",
-    "duplicate core|RequestsCompleted(worker='wkr0', incarnation=0, completions=(Completion("
-    "request=RequestId(batch=0, prompt=0, sample=0), version=0, tokens=(2, 1), "
-    "behavior_logprobs=(-0.8980769230769231, 0.0), reward=0.0),))",
-    "deliver core|RequestsCompleted(worker='wkr0', incarnation=0, completions=(Completion("
-    "request=RequestId(batch=0, prompt=0, sample=0), version=0, tokens=(2, 1), "
-    "behavior_logprobs=(-0.8980769230769231, 0.0), reward=0.0),))",
-    "deliver core|RequestsCompleted(worker='wkr0', incarnation=0, completions=(Completion("
-    "request=RequestId(batch=0, prompt=0, sample=0), version=0, tokens=(2, 1), "
-    "behavior_logprobs=(-0.8980769230769231, 0.0), reward=0.0),))",
+    "duplicate core|RequestsCompleted(worker='wkr0', incarnation=0, completions=Completions.of(("
+    "Completion(request=RequestId(batch=0, prompt=0, sample=0), version=0, tokens=(2, 1), "
+    "behavior_logprobs=(-0.8980769230769231, 0.0), reward=0.0),)))",
+    "deliver core|RequestsCompleted(worker='wkr0', incarnation=0, completions=Completions.of(("
+    "Completion(request=RequestId(batch=0, prompt=0, sample=0), version=0, tokens=(2, 1), "
+    "behavior_logprobs=(-0.8980769230769231, 0.0), reward=0.0),)))",
+    "deliver core|RequestsCompleted(worker='wkr0', incarnation=0, completions=Completions.of(("
+    "Completion(request=RequestId(batch=0, prompt=0, sample=0), version=0, tokens=(2, 1), "
+    "behavior_logprobs=(-0.8980769230769231, 0.0), reward=0.0),)))",
 ]
 
 

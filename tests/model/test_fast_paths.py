@@ -7,6 +7,7 @@ from __future__ import annotations
 import hashlib
 import math
 import struct
+from dataclasses import replace
 
 import numpy as np
 from hypothesis import given, settings
@@ -14,12 +15,12 @@ from hypothesis import strategies as st
 
 from invar.model import RunConfig, schedule
 from invar.model.core import (
+    _frame_plausible,
     _matrix_problem,
-    _payloads_plausible,
     _sample_digests,
     _sample_problem,
 )
-from invar.model.messages import Completion, matrix_digest
+from invar.model.messages import Completion, Completions, matrix_digest
 from invar.model.ragged import Ragged
 from invar.model.schedule import RequestId
 from invar.model.state import Assigned, BatchState, Sample, _sample_hash, _text_hash
@@ -48,42 +49,83 @@ logprob = st.floats(max_value=0.0, allow_nan=False, allow_infinity=False)
 any_float = st.floats(allow_nan=True, allow_infinity=True)
 token_ids = st.integers(0, 2**63 - 1)
 moderate = st.floats(-1e6, 1e6)
+only_request = st.just(REQUEST)
+FRAMES = RunConfig(prompts_per_batch=2, group_size=2, max_staleness=1, total_updates=4)
+"""Requests of the frames below: batches 0..3 (all admitted), of 2 prompts of 2 samples."""
 
 
 @st.composite
-def completions(draw, values=logprob, tokens=token_ids, rewards=moderate, same_length=None):
-    n = draw(st.integers(1, 20))  # large frames of one length take the table path
+def completions(draw, same_length=None, requests=only_request):
+    n = draw(st.integers(1, 20))  # frames of 16 or more are judged by their columns
     fixed = draw(st.integers(1, 5)) if (same_length or (same_length is None and draw(
         st.booleans()))) else None
     out = []
     for _ in range(n):
         length = fixed or draw(st.integers(1, 5))
-        out.append(Completion(REQUEST, 0, tuple(draw(st.lists(tokens, min_size=length,
-                                                               max_size=length))),
-                              tuple(draw(st.lists(values, min_size=length, max_size=length))),
-                              draw(rewards)))
+        out.append(Completion(draw(requests), 0,
+                              tuple(draw(st.lists(token_ids, min_size=length, max_size=length))),
+                              tuple(draw(st.lists(logprob, min_size=length, max_size=length))),
+                              draw(moderate)))
     return tuple(out)
 
 
 @settings(max_examples=200, deadline=None)
 @given(completions())
 def test_sample_digests_are_the_spec_formula(frame):
-    assert _sample_digests(frame) == [spec_sample_digest(c) for c in frame]
+    assert _sample_digests(Completions.of(frame)) == [spec_sample_digest(c) for c in frame]
 
 
-@settings(max_examples=300, deadline=None)
-@given(completions(values=st.one_of(logprob, any_float),
-                   tokens=st.integers(-3, 2**63 + 3),
-                   rewards=st.one_of(moderate, any_float)))
-def test_a_plausible_frame_has_no_bad_completion(frame):
-    plausible = _payloads_plausible(frame)
-    each_fine = all(not _sample_problem(c) for c in frame)
-    if plausible:
-        assert each_fine
-    # Values far from overflow (the frame's sums are finite): the frame-wide check is exact.
-    if each_fine and all(abs(c.reward) < 1e300 and min(c.behavior_logprobs) > -1e300
-                         for c in frame):
-        assert plausible
+def test_a_sample_digest_is_pinned():
+    """The digest a run's ledger records for a sample: its bytes must never change."""
+    completion = Completion(REQUEST, 0, (3, 1 << 40), (-0.5, -0.0), 0.25)
+    assert spec_sample_digest(completion) == "23bdaf950200b6ce15d5c4fd"
+    assert _sample_digests(Completions.of((completion,) * 16)) == [
+        "23bdaf950200b6ce15d5c4fd"] * 16  # the table path too
+
+
+def fine(config: RunConfig, admitted: int, c: Completion) -> bool:
+    """The definition a frame-wide check must agree with: every completion on its own."""
+    batch, prompt, sample = c.request
+    return (0 <= batch < admitted and 0 <= prompt < config.prompts_per_batch
+            and 0 <= sample < config.group_size
+            and c.version == schedule.gen_version(config, batch)
+            and not _sample_problem(c.tokens, c.behavior_logprobs, c.reward))
+
+
+@st.composite
+def nearly_fine_frames(draw):
+    """Frames of fine completions (requests of FRAMES, their batches' versions), one of them
+    perhaps changed in one field, to anything or to something odd: all fine, or nearly."""
+    frame = list(draw(completions(requests=st.builds(RequestId, st.integers(0, 3),
+                                                     st.integers(0, 1), st.integers(0, 1)))))
+    frame = [replace(c, version=schedule.gen_version(FRAMES, c.request.batch)) for c in frame]
+    index = draw(st.integers(0, len(frame) - 1))
+    c = frame[index]
+    length = len(c.tokens)
+    odd = st.sampled_from((0.5, math.nan, math.inf, -math.inf))
+    changes = {
+        "none": lambda: {},
+        "request": lambda: {"request": draw(st.builds(
+            RequestId, st.integers(-1, 4), st.integers(-1, 2), st.integers(-1, 2)))},
+        "version": lambda: {"version": draw(st.integers(0, 3))},
+        "tokens": lambda: {"tokens": tuple(draw(st.lists(
+            st.one_of(token_ids, st.integers(-3, -1)), min_size=length, max_size=length)))},
+        "empty": lambda: {"tokens": (), "behavior_logprobs": ()},
+        "logprobs": lambda: {"behavior_logprobs": tuple(draw(st.lists(
+            st.one_of(logprob, any_float, odd), min_size=length, max_size=length)))},
+        "lengths": lambda: {"behavior_logprobs": draw(st.sampled_from(
+            (c.behavior_logprobs[:-1], c.behavior_logprobs + (-1.0,))))},
+        "reward": lambda: {"reward": draw(st.one_of(odd, moderate))},
+    }
+    frame[index] = replace(c, **changes[draw(st.sampled_from(sorted(changes)))]())
+    return frame
+
+
+@settings(max_examples=400, deadline=None)
+@given(nearly_fine_frames())
+def test_a_plausible_frame_is_one_of_fine_completions(frame):
+    assert _frame_plausible(FRAMES, 4, Completions.of(frame)) == all(
+        fine(FRAMES, 4, c) for c in frame)
 
 
 @settings(max_examples=300, deadline=None)
@@ -172,8 +214,11 @@ def slot_term(position, slot):
     return _text_hash(f"{position}:A:{slot.worker}#{slot.incarnation}")
 
 
+ONE = Completions.of((Completion(REQUEST, 0, (1,), (-0.5,), 0.0),))
+
+
 def sample(digest: str) -> Sample:
-    return Sample(digest, (1,), (-0.5,), 0.0, 0)
+    return Sample(digest, 0, ONE, 0)
 
 
 slot_values = st.one_of(st.none(), st.builds(Assigned, st.sampled_from("ab"), st.integers(0, 2)),

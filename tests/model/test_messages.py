@@ -46,7 +46,7 @@ STRATEGIES: dict[type, st.SearchStrategy] = {
         m.RequestsCompleted, worker=names, incarnation=small, completions=st.lists(st.builds(
             m.Completion, request=request_ids, version=small,
             tokens=st.lists(ints, max_size=6).map(tuple), behavior_logprobs=row, reward=reals),
-            max_size=3).map(tuple)),
+            max_size=3).map(m.Completions.of)),
     m.ProbabilitiesReported: st.builds(m.ProbabilitiesReported, update=small, attempt=small,
                                        proximal=matrix, reference=st.none() | matrix),
     m.ForwardObserved: st.builds(m.ForwardObserved, observation=observations, attempt=small,
@@ -244,7 +244,7 @@ def _acceptable(original, wrong) -> bool:
 ])
 def test_packed_completion_errors_name_the_path(mutate, where):
     sample = m.Completion(RequestId(0, 1, 0), 0, (1, 2), (-0.5, -0.25), 1.0)
-    message = m.RequestsCompleted("w0", 0, (sample, sample))
+    message = m.RequestsCompleted("w0", 0, m.Completions.of((sample, sample)))
     data = encode(message)
     mutate(data["completions"])
     assert f"RequestsCompleted.{where}" in decode_error(data)
@@ -288,14 +288,6 @@ def test_a_decoded_matrix_is_a_read_only_view_of_the_decoded_bytes():
         values[0] = 0.0
 
 
-def test_pack_matrix_takes_rows_as_sequences_too():
-    """A frame's behaviour log-probs are packed from rows of Python floats: the same text."""
-    rows = ((-0.5, -1.0 / 3.0), (), (-0.0,))
-    assert m.pack_matrix(rows) == m.pack_matrix(Ragged.of(rows))
-    with pytest.raises(ValueError, match=r"rows\[1\]"):
-        m.pack_matrix(((-0.5,), ("x",)))
-
-
 @pytest.mark.parametrize("mutate, where", [
     (lambda d: d.__setitem__("rows", [2, 1]), "ForwardObserved.current_logprobs.f64: 32 bytes, "
                                               "expected 24"),
@@ -320,21 +312,37 @@ def test_an_integer_matrix_is_packed_as_its_float64_values():
     assert loads(dumps(event)).current_logprobs == Ragged.of(((1.0, 2.0),))
 
 
-def test_decoded_completions_are_ordinary_dataclass_instances():
-    """Completions are decoded without their __init__ (one dict each): they must still compare,
-    hash, print, replace and convert like constructed ones, in rows of one length or several."""
+def test_decoded_completions_are_views_of_the_wire_that_read_as_records():
+    """A frame decodes to columns over the decoded bytes (read-only, not copied out) that equal,
+    hash, print and read back as the frame of the records it was made from, in rows of one
+    length or several, and encode again to the very same text."""
     made = (m.Completion(RequestId(3, 1, 0), 2, (1, 2), (-0.5, -0.25), 1.0),
             m.Completion(RequestId(3, 1, 1), 2, (4, 5), (-1.5, -0.0), 0.0))
-    for completions in (made, (made[0], dataclasses.replace(made[1], tokens=(7,))),
-                        tuple(dataclasses.replace(c, tokens=(), behavior_logprobs=())
-                              for c in made)):
-        back = loads(dumps(m.RequestsCompleted("w", 1, completions))).completions
-        assert back == completions and hash(back) == hash(completions)
-        assert [repr(c) for c in back] == [repr(c) for c in completions]
-        assert [dataclasses.asdict(c) for c in back] == [dataclasses.asdict(c) for c in completions]
+    for records in (made, (made[0], dataclasses.replace(made[1], tokens=(7,))),
+                    tuple(dataclasses.replace(c, tokens=(), behavior_logprobs=())
+                          for c in made)):
+        frame = m.Completions.of(records)
+        text = dumps(m.RequestsCompleted("w", 1, frame))
+        back = loads(text).completions
+        assert back == frame and hash(back) == hash(frame) and repr(back) == repr(frame)
+        assert tuple(back) == records and [back[i] for i in range(len(back))] == list(records)
         assert all(type(c.request) is RequestId and type(c.tokens) is tuple for c in back)
-        with pytest.raises(dataclasses.FrozenInstanceError):
-            back[0].reward = 2.0  # type: ignore[misc]
+        for column in (back.requests, back.versions, back.rewards, back.tokens.values,
+                       back.behavior_logprobs.values):
+            assert not column.flags.writeable and not column.flags.owndata
+        assert dumps(m.RequestsCompleted("w", 1, back)) == text
+
+
+def test_completions_pack_as_the_records_did():
+    """The columns' encoding (journal format 3) is the one the records had: byte for byte."""
+    frame = m.Completions.of((m.Completion(RequestId(3, 1, 0), 2, (1, 2), (-0.5, -0.25), 1.0),
+                              m.Completion(RequestId(3, 1, 1), 2, (4,), (-1.5,), 0.0)))
+    assert json.dumps(m.pack_completions(frame), separators=(",", ":")) == (
+        '{"n":2,"request":"AwAAAAAAAAABAAAAAAAAAAAAAAAAAAAAAwAAAAAAAAABAAAAAAAAAAEAAAAAAAAA",'
+        '"version":"AgAAAAAAAAACAAAAAAAAAA==",'
+        '"tokens":{"rows":[2,1],"i64":"AQAAAAAAAAACAAAAAAAAAAQAAAAAAAAA"},'
+        '"behavior_logprobs":{"rows":[2,1],"f64":"AAAAAAAA4L8AAAAAAADQvwAAAAAAAPi/"},'
+        '"reward":"AAAAAAAA8D8AAAAAAAAAAA=="}')
 
 
 launch_frames = st.tuples(names, small).flatmap(lambda key: st.lists(

@@ -32,6 +32,7 @@ from invar.model import (  # noqa: E402
 from invar.model.messages import (  # noqa: E402
     Checkpoint,
     CheckpointWritten,
+    Completions,
     Evaluate,
     ForwardObserved,
     LaunchRequest,
@@ -75,7 +76,7 @@ def first_completion(d: Driver) -> RequestsCompleted:
 def changed(frame: RequestsCompleted, **changes) -> RequestsCompleted:
     """`frame` with its first completion changed."""
     first = replace(frame.completions[0], **changes)
-    return replace(frame, completions=(first, *frame.completions[1:]))
+    return replace(frame, completions=Completions.of((first, *frame.completions[1:])))
 
 
 def at_phase(d: Driver, phase: LearnerPhase, step_index: int | None = None) -> Driver:
@@ -140,9 +141,11 @@ def empty_response(d):
     return changed(good, tokens=(), behavior_logprobs=())
 
 
-def token_out_of_range(d):
+def negative_token(d):
+    """(A token of 2**63 or more does not fit the int64 column: `Completions.of` and the wire
+    refuse it before the core sees it.)"""
     good = first_completion(d)
-    return changed(good, tokens=(1 << 63,) + good.completions[0].tokens[1:])
+    return changed(good, tokens=(-1,) + good.completions[0].tokens[1:])
 
 
 def infinite_reward(d):
@@ -151,14 +154,14 @@ def infinite_reward(d):
 
 
 def empty_frame(d):
-    return replace(first_completion(d), completions=())
+    return replace(first_completion(d), completions=Completions.of(()))
 
 
 def good_then_unknown(d):
     """A frame is judged whole: its good first completion does not carry in a bad second."""
     good = first_completion(d)
     bad = replace(good.completions[0], request=RequestId(0, CONFIG.prompts_per_batch, 0))
-    return replace(good, completions=(*good.completions, bad))
+    return replace(good, completions=Completions.of((*good.completions, bad)))
 
 
 def scores_wrong_rows(d):
@@ -424,7 +427,7 @@ SCENARIOS = [
     (length_mismatch, Reason.MALFORMED_PAYLOAD),
     (empty_response, Reason.MALFORMED_PAYLOAD),
     (infinite_reward, Reason.MALFORMED_PAYLOAD),
-    (token_out_of_range, Reason.MALFORMED_PAYLOAD),
+    (negative_token, Reason.MALFORMED_PAYLOAD),
     (empty_frame, Reason.MALFORMED_PAYLOAD),
     (good_then_unknown, Reason.UNKNOWN_REQUEST),
     (scores_wrong_rows, Reason.MALFORMED_PAYLOAD),
@@ -710,7 +713,7 @@ def test_a_frame_that_repeats_some_completions_is_accepted_and_counts_them():
             lambda c: isinstance(c, LaunchRequest) and c not in launches))
     first, second = (reply(c, K) for c in launches)
     d.apply(first)
-    both = replace(first, completions=first.completions + second.completions * 2)
+    both = replace(first, completions=first.completions + second.completions + second.completions)
     outcome = step(d.state, both)
     assert not isinstance(outcome, ProtocolError), outcome
     after, _ = outcome

@@ -511,7 +511,7 @@ class DistinctValues(Driver):
         event = super().answer(command)
         v = self.values
         if isinstance(event, m.RequestsCompleted):
-            return replace(event, completions=tuple(
+            return replace(event, completions=m.Completions.of(
                 replace(c, tokens=tuple(range(v.length(c.request))),
                         behavior_logprobs=v.behavior(c.request), reward=v.reward(c.request))
                 for c in event.completions))

@@ -30,8 +30,9 @@ from invar.model import (  # noqa: E402
     state_digest,
     step,
 )
-from invar.model.messages import RunForward, TimerFired  # noqa: E402
+from invar.model.messages import Completion, Completions, RunForward, TimerFired  # noqa: E402
 from invar.model.ragged import Ragged  # noqa: E402
+from invar.model.schedule import RequestId  # noqa: E402
 from invar.model.state import (  # noqa: E402
     BatchRequests,
     History,
@@ -103,9 +104,13 @@ def test_sample_payload_is_excluded_from_equality():
     state = mid_run_state()
     batch = state.batches[0]
     position, sample = next((i, s) for i, s in enumerate(batch.slots) if isinstance(s, Sample))
-    other = replace(sample, tokens=(9, 9, 9), behavior_logprobs=(-3.0, -3.0, -3.0),
-                    reward=-42.0)
+    elsewhere = Completions.of((Completion(RequestId(0, 0, 0), 0, (7,), (-1.0,), 1.0),
+                                Completion(RequestId(0, 0, 0), 0, (9, 9, 9),
+                                           (-3.0, -3.0, -3.0), -42.0)))
+    other = replace(sample, frame=elsewhere, row=1)
     assert other == sample and hash(other) == hash(sample)
+    assert (other.tokens, other.behavior_logprobs, other.reward) == (
+        (9, 9, 9), (-3.0, -3.0, -3.0), -42.0)
     slots = batch.slots[:position] + (other,) + batch.slots[position + 1:]
     twin = replace(state, batches=(replace(batch, slots=slots),) + state.batches[1:])
     assert twin.batches[0].slots[position].tokens == (9, 9, 9)

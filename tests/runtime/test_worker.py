@@ -37,7 +37,9 @@ def test_an_older_load_is_ignored_and_the_current_one_answered_again():
     assert worker.load(LoadWeights("w", 0, 0, 1, "d1"), *old) is None  # overtaken: ignored
     assert worker.version == 2 and worker.load_serial == 1
     assert worker.load(LoadWeights("w", 0, 1, 2, "d2"), *new) == WeightsLoaded("w", 0, 1, 2)
-    assert worker.launch(launch(1)) == []  # a launch for a version it does not hold
+    assert len(worker.launch(launch(1))) == 0  # a launch for a version it does not hold
     completed = worker.launch(launch(2))
     assert [type(e) for e in completed] == [Completion] * 2
     assert all(e.version == 2 for e in completed)
+    # A re-sent launch is answered with the very rows first sent (its frame's columns).
+    assert worker.launch(launch(2)[::-1]) == completed.take([1, 0])
