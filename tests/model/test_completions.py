@@ -269,3 +269,10 @@ def test_a_frame_of_records_is_refused_not_crashed_on() -> None:
     outcome = step(d.state, RequestsCompleted("w0", 0, records))  # type: ignore[arg-type]
     assert isinstance(outcome, ProtocolError)
     assert outcome.detail == "completions: expected Completions, got tuple"
+
+
+def test_gathering_a_batch_that_is_not_complete_names_the_first_slot_at_fault() -> None:
+    frame = Completions.of((Completion(RequestId(0, 0, 0), 0, (1,), (-0.5,), 0.0),))
+    done = Sample("0" * 24, 0, frame, 0)
+    with pytest.raises(ValueError, match=r"slots\[1\]: not a sample \(None\)"):
+        completions_of((done, None, done))
