@@ -244,9 +244,12 @@ def tables(report: dict[str, Any]) -> list[tuple[str, list[str], list[list[str]]
         out.append(("4. Core + driver share of wall time, default `invar train` "
                     f"({r['updates']} updates; target < 2 %)", ["", "value"], rows,
                     "core_and_driver_share counts the driver's event path: Driver._apply "
-                    "(core step, state digests, journal, dispatch) and Driver._accept_frame "
-                    "(decoding worker frames). A learner command's inputs are built, and its "
-                    "reply encoded for the journal, in the learner's thread."))
+                    "(core step, state digests, journal lines kept in memory, dispatch), "
+                    "Driver._accept_frame (decoding worker frames) and the dispatch of "
+                    "commands held for a journal sync. The journal's and metrics' writes and "
+                    "fsyncs run in a thread of the driver, off the event path. A learner "
+                    "command's inputs are built, and its reply encoded for the journal, in "
+                    "the learner's thread."))
     r = runs.get("default_profiled")
     if r and r.get("profile"):
         prof = r["profile"]
