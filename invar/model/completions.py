@@ -26,7 +26,7 @@ from typing import Any, overload
 
 import numpy as np
 
-from invar.model.ragged import FLOAT, INT, Ragged, read_only
+from invar.model.ragged import FLOAT, INT, INTEGER_TYPES, NUMBER_TYPES, Ragged, read_only
 from invar.model.schedule import RequestId
 
 
@@ -249,13 +249,9 @@ class Completions:
         raise AttributeError(f"Completions is immutable: cannot set {name}")
 
 
-_INTEGERS = frozenset({int, np.int64})
-_NUMBERS = frozenset({int, float, np.int64, np.float64})
-
-
 def _column(values: list[Any], dtype: np.dtype[Any], name: str) -> np.ndarray:
     """Python numbers as a read-only column; Python ints only for int64 (no bool, no float)."""
-    if not set(map(type, values)) <= (_INTEGERS if dtype == INT else _NUMBERS):
+    if not set(map(type, values)) <= (INTEGER_TYPES if dtype == INT else NUMBER_TYPES):
         raise ValueError(f"{name}: expected {'integers' if dtype == INT else 'numbers'}")
     try:
         return _owned(np.array(values, dtype=dtype))

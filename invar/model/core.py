@@ -131,10 +131,10 @@ def requires_fsync(event: Event, commands: tuple[Command, ...] | list[Command]) 
 def outstanding_commands(state: State) -> tuple[Command, ...]:
     """Every command whose reply the core still awaits: what a retry (or a restart) re-sends."""
     out: list[Command] = []
+    config = state.config
     for batch in state.batches:
         if batch.pending + batch.completed == len(batch.slots):
             continue
-        config = state.config
         requests = schedule.request_ids(config, batch.batch)
         launches: dict[Assigned, _Launches] = {}
         for position, slot in enumerate(batch.slots):
@@ -143,10 +143,8 @@ def outstanding_commands(state: State) -> tuple[Command, ...]:
                 if columns is None:
                     columns = launches[slot] = _Launches(slot)
                 request = requests[position]
-                columns.requests.append(request)
-                columns.seeds.append(schedule.sampling_seed(config, request))
-                columns.prompt_indices.append(
-                    schedule.prompt_index(config, request.batch, request.prompt))
+                columns.add(request, schedule.sampling_seed(config, request),
+                            schedule.prompt_index(config, request.batch, request.prompt))
         version = schedule.gen_version(config, batch.batch)
         out.extend(columns.command(version) for columns in launches.values())
     for w in state.workers:
@@ -393,7 +391,7 @@ def _on_probabilities_reported(state: State, event: ProbabilitiesReported) -> Ha
                              f"not requested")
     batch = state.batch(event.update)
     assert batch is not None
-    lengths = list(completions_of(batch.slots).tokens.lengths)
+    lengths = completions_of(batch.slots).tokens.lengths
     problem = _matrix_problem("proximal", event.proximal, lengths)
     if state.config.objective.needs_reference:
         problem = problem or _matrix_problem("reference", event.reference, lengths)
@@ -430,7 +428,7 @@ def _on_forward_observed(state: State, event: ForwardObserved) -> Handled:
     batch = state.batch(event.observation.update)
     assert batch is not None
     token_lengths = completions_of(batch.slots).tokens.lengths
-    lengths = [token_lengths[i] for i in plan]
+    lengths = tuple(token_lengths[i] for i in plan)
     problem = _matrix_problem("current_logprobs", event.current_logprobs, lengths)
     if problem:
         return ProtocolError(state, event, Reason.MALFORMED_PAYLOAD, problem)
@@ -809,9 +807,7 @@ def _assign_pending(state: State, commands: list[Command]) -> State:
             index_of_prompt = schedule.prompt_index(config, batch.batch, prompt)
             for position in group:
                 changes[position] = columns.slot
-                columns.requests.append(requests[position])
-                columns.seeds.append(seeds[position - start])
-                columns.prompt_indices.append(index_of_prompt)
+                columns.add(requests[position], seeds[position - start], index_of_prompt)
         commands.extend(columns.command(version) for columns in launches.values())
         state = evolve(state, batches=_set(state.batches, index, batch.with_slots(changes)))
         for w in ready:
@@ -828,6 +824,11 @@ class _Launches:
         self.requests: list[RequestId] = []
         self.seeds: list[int] = []
         self.prompt_indices: list[int] = []
+
+    def add(self, request: RequestId, seed: int, prompt_index: int) -> None:
+        self.requests.append(request)
+        self.seeds.append(seed)
+        self.prompt_indices.append(prompt_index)
 
     def command(self, version: int) -> LaunchRequests:
         return LaunchRequests(self.slot.worker, self.slot.incarnation, version,
@@ -923,10 +924,7 @@ def _frame_plausible(config: RunConfig, admitted: int, frame: Completions) -> bo
         return False
     if tokens.values.min() < 0:
         return False
-    values = logprobs.values
-    # The maximum of values holding a NaN is a NaN, which is not <= 0.
-    return bool(values.max() <= 0.0 and values.min() > -np.inf
-                and np.isfinite(frame.rewards).all())
+    return _logprobs(logprobs.values) and bool(np.isfinite(frame.rewards).all())
 
 
 def _not_a_matrix(name: str, matrix: Any) -> str:
@@ -940,13 +938,13 @@ def _not_a_matrix(name: str, matrix: Any) -> str:
     return ""
 
 
-def _matrix_problem(name: str, matrix: Matrix | None, lengths: list[int]) -> str:
+def _matrix_problem(name: str, matrix: Matrix | None, lengths: tuple[int, ...]) -> str:
     if matrix is None:
         return f"{name}: missing"
     if len(matrix) != len(lengths):
         return f"{name}: {len(matrix)} rows for {len(lengths)} samples"
     # The whole matrix in two C passes; the row at fault is looked for only when one is.
-    if matrix.lengths == tuple(lengths) and _logprobs(matrix.values):
+    if matrix.lengths == lengths and _logprobs(matrix.values):
         return ""
     for i, length in enumerate(lengths):
         row = matrix.row(i)

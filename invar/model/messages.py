@@ -38,7 +38,6 @@ ENCODING_VERSION = 3
 frame's completions are most of a run's journal, and as JSON numbers each value costs ~20
 characters and a parse."""
 
-Logprobs = tuple[float, ...]
 Matrix = Ragged
 """A log-prob matrix: a row of float64 per sample (`Ragged`; see `logprob_matrix`). Events
 carry it as such from the learner to the journal: checked, digested, padded and packed as
@@ -396,11 +395,8 @@ def logprob_matrix(values: np.ndarray) -> Matrix:
     """A learner's log-probs, an (n, T) array with every row whole (fixed-shape generation),
     as a `Matrix` of n rows of T float64 values: one copy, no Python floats."""
     table = np.array(values, dtype=FLOAT, order="C")
-    if table.ndim != 2:
-        raise ValueError(f"log-probs: expected an (n, T) array, got shape {table.shape}")
-    table.flags.writeable = False
-    rows, width = table.shape
-    return Ragged(table.reshape(-1), (width,) * rows)
+    table.flags.writeable = False  # nothing else holds it: shared, not copied again
+    return Ragged.from_table(table)
 
 
 def loads(text: str | bytes) -> Any:
@@ -453,7 +449,8 @@ def _to_json(value: Any) -> Any:
 # `Ragged` over the decoded bytes, with no Python float per value.
 
 
-def _pack(values: list[float] | list[int], dtype: str) -> str:
+def _pack(values: Sequence[float] | Sequence[int] | np.ndarray, dtype: str) -> str:
+    """`values` as little-endian `dtype` bytes in base64 (an array of that dtype as it is)."""
     return base64.b64encode(np.asarray(values, dtype=dtype).tobytes()).decode("ascii")
 
 
@@ -483,14 +480,6 @@ def _lengths(value: Any, where: str) -> list[int]:
     return value
 
 
-def _split(flat: list[Any], lengths: list[int]) -> tuple[tuple[Any, ...], ...]:
-    rows, start = [], 0
-    for length in lengths:
-        rows.append(tuple(flat[start:start + length]))
-        start += length
-    return tuple(rows)
-
-
 def _object(value: Any, keys: tuple[str, ...], where: str) -> dict[str, Any]:
     if not isinstance(value, dict):
         raise DecodeError(f"{where}: expected an object")
@@ -502,8 +491,7 @@ def _object(value: Any, keys: tuple[str, ...], where: str) -> dict[str, Any]:
 
 def pack_matrix(matrix: Matrix) -> dict[str, Any]:
     """`{"rows": [length per row], "f64": base64}`: the matrix's values as they are."""
-    values = np.ascontiguousarray(matrix.values, dtype=FLOAT)  # as is, unless int64
-    return {"rows": list(matrix.lengths), "f64": base64.b64encode(values.data).decode("ascii")}
+    return {"rows": list(matrix.lengths), "f64": _pack(matrix.values, "<f8")}  # int64: as floats
 
 
 def unpack_matrix(value: Any, where: str) -> Matrix:
@@ -522,11 +510,12 @@ def pack_completions(completions: Completions) -> dict[str, Any]:
     tokens, logprobs = completions.tokens, completions.behavior_logprobs
     return {
         "n": len(completions),
-        "request": _packed(completions.requests),
-        "version": _packed(completions.versions),
-        "tokens": {"rows": list(tokens.lengths), "i64": _packed(tokens.values)},
-        "behavior_logprobs": {"rows": list(logprobs.lengths), "f64": _packed(logprobs.values)},
-        "reward": _packed(completions.rewards),
+        "request": _pack(completions.requests, "<i8"),
+        "version": _pack(completions.versions, "<i8"),
+        "tokens": {"rows": list(tokens.lengths), "i64": _pack(tokens.values, "<i8")},
+        "behavior_logprobs": {"rows": list(logprobs.lengths),
+                              "f64": _pack(logprobs.values, "<f8")},
+        "reward": _pack(completions.rewards, "<f8"),
     }
 
 
@@ -553,11 +542,6 @@ def unpack_completions(value: Any, where: str) -> Completions:
                        Ragged(logprobs, logprob_lengths), rewards)
 
 
-def _packed(values: np.ndarray) -> str:
-    """A column's little-endian bytes in base64."""
-    return base64.b64encode(values.tobytes()).decode("ascii")
-
-
 def _request_rows(text: Any, count: int, where: str) -> list[RequestId]:
     """`count` request ids packed as rows of 3 int64."""
     rows = _unpack_array(text, "<i8", 3 * count, where).reshape(count, 3).tolist()
@@ -569,18 +553,6 @@ def _count(value: Any, where: str) -> int:
     if type(value) is not int or value < 0:
         raise DecodeError(f"{where}: expected a non-negative integer, got {value!r}")
     return value
-
-
-def _rows(text: Any, dtype: str, lengths: list[int], where: str) -> tuple[tuple[Any, ...], ...]:
-    """A packed ragged array's rows; rows of one length are cut by numpy, not in Python."""
-    total = sum(lengths)
-    if lengths and lengths.count(lengths[0]) == len(lengths):
-        width = lengths[0]
-        values = _unpack_array(text, dtype, total, where)
-        if width == 0:
-            return ((),) * len(lengths)
-        return tuple(map(tuple, values.reshape(len(lengths), width).tolist()))
-    return _split(_unpack(text, dtype, total, where), lengths)
 
 
 _LAUNCH_FIELDS = ("type", "v", "worker", "incarnation", "n", "request", "version", "seed",

@@ -72,7 +72,7 @@ class Ragged:
             flat = None
         # Python ints (and floats, for float rows) only: no bool, no silent truncation of a
         # float to an int, no string that numpy would parse.
-        allowed = _INT_TYPES if dtype == INT else _NUMBER_TYPES
+        allowed = INTEGER_TYPES if dtype == INT else NUMBER_TYPES
         if flat is None or not set(map(type, flat)) <= allowed:
             index = next((i for i, row in enumerate(rows) if not _flat_of(row, allowed)), None)
             where = "rows" if index is None else f"rows[{index}]"
@@ -84,6 +84,16 @@ class Ragged:
             raise ValueError("rows: an integer outside int64") from None
         values.flags.writeable = False
         return cls(values, lengths)
+
+    @classmethod
+    def from_table(cls, table: np.ndarray) -> Ragged:
+        """The rows of an (n, T) array of float64 or int64, every row whole (fixed-shape
+        generation): its values as they lie, when nothing can write them, else one copy."""
+        table = np.asarray(table)
+        if table.ndim != 2:
+            raise ValueError(f"table: expected an (n, T) array, got shape {table.shape}")
+        rows, width = table.shape
+        return cls(table.reshape(-1), (width,) * rows)
 
     @classmethod
     def from_padded(cls, values: np.ndarray, mask: np.ndarray) -> Ragged:
@@ -240,8 +250,10 @@ def _frozen(values: np.ndarray) -> bool:
 
 
 _INT_TYPE = frozenset({int})
-_INT_TYPES = frozenset({int, np.int64})
-_NUMBER_TYPES = frozenset({int, float, np.int64, np.float64})
+INTEGER_TYPES = frozenset({int, np.int64})
+"""What an int64 column or row may be made of: no bool, no float to truncate."""
+NUMBER_TYPES = frozenset({int, float, np.int64, np.float64})
+"""What a float64 column or row may be made of: no bool, no string for numpy to parse."""
 
 
 def _flat_of(row: Any, allowed: frozenset[type]) -> bool:

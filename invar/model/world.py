@@ -77,7 +77,14 @@ from invar.model.messages import (
 )
 from invar.model.ragged import Ragged
 from invar.model.shell import LEARNER, STORE, TIMER, Delivery, Verdict, deliver, route
-from invar.model.state import LearnerPhase, State, WorkerPhase, cached_repr, evolve
+from invar.model.state import (
+    LearnerPhase,
+    State,
+    WorkerPhase,
+    cached_repr,
+    completions_of,
+    evolve,
+)
 
 CORE = "core"
 RESPONSE_TOKENS = 2
@@ -887,8 +894,7 @@ def forgeries(state: State) -> tuple[Event, ...]:
                     StepFinished(ahead, learner.attempt, "forged")]
         batch = state.batch(newest)
         if learner.phase is LearnerPhase.SCORING and batch is not None:
-            every = tuple((-0.5,) * len(s.tokens)  # type: ignore[union-attr]
-                          for s in batch.slots)
+            every = tuple((-0.5,) * n for n in completions_of(batch.slots).tokens.lengths)
             rows = Ragged.of(every)
             reference = rows if config.objective.needs_reference else None
             out.append(ProbabilitiesReported(newest, learner.attempt + 1, rows, reference))
@@ -903,8 +909,8 @@ def forgeries(state: State) -> tuple[Event, ...]:
                 out.append(ProbabilitiesReported(newest, learner.attempt, rows, rows))
         pending = learner.observation
         if learner.phase is LearnerPhase.FORWARD and pending is not None and batch is not None:
-            rows = Ragged.of([(-0.5,) * len(batch.slots[i].tokens)  # type: ignore[union-attr]
-                              for i in learner.positions])
+            lengths = completions_of(batch.slots).tokens.lengths
+            rows = Ragged.of([(-0.5,) * lengths[i] for i in learner.positions])
             out += [ForwardObserved(pending, learner.attempt, "forged", rows),
                     ForwardObserved(pending, learner.attempt + 1, learner.step_digest, rows)]
         if learner.phase is LearnerPhase.APPLYING and pending is not None:

@@ -248,7 +248,7 @@ class RolloutWorker:
 def _rows_of(table: np.ndarray) -> Ragged:
     """A fixed-shape chunk's rows (a fresh (n, T) array) as `Ragged` rows, without a copy."""
     table.flags.writeable = False
-    return Ragged(table.reshape(-1), (table.shape[1],) * table.shape[0])
+    return Ragged.from_table(table)
 
 
 def main(argv: list[str]) -> int:

@@ -127,3 +127,15 @@ def test_bad_arrays_are_refused() -> None:
 def test_repr_rebuilds_the_value() -> None:
     for ragged in (Ragged.of(((-0.5,), ())), Ragged.of(((1, 2),), INT)):
         assert eval(repr(ragged), {"Ragged": Ragged, "INT": INT}) == ragged
+
+
+def test_from_table_shares_frozen_rows_and_copies_writable_ones() -> None:
+    table = np.array([[0, 1], [2, 3], [4, 5]], dtype=np.int64)
+    ragged = Ragged.from_table(table)
+    assert ragged == Ragged.of(((0, 1), (2, 3), (4, 5)), INT)
+    table[0, 0] = 9  # the caller's writable array was copied
+    assert ragged[0] == (0, 1)
+    table.flags.writeable = False
+    assert np.shares_memory(Ragged.from_table(table).values, table)
+    with pytest.raises(ValueError, match=r"table: expected an \(n, T\) array"):
+        Ragged.from_table(np.zeros(3))
