@@ -65,7 +65,10 @@ def cached_repr(cls: RecordType) -> RecordType:
     def __getstate__(self: Any) -> dict[str, Any]:
         return {k: v for k, v in self.__dict__.items() if k != "_hash"}
 
-    cls.__repr__ = _memoised("_repr", cls.__repr__)  # type: ignore[method-assign]
+    # The dataclass repr without its guard against recursion (a set of ids kept per thread):
+    # a record is an immutable value and never contains itself.
+    cls.__repr__ = _memoised("_repr", getattr(cls.__repr__, "__wrapped__",  # type: ignore[method-assign]
+                                              cls.__repr__))
     if generated_hash is not None:
         cls.__hash__ = _memoised("_hash", generated_hash)  # type: ignore[method-assign]
         cls.__getstate__ = __getstate__  # type: ignore[method-assign,assignment]
@@ -124,7 +127,7 @@ _HISTORIES = ("commit_digests", "published", "evaluated", "checkpointed")
 
 def _histories_shortened(cls: RecordType) -> RecordType:
     """`State`'s repr with each history as `history_text` (its fields are `repr=False`)."""
-    generated: Any = cls.__repr__
+    generated: Any = getattr(cls.__repr__, "__wrapped__", cls.__repr__)  # as in cached_repr
 
     def __repr__(self: Any) -> str:
         shown = ", ".join(f"{name}={history_text(getattr(self, name))}" for name in _HISTORIES)

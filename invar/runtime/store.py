@@ -34,23 +34,38 @@ def read_digest(path: Path) -> str | None:
 
 class WeightsStore:
     """The weights workers load: one file per published version, its parameter digest beside
-    it. Publication writes both atomically; a release deletes both."""
+    it. Publication writes both atomically; a release deletes both.
+
+    The newest publication is also kept in memory as written: nearly every load is of it, and
+    reading it back from disk for each worker was the driver's event path's largest piece of
+    I/O. Only that one copy is kept (a model's weights once more in the driver's memory), and
+    a release of its version drops it with the files."""
 
     def __init__(self, directory: Path) -> None:
         self.directory = Path(directory)
         self.directory.mkdir(parents=True, exist_ok=True)
+        # (version, blob, params digest); replaced whole, so a reader on another thread sees
+        # the old entry or the new, never a mix.
+        self._newest: tuple[int, bytes, str] | None = None
 
     def path(self, version: int) -> Path:
         return self.directory / f"weights-{version:06d}.bin"
 
     def write(self, version: int, blob: bytes, params_digest: str) -> None:
         write_with_digest(self.path(version), blob, params_digest)
+        self._newest = (version, blob, params_digest)  # once the files are whole
 
     def read(self, version: int) -> tuple[bytes, str]:
+        newest = self._newest
+        if newest is not None and newest[0] == version:
+            return newest[1], newest[2]
         path = self.path(version)
         return path.read_bytes(), digest_path(path).read_text()
 
     def delete(self, version: int) -> None:
+        newest = self._newest
+        if newest is not None and newest[0] == version:
+            self._newest = None
         path = self.path(version)
         path.unlink(missing_ok=True)
         digest_path(path).unlink(missing_ok=True)

@@ -1,0 +1,70 @@
+"""The weights store: what a load reads is what publication wrote, from memory for the newest
+publication and from disk for the others, and a release takes both away."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from invar.runtime.store import WeightsStore
+
+
+def _no_disk_reads(monkeypatch: pytest.MonkeyPatch) -> None:
+    def refused(self: Path, *args: object, **kwargs: object) -> None:
+        raise AssertionError(f"read {self} from disk")
+    monkeypatch.setattr(Path, "read_bytes", refused)
+    monkeypatch.setattr(Path, "read_text", refused)
+
+
+def test_the_newest_publication_is_read_from_memory(tmp_path, monkeypatch):
+    store = WeightsStore(tmp_path)
+    store.write(3, b"weights of 3", "digest-3")
+    _no_disk_reads(monkeypatch)
+    assert store.read(3) == (b"weights of 3", "digest-3")
+
+
+def test_an_older_publication_is_read_from_its_files(tmp_path):
+    store = WeightsStore(tmp_path)
+    store.write(3, b"weights of 3", "digest-3")
+    store.write(4, b"weights of 4", "digest-4")
+    store.path(3).write_bytes(b"as on disk")  # the memory copy, if read, would differ
+    assert store.read(3) == (b"as on disk", "digest-3")
+    assert store.read(4) == (b"weights of 4", "digest-4")
+
+
+def test_a_store_opened_again_reads_what_an_earlier_one_wrote(tmp_path):
+    WeightsStore(tmp_path).write(5, b"weights of 5", "digest-5")
+    assert WeightsStore(tmp_path).read(5) == (b"weights of 5", "digest-5")
+
+
+def test_a_release_takes_the_newest_publication_out_of_memory_too(tmp_path):
+    store = WeightsStore(tmp_path)
+    store.write(3, b"weights of 3", "digest-3")
+    store.delete(3)
+    assert not store.path(3).exists()
+    with pytest.raises(FileNotFoundError):
+        store.read(3)
+
+
+def test_a_release_of_another_version_keeps_the_newest(tmp_path, monkeypatch):
+    store = WeightsStore(tmp_path)
+    store.write(3, b"weights of 3", "digest-3")
+    store.write(4, b"weights of 4", "digest-4")
+    store.delete(3)
+    _no_disk_reads(monkeypatch)
+    assert store.read(4) == (b"weights of 4", "digest-4")
+
+
+def test_a_failed_write_leaves_the_previous_newest(tmp_path, monkeypatch):
+    store = WeightsStore(tmp_path)
+    store.write(3, b"weights of 3", "digest-3")
+
+    def full_disk(path: Path, data: bytes) -> None:
+        raise OSError("no space left on device")
+    monkeypatch.setattr("invar.runtime.store.atomic_write", full_disk)
+    with pytest.raises(OSError):
+        store.write(4, b"weights of 4", "digest-4")
+    with pytest.raises(FileNotFoundError):
+        store.read(4)  # never published: not served from memory either
+    assert store.read(3) == (b"weights of 3", "digest-3")
