@@ -240,6 +240,8 @@ class Driver:
                 for known in self.state.workers:
                     if known.name not in configured and known.phase is not WorkerPhase.LOST:
                         self.events.put_nowait(WorkerLost(known.name, known.incarnation))
+            # Accepted: the metrics files are opened now, not by the first row on the event path.
+            await asyncio.to_thread(self.metrics.open)
             self._spawn_task(self._watchdog())
             for name in worker_names(self.config.rollout.workers):
                 previous = self.state.worker(name)

@@ -105,17 +105,19 @@ class MetricsLog:
         self._earlier()
 
     def prepare(self) -> None:
-        """Import what `_open` needs (TensorBoard's writer: a fraction of a second), so that
-        the first row does not pay for it on the driver's event path. Opens nothing: the
-        files are still written at the first row. Safe to call from a thread."""
+        """Import what `open` needs (TensorBoard's writer: a fraction of a second) in a thread
+        while the learner starts, so that `open` does not pay for it. Opens nothing: a run that is
+        refused at its start leaves the files as they were. Safe to call from a thread."""
         if self._tensorboard:
             try:
                 import torch.utils.tensorboard  # noqa: F401
             except ImportError:  # tensorboard is optional
                 pass
 
-    def _open(self) -> None:
-        """Rewrite metrics.jsonl and metrics.csv from the rows kept, then append to them."""
+    def open(self) -> None:
+        """Rewrite metrics.jsonl and metrics.csv from the rows kept, then append to them (and
+        open TensorBoard's and the trackers' logs). The driver calls it once the run is
+        accepted, before the first event; the first row opens them otherwise. Idempotent."""
         if self._jsonl is not None:
             return
         jsonl_path, csv_path = self.run_dir / "metrics.jsonl", self.run_dir / "metrics.csv"
@@ -164,7 +166,7 @@ class MetricsLog:
         (`verifier_failures`, `verifier_timeouts`); `timing`: seconds of learner work, worker
         generation and core + driver, and the count of rollout replies, since the previous
         row (JSONL only; for benchmarks)."""
-        self._open()
+        self.open()
         row = {"update": update, "reward": reward, "staleness": staleness, **terms,
                "seconds": seconds, "wall": self.wall(), "refused": refused, "noops": noops,
                **(verifier or {}), **(timing or {})}
@@ -203,7 +205,7 @@ class MetricsLog:
         """The held-out reward of `version`, recorded when its `VersionEvaluated` is accepted.
         A version has one row: one written before a crash whose journal lost the event is
         replaced when the resumed run evaluates it again."""
-        self._open()
+        self.open()
         row = {"version": version, "heldout_reward": reward, "wall": self.wall()}
         self.evaluations = sorted([e for e in self.evaluations if e["version"] != version]
                                   + [row], key=lambda e: e["version"])
@@ -282,7 +284,7 @@ class MetricsLog:
         The summary is of the whole run: every update, `wall_seconds` across its lives (the
         earlier ones up to their last recorded row), `events` the journal's (`events`, when
         given); the `session_*` keys are of this life alone."""
-        self._open()
+        self.open()
         self.write_out()
         session = time.perf_counter() - stats.started
         wall = self.earlier_seconds + session

@@ -315,3 +315,23 @@ def test_a_worker_of_another_invar_version_is_refused_at_its_hello(tmp_path, rt,
     assert f"speaks message encoding {ENCODING_VERSION - 1}, this driver {ENCODING_VERSION}: " \
         "run the same invar version on every host" in caplog.text
     assert sent_work == []
+
+
+def test_the_metrics_files_are_open_before_the_first_event(tmp_path, rt, monkeypatch):
+    """Opening them (rewrites, TensorBoard's writer) is start-up work: no event's delivery
+    pays for it."""
+    from invar.runtime import metrics
+
+    applied = Driver._apply
+
+    def first_event_finds_them_open(self, event):
+        assert self.metrics._jsonl is not None, "metrics opened on the event path"
+        applied(self, event)
+
+    monkeypatch.setattr(Driver, "_apply", first_event_finds_them_open)
+    opened = metrics.MetricsLog.open
+    calls = []
+    monkeypatch.setattr(metrics.MetricsLog, "open",
+                        lambda self: calls.append(1) or opened(self))
+    run(config_for(rt, tmp_path))
+    assert calls and (tmp_path / "metrics.jsonl").exists()

@@ -62,3 +62,23 @@ def test_a_line_appended_during_a_sync_waits_for_the_next(tmp_path: Path,
     writer.sync()
     assert writer.synced_seq == 1 and len(_lines(path)) == 3
     writer.close()
+
+
+@pytest.mark.parametrize("before, after", [("0f3a9c", "77e1b2"), ('a "quoted" one', "é"),
+                                           ("", "b")])
+def test_a_line_of_an_encoded_event_is_what_json_would_write(tmp_path: Path, before: str,
+                                                             after: str) -> None:
+    """The head of a line with the event's text already encoded is spelled out for digests,
+    and is byte for byte what json.dumps writes; other texts go through json.dumps."""
+    import json
+
+    from invar.model.messages import dumps
+
+    path = tmp_path / "journal.jsonl"
+    writer = journal.Journal(path, RunConfig())
+    event = TimerFired()
+    writer.append(7, event, before, after, sync=False, encoded=dumps(event))
+    writer.close()
+    expected = json.dumps({"seq": 7, "before": before, "after": after,
+                           "event": json.loads(dumps(event))}, separators=(",", ":"))
+    assert _lines(path)[1] == expected
