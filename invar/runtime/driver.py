@@ -26,14 +26,13 @@ import gc
 import json
 import logging
 import os
+import statistics
 import time
 from collections import deque
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
-
-import numpy as np
 
 from invar.model import schedule
 from invar.model.core import run_complete
@@ -673,12 +672,12 @@ class Driver:
                   zip(("learner_seconds", "rollout_seconds", "core_seconds", "rollout_replies"),
                       marks, self._timing_marks)}
         self._timing_marks = marks
-        reward = float(np.mean(rewards))
+        reward = float(rewards.mean())
         self.metrics.update(
             update=update,
             reward=reward,
             staleness=schedule.staleness(self.config.protocol, update),
-            terms={k: float(np.mean([t[k] for t in terms])) for k in (terms[0] if terms else {})},
+            terms={k: statistics.fmean([t[k] for t in terms]) for k in (terms[0] if terms else {})},
             seconds=now - self._update_started,
             refused=self.stats.refused,
             noops=self.stats.noops,
