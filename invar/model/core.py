@@ -15,8 +15,10 @@ from __future__ import annotations
 
 import hashlib
 import math
+import operator
 from collections import Counter
 from collections.abc import Callable
+from types import NoneType
 from typing import Any
 
 import numpy as np
@@ -62,6 +64,7 @@ from invar.model.objective import group_advantages, objective
 from invar.model.ragged import FLOAT, Ragged
 from invar.model.schedule import RequestId
 from invar.model.state import (
+    BULK_FROM,
     AppliedStep,
     Assigned,
     BatchInputs,
@@ -81,6 +84,7 @@ from invar.model.state import (
     chain_ledger,
     completions_of,
     evolve,
+    samples_of,
 )
 from invar.model.transitions import learner_accepts
 
@@ -143,7 +147,7 @@ def outstanding_commands(state: State) -> tuple[Command, ...]:
                 if columns is None:
                     columns = launches[slot] = _Launches(slot)
                 request = requests[position]
-                columns.add(request, schedule.sampling_seed(config, request),
+                columns.add(position, request, schedule.sampling_seed(config, request),
                             schedule.prompt_index(config, request.batch, request.prompt))
         version = schedule.gen_version(config, batch.batch)
         out.extend(columns.command(version) for columns in launches.values())
@@ -266,6 +270,11 @@ def _on_requests_completed(state: State, event: RequestsCompleted) -> Handled:
     if state.worker(event.worker) is None:
         return ProtocolError(state, event, Reason.UNKNOWN_WORKER,
                              f"worker {event.worker!r} never connected")
+    digests = _sample_digests(frame)
+    if len(frame) >= BULK_FROM:
+        filled = _filled_in_bulk(state, frame, digests)
+        if filled is not None:
+            return filled
     g = state.config.group_size
     requests = frame.requests.tolist()
     batches = {index: state.batch(index) for index in {request[0] for request in requests}}
@@ -273,8 +282,7 @@ def _on_requests_completed(state: State, event: RequestsCompleted) -> Handled:
     freed: Counter[str] = Counter()  # worker -> its requests done
     noops: Counter[str] = Counter()
     versions = frame.versions.tolist()
-    for row, ((index, prompt, sample), digest) in enumerate(zip(requests,
-                                                                _sample_digests(frame))):
+    for row, ((index, prompt, sample), digest) in enumerate(zip(requests, digests)):
         batch = batches[index]
         if batch is None:
             noops["duplicates"] += 1  # its batch was consumed: the ledger holds it
@@ -296,13 +304,62 @@ def _on_requests_completed(state: State, event: RequestsCompleted) -> Handled:
     state = _count(state, _NoOp(**noops))
     for index, slots in changes.items():
         state = _put_batch(state, state.batch(index).with_slots(slots))  # type: ignore[union-attr]
+    return _free(state, freed), []
+
+
+def _filled_in_bulk(state: State, frame: Completions, digests: list[str]) -> Handled | None:
+    """`_on_requests_completed` of a large frame whose completions fill distinct slots that
+    hold no sample yet (a worker's reply to one launch), a batch at a time: None for any
+    other frame (a repeat), which is then taken completion by completion."""
+    requests = frame.requests
+    positions = requests[:, 1] * state.config.group_size + requests[:, 2]
+    indices = requests[:, 0]
+    first, last = int(indices.min()), int(indices.max())
+    rows_of_batches = ([(first, None)] if first == last else  # None: every row
+                       [(index, np.flatnonzero(indices == index))
+                        for index in range(first, last + 1)])
+    versions = frame.versions.tolist()
+    filled: list[BatchState] = []
+    freed: Counter[str] = Counter()
+    consumed = 0
+    for index, rows in rows_of_batches:
+        batch = state.batch(index)
+        if batch is None:
+            consumed += len(frame) if rows is None else len(rows)
+            continue
+        if rows is not None and not len(rows):
+            continue
+        batch_positions = (positions if rows is None else positions[rows]).tolist()
+        if len(set(batch_positions)) != len(batch_positions):
+            return None
+        old = [batch.slots[p] for p in batch_positions]
+        if Sample in set(map(type, old)):
+            return None
+        freed.update(map(_WORKER, filter(None, old)))  # the assigned (None: pending)
+        rows_list = range(len(frame)) if rows is None else rows.tolist()
+        filled.append(batch.with_column(batch_positions,
+                                        samples_of(frame, rows_list, digests, versions)))
+    if not filled:
+        return _NoOp(duplicates=consumed)  # every batch was consumed: the ledger holds them
+    state = _count(state, _NoOp(duplicates=consumed))
+    for batch in filled:
+        state = _put_batch(state, batch)
+    return _free(state, freed), []
+
+
+_WORKER, _VERSION, _DIGEST = (operator.attrgetter(name) for name in ("worker", "version",
+                                                                      "digest"))
+
+
+def _free(state: State, freed: Counter[str]) -> State:
+    """Each worker's count of assigned requests less those it has `freed` (completed)."""
     for name, done in freed.items():
         # An Assigned slot names its worker's current incarnation: a new incarnation or a loss
         # re-queues the old one's slots (and `batch_counters_consistent` checks the counts).
         holder = state.worker(name)
         assert holder is not None, name
         state = _put_worker(state, evolve(holder, assigned=holder.assigned - done))
-    return state, []
+    return state
 
 
 def _completions_error(state: State, event: RequestsCompleted,
@@ -648,13 +705,13 @@ def _apply_commit(state: State, digest: str) -> tuple[State, list[Command]]:
     config = state.config
     update = state.committed
     batch = state.batches[0]
-    samples: list[Sample] = list(batch.slots)  # type: ignore[arg-type]
+    samples: tuple[Sample, ...] = batch.slots  # type: ignore[assignment]
     scores = state.learner.scores
     record = Consumption(
         update=update,
         requests=BatchRequests(batch.batch, config.prompts_per_batch, config.group_size),
-        sample_versions=tuple([s.version for s in samples]),
-        sample_digests=JoinedDigests.of([s.digest for s in samples]),
+        sample_versions=tuple(map(_VERSION, samples)),
+        sample_digests=JoinedDigests.of(map(_DIGEST, samples)),
         scores_digest=scores.digest if scores is not None else "",
         steps=state.learner.applied,
         commit_digest=digest,
@@ -785,31 +842,40 @@ def _assign_pending(state: State, commands: list[Command]) -> State:
             continue
         loads = {w.name: w.assigned for w in ready}
         slots = batch.slots
+        kinds = list(map(type, slots))
         requests = schedule.request_ids(state.config, batch.batch)
-        changes: dict[int, Assigned] = {}
+        seeds = schedule.batch_seeds(state.config, batch.batch)
         launches: dict[str, _Launches] = {}
         config = state.config
         group_size = config.group_size
         # A prompt's group goes to one worker: its samples share the prompt's prefill, and the
         # worker computes them in one fixed-shape call (see runtime.worker on invariance).
         for start in range(0, len(slots), group_size):
-            group = [p for p in range(start, start + group_size) if slots[p] is None]
-            if not group:
+            end = start + group_size
+            free = kinds[start:end].count(NoneType)
+            if not free:
                 continue
             name = min(loads, key=lambda k: (loads[k], k))
-            loads[name] += len(group)
+            loads[name] += free
             columns = launches.get(name)
             if columns is None:
                 holder = next(w for w in ready if w.name == name)
                 columns = launches[name] = _Launches(Assigned(name, holder.incarnation))
-            prompt = start // group_size
-            seeds = schedule.group_seeds(config, batch.batch, prompt)
-            index_of_prompt = schedule.prompt_index(config, batch.batch, prompt)
-            for position in group:
-                changes[position] = columns.slot
-                columns.add(requests[position], seeds[position - start], index_of_prompt)
+            index_of_prompt = schedule.prompt_index(config, batch.batch, start // group_size)
+            if free == group_size:
+                columns.add_group(start, requests[start:end], seeds[start:end], index_of_prompt)
+                continue
+            for position in range(start, end):
+                if slots[position] is None:
+                    columns.add(position, requests[position], seeds[position], index_of_prompt)
         commands.extend(columns.command(version) for columns in launches.values())
-        state = evolve(state, batches=_set(state.batches, index, batch.with_slots(changes)))
+        positions: list[int] = []
+        assignees: list[Slot] = []
+        for columns in launches.values():
+            positions += columns.positions
+            assignees += [columns.slot] * len(columns.positions)
+        state = evolve(state, batches=_set(state.batches, index,
+                                           batch.with_column(positions, assignees)))
         for w in ready:
             state = _put_worker(state, evolve(w, assigned=loads[w.name]))
     return state
@@ -817,18 +883,28 @@ def _assign_pending(state: State, commands: list[Command]) -> State:
 
 class _Launches:
     """The columns of one `LaunchRequests`, as `_assign_pending` and `outstanding_commands`
-    fill them."""
+    fill them, and the batch positions of its requests."""
 
     def __init__(self, slot: Assigned) -> None:
         self.slot = slot
+        self.positions: list[int] = []
         self.requests: list[RequestId] = []
         self.seeds: list[int] = []
         self.prompt_indices: list[int] = []
 
-    def add(self, request: RequestId, seed: int, prompt_index: int) -> None:
+    def add(self, position: int, request: RequestId, seed: int, prompt_index: int) -> None:
+        self.positions.append(position)
         self.requests.append(request)
         self.seeds.append(seed)
         self.prompt_indices.append(prompt_index)
+
+    def add_group(self, start: int, requests: tuple[RequestId, ...], seeds: tuple[int, ...],
+                  prompt_index: int) -> None:
+        """A whole prompt group, from position `start` on."""
+        self.positions.extend(range(start, start + len(requests)))
+        self.requests.extend(requests)
+        self.seeds.extend(seeds)
+        self.prompt_indices.extend([prompt_index] * len(requests))
 
     def command(self, version: int) -> LaunchRequests:
         return LaunchRequests(self.slot.worker, self.slot.incarnation, version,
@@ -974,8 +1050,12 @@ def _sample_digests(frame: Completions) -> list[str]:
                                 logprobs.values.reshape(n, width).view(np.uint8),
                                 rewards.reshape(n, 1).view(np.uint8)], axis=1).tobytes()
         size = len(table) // n
-        return [hashlib.blake2b(table[start:start + size], digest_size=12).hexdigest()
-                for start in range(0, len(table), size)]
+        digests = []
+        for start in range(0, len(table), size):
+            h = _BLAKE2B_96.copy()  # cheaper than a constructor call with its keyword
+            h.update(table[start:start + size])
+            digests.append(h.hexdigest())
+        return digests
     token_bytes = np.ascontiguousarray(tokens.values).data.cast("B")
     logprob_bytes = np.ascontiguousarray(logprobs.values).data.cast("B")
     reward_bytes = rewards.tobytes()
@@ -990,6 +1070,7 @@ def _sample_digests(frame: Completions) -> list[str]:
     return digests
 
 
+_BLAKE2B_96 = hashlib.blake2b(digest_size=12)
 _COLUMNS_FROM = 16
 """Completions in a frame from which passes over its columns pay for their fixed cost (a few
 µs each): a smaller frame is looked at completion by completion."""

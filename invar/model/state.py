@@ -18,6 +18,7 @@ import typing
 from array import array
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
+from types import NoneType
 from typing import Any, NamedTuple, TypeVar
 
 import numpy as np
@@ -214,6 +215,19 @@ class Sample:
         return float(self.frame.rewards[self.row])
 
 
+def samples_of(frame: Completions, rows: Sequence[int], digests: Sequence[str],
+               versions: Sequence[int]) -> list[Sample]:
+    """The samples of `rows` of `frame` (`digests[row]`, `versions[row]` theirs), made as
+    `messages.built` makes records but without a call per sample: hundreds come per reply."""
+    made = [_new(Sample) for _ in rows]
+    for sample, row in zip(made, rows):
+        sample.__dict__.update(digest=digests[row], version=versions[row], frame=frame, row=row)
+    return made
+
+
+_new = object.__new__
+
+
 Slot = None | Assigned | Sample
 """A request's progress: None = pending (not launched on a live worker)."""
 
@@ -286,6 +300,36 @@ class BatchState:
                 digest ^= _assigned_hash(position, new.worker, new.incarnation)
         return BatchState(self.batch, tuple(slots), pending, completed, digest)
 
+    def with_column(self, positions: list[int], slots: Sequence[Slot]) -> BatchState:
+        """`with_slots(dict(zip(positions, slots)))` for distinct `positions`, in bulk: for the
+        hundreds of slots a reply frame fills or a launch assigns. The counters follow counts of
+        kinds, the digest the XOR of each side's terms, computed per kind in a few array passes
+        (a handful of slots goes through `with_slots`: numpy's fixed cost would not pay)."""
+        if len(positions) < BULK_FROM:
+            return self.with_slots(dict(zip(positions, slots)))
+        current = self.slots
+        size = len(current)
+        olds = operator.itemgetter(*positions)(current)
+        chosen: list[int] | None = positions
+        if positions == _every_position(size):
+            chosen, updated = None, tuple(slots)
+        else:
+            changed = list(current)
+            for position, slot in zip(positions, slots):
+                changed[position] = slot
+            updated = tuple(changed)
+        old_pending, old_completed, old_terms = _summary(chosen, olds, size)
+        new_pending, new_completed, new_terms = _summary(chosen, slots, size)
+        pending = self.pending - old_pending + new_pending
+        completed = self.completed - old_completed + new_completed
+        digest = self.slots_digest ^ old_terms ^ new_terms
+        return BatchState(self.batch, updated, pending, completed, digest)
+
+
+BULK_FROM = 96
+"""Slots changed at once from which `BatchState.with_column` works on arrays (their fixed cost,
+a few µs per pass, is then below the per-slot work it replaces)."""
+
 
 # The slot hashes: a stable 128-bit hash of (position, slot) from what takes part in the slot's
 # equality (a sample's digest, an assignee); the batch digest XORs them, so a change costs two.
@@ -324,6 +368,125 @@ def _pending_hash(position: int) -> int:
 @functools.lru_cache(maxsize=1 << 16)
 def _assigned_hash(position: int, worker: str, incarnation: int) -> int:
     return _text_hash(f"{position}:A:{worker}#{incarnation}")
+
+
+def _slot_hash(position: int, slot: Slot) -> int:
+    if slot is None:
+        return _pending_hash(position)
+    if isinstance(slot, Sample):
+        return _sample_hash(position, slot.digest)
+    return _assigned_hash(position, slot.worker, slot.incarnation)
+
+
+# The same terms for many positions at once, as 128-bit values in two uint64 lanes (high, low):
+# the XOR of many terms is the lanes' XOR, a sample's term a 128-bit product done in 32-bit
+# halves. Each gives exactly `_slot_hash`'s values (tests/model/test_fast_paths.py).
+
+
+def _summary(positions: list[int] | None, slots: Sequence[Slot],
+             size: int) -> tuple[int, int, int]:
+    """How many of `slots` are pending, how many are samples, and the XOR of their terms
+    (`_slot_hash(p, s)` over `zip(positions, slots)`; positions None: every one in order):
+    in bulk when the slots are all pending, all one assignee or all samples."""
+    n, first = len(slots), slots[0]
+    # Counting the first slot among identical slots calls no comparison; samples are not
+    # counted so (each is another object: their dataclass __eq__ would run).
+    if type(first) is not Sample and slots.count(first) == n:
+        if first is None:
+            if positions is None:
+                return n, 0, _all_pending_digest(size)
+            return n, 0, _lanes_xor(_pending_lanes(size), positions)
+        assert isinstance(first, Assigned)
+        worker, incarnation = first.worker, first.incarnation
+        if positions is None:
+            return 0, 0, _all_assigned_digest(worker, incarnation, size)
+        return 0, 0, _lanes_xor(_assigned_lanes(worker, incarnation, size), positions)
+    kinds = list(map(type, slots))
+    samples = kinds.count(Sample)
+    if samples == n:
+        terms = _sample_terms(positions, slots, size)  # type: ignore[arg-type]
+        if terms is not None:
+            return 0, n, terms
+    terms = functools.reduce(operator.xor, map(_slot_hash, positions or range(size), slots), 0)
+    return kinds.count(NoneType), samples, terms
+
+
+def _sample_terms(positions: list[int] | None, samples: Sequence[Sample], size: int) -> int | None:
+    """The XOR of the samples' terms, or None if a digest is not 24 hex digits (as the core's
+    always are; any other string is hashed one at a time, as `int(digest, 16)` reads it)."""
+    digests = list(map(_DIGEST, samples))
+    if set(map(len, digests)) != {24}:
+        return None
+    try:
+        packed = bytes.fromhex("".join(digests))
+    except ValueError:
+        return None
+    if len(packed) != 12 * len(digests):  # fromhex skips whitespace
+        return None
+    # digest << 32 as 16 big-endian bytes: the digest's 12, then 4 zero bytes.
+    shifted = np.zeros((len(digests), 16), np.uint8)
+    shifted[:, :12] = np.frombuffer(packed, np.uint8).reshape(-1, 12)
+    value = shifted.view(">u8").astype(np.uint64)
+    pending_high, pending_low = _pending_lanes(size)
+    if positions is not None:
+        pending_high, pending_low = pending_high[positions], pending_low[positions]
+    high, low = _times_mix(value[:, 0] ^ pending_high, value[:, 1] ^ pending_low)
+    return _joined(np.bitwise_xor.reduce(high), np.bitwise_xor.reduce(low))
+
+
+_DIGEST = operator.attrgetter("digest")
+_M32 = np.uint64(0xFFFFFFFF)
+_S32 = np.uint64(32)
+_MIX_HIGH, _MIX_LOW = np.uint64(_MIX >> 64), np.uint64(_MIX & 0xFFFFFFFFFFFFFFFF)
+_MIX_LOW_HALVES = np.uint64(_MIX & 0xFFFFFFFF), np.uint64((_MIX >> 32) & 0xFFFFFFFF)
+Lanes = tuple[np.ndarray, np.ndarray]
+"""128-bit values as their high and low 64 bits, each an array."""
+
+
+def _times_mix(high: np.ndarray, low: np.ndarray) -> Lanes:
+    """(high, low) * _MIX mod 2**128, lane-wise (uint64 arithmetic wraps mod 2**64)."""
+    m0, m1 = _MIX_LOW_HALVES
+    a0, a1 = low & _M32, low >> _S32
+    p00, p01, p10, p11 = a0 * m0, a0 * m1, a1 * m0, a1 * m1
+    carry = ((p00 >> _S32) + (p01 & _M32) + (p10 & _M32)) >> _S32
+    low_times_low_high = p11 + (p01 >> _S32) + (p10 >> _S32) + carry
+    return low_times_low_high + high * _MIX_LOW + low * _MIX_HIGH, low * _MIX_LOW
+
+
+def _lanes_xor(lanes: Lanes, positions: list[int]) -> int:
+    high, low = lanes
+    return _joined(np.bitwise_xor.reduce(high[positions]), np.bitwise_xor.reduce(low[positions]))
+
+
+def _joined(high: np.uint64, low: np.uint64) -> int:
+    return int(high) << 64 | int(low)
+
+
+def _lanes(terms: Iterable[int]) -> Lanes:
+    values = list(terms)
+    return (np.array([t >> 64 for t in values], dtype=np.uint64),
+            np.array([t & 0xFFFFFFFFFFFFFFFF for t in values], dtype=np.uint64))
+
+
+@functools.lru_cache(maxsize=64)
+def _every_position(size: int) -> list[int]:
+    return list(range(size))
+
+
+@functools.lru_cache(maxsize=64)
+def _pending_lanes(size: int) -> Lanes:
+    return _lanes(map(_pending_hash, range(size)))
+
+
+@functools.lru_cache(maxsize=256)
+def _assigned_lanes(worker: str, incarnation: int, size: int) -> Lanes:
+    return _lanes(_assigned_hash(p, worker, incarnation) for p in range(size))
+
+
+@functools.lru_cache(maxsize=256)
+def _all_assigned_digest(worker: str, incarnation: int, size: int) -> int:
+    high, low = _assigned_lanes(worker, incarnation, size)
+    return _joined(np.bitwise_xor.reduce(high), np.bitwise_xor.reduce(low))
 
 
 @cached_repr

@@ -198,6 +198,9 @@ def test_group_seeds_and_plan_keys_are_the_spec_seeds():
                 assert list(schedule.group_seeds(config, batch, prompt)) == expected
                 assert [schedule.sampling_seed(config, RequestId(batch, prompt, s))
                         for s in range(config.group_size)] == expected
+                g = config.group_size
+                assert schedule.batch_seeds(config, batch)[prompt * g:(prompt + 1) * g] == \
+                    tuple(expected)
             keys = [spec_seed(config.seed, "plan", batch, i)
                     for i in range(config.samples_per_batch)]
             order = sorted(range(config.samples_per_batch), key=keys.__getitem__)
