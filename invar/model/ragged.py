@@ -109,6 +109,21 @@ class Ragged:
         flat.flags.writeable = False
         return cls(flat, lengths.tolist())
 
+    def unpadded(self, values: np.ndarray) -> Ragged:
+        """The rows of `values`, an (n, T) float64 array shaped as `padded()` pads this one, cut
+        to this one's row lengths: what `from_padded(values, mask)` gives with the mask of
+        `padded()`, without counting the mask again."""
+        values = np.asarray(values, dtype=FLOAT)
+        n = len(self.lengths)
+        if values.shape != (n, max(self.lengths, default=0)):
+            raise ValueError(f"values: expected shape {(n, max(self.lengths, default=0))}, "
+                             f"got {values.shape}")
+        if self.uniform():
+            flat = values.reshape(-1)
+        else:
+            flat = values[np.arange(values.shape[1]) < np.asarray(self.lengths)[:, None]]
+        return Ragged(flat, self.lengths)
+
     # -- reading ----------------------------------------------------------------------------
 
     def __len__(self) -> int:

@@ -155,6 +155,15 @@ def minibatch_plan(config: RunConfig, update: int) -> tuple[tuple[int, ...], ...
     return tuple(tuple(sorted(order[cuts[j]:cuts[j + 1]])) for j in range(k))
 
 
+@lru_cache(maxsize=256)
+def minibatch_requests(config: RunConfig, update: int) -> tuple[tuple[RequestId, ...], ...]:
+    """The request ids each optimizer step of `update` forwards: `request_ids(update)` at the
+    positions `minibatch_plan(update)[step]` (asked for again on every retry of the step)."""
+    requests = request_ids(config, update)
+    return tuple(tuple(map(requests.__getitem__, positions))
+                 for positions in minibatch_plan(config, update))
+
+
 @dataclass(frozen=True)
 class ScheduleReport:
     """What the declared budget actually yields once boundaries and admission are applied."""

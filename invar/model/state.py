@@ -337,11 +337,19 @@ class Scores:
 
 
 class BatchInputs(NamedTuple):
-    """Per-sample objective inputs of a whole batch (read-only arrays, rows in slot order;
-    log-probs padded with 0.0 to the batch's longest response)."""
+    """Per-sample objective inputs of a whole batch, rows in the order of the update's
+    minibatch plan (step 0's positions, then step 1's...), so that each step's rows are one
+    slice, `steps[k]` (read-only arrays; log-probs padded with 0.0 to the batch's longest
+    response)."""
 
+    steps: tuple[slice, ...]
+    """Optimizer step k's rows."""
+    lengths: tuple[int, ...]
+    """Each row's token count."""
     advantages: np.ndarray
     """(n,): from the batch's rewards, which are final once the batch is scored."""
+    staleness: np.ndarray
+    """(n,): the batch's staleness, one per sample, as float64 (for the diagnostics)."""
     behavior: np.ndarray
     proximal: np.ndarray
     reference: np.ndarray | None
