@@ -597,24 +597,26 @@ def _batch_inputs(config: RunConfig, batch: BatchState,
     order = np.fromiter(itertools.chain.from_iterable(plan), dtype=np.int64,
                         count=config.samples_per_batch)
     ends = list(itertools.accumulate(map(len, plan)))
+
+    def in_plan_order(values: np.ndarray) -> np.ndarray:
+        ordered = values.take(order, axis=0)
+        ordered.flags.writeable = False
+        return ordered
+
     advantages = group_advantages(completions.rewards, config.group_size,
                                   config.objective.normalize_advantages)
-    arrays = [advantages, completions.behavior_logprobs.padded()[0],
-              scores.proximal.padded()[0],
-              None if scores.reference is None else scores.reference.padded()[0]]
-    advantages, behavior, proximal, reference = [
-        None if values is None else values.take(order, axis=0) for values in arrays]
-    assert advantages is not None and behavior is not None and proximal is not None
     staleness = np.full(len(order), schedule.staleness(config, batch.batch), dtype=np.float64)
-    for values in (advantages, staleness, behavior, proximal, reference):
-        if values is not None:
-            values.flags.writeable = False
+    staleness.flags.writeable = False
     return BatchInputs(
         steps=tuple(slice(start, end) for start, end in zip([0, *ends], ends)),
         lengths=lengths if completions.tokens.uniform() else tuple(
             map(lengths.__getitem__, order.tolist())),
-        advantages=advantages, staleness=staleness, behavior=behavior, proximal=proximal,
-        reference=reference)
+        advantages=in_plan_order(advantages),
+        staleness=staleness,
+        behavior=in_plan_order(completions.behavior_logprobs.padded()[0]),
+        proximal=in_plan_order(scores.proximal.padded()[0]),
+        reference=None if scores.reference is None else in_plan_order(
+            scores.reference.padded()[0]))
 
 
 def _cotangent(config: RunConfig, inputs: BatchInputs, rows: slice,

@@ -161,7 +161,7 @@ def group_advantages(
     rewards = np.asarray(rewards, dtype=np.float64)
     if rewards.ndim != 1:
         raise ValueError(f"rewards: expected a 1-D array, got shape {rewards.shape}")
-    if not np.all(np.isfinite(rewards)):
+    if not np.isfinite(rewards).all():
         raise ValueError("rewards: every reward must be finite")
     if isinstance(group_size, bool) or not isinstance(group_size, (int, np.integer)):
         raise ValueError(f"group_size: expected an int, got {group_size!r}")
@@ -277,7 +277,7 @@ def objective(
     checked = _checked_inputs(config, advantages, current, proximal, behavior, mask, reference,
                               staleness)
     advantages, current, proximal, behavior, reference = checked.arrays
-    valid, lengths, tokens = checked.valid, checked.lengths, checked.count
+    valid, lengths, tokens = checked.valid, checked.lengths, checked.tokens
     n = lengths.shape[0]
 
     # Ignored positions become 0, so exp() of padding can neither overflow nor spread NaN.
@@ -350,7 +350,7 @@ class _Checked(NamedTuple):
     """advantages, current, proximal, behavior, reference (None without the KL penalty)."""
     lengths: np.ndarray
     """Valid tokens of each response (each >= 1)."""
-    count: int
+    tokens: int
     """Valid tokens in all."""
     mean_staleness: float
     dense: bool
@@ -364,7 +364,7 @@ class _Checked(NamedTuple):
 
     def token_mean(self, values: np.ndarray) -> float:
         """The mean of (n, T) `values` over the valid tokens."""
-        return float(self.valid(values).sum() / self.count)
+        return float(np.add.reduce(self.valid(values), axis=None) / self.tokens)
 
 
 def _checked_inputs(
@@ -447,24 +447,29 @@ def _dense_inputs(
     for values in vectors:
         if not (type(values) is np.ndarray and values.dtype == _FLOAT and values.shape == (n,)):
             return None
-    lengths = mask.sum(axis=1)
-    count = int(lengths.sum())
-    if not lengths.all():
-        return None
-    dense = count == mask.size and all(values.flags.c_contiguous for values in (mask, *matrices))
-    total = float(np.add.reduce(advantages))
-    for values in matrices:
-        total += float(np.add.reduce(values, axis=None) if dense
-                       else np.add.reduce(values, axis=None, where=mask))
-    mean_staleness = 0.0
-    if staleness is not None:
-        if not staleness.min() >= 0.0:
+    count = int(np.count_nonzero(mask))
+    if count == mask.size:  # every token valid: the common case, no row to count
+        lengths = np.full(n, shape[1], dtype=np.intp)
+    else:
+        lengths = mask.sum(axis=1)
+        if not lengths.all():
             return None
-        staleness_sum = float(np.add.reduce(staleness))
-        total += staleness_sum
-        mean_staleness = staleness_sum / n  # what `staleness.mean()` computes
+    every = count == mask.size
+    mean_staleness = 0.0
+    with np.errstate(over="ignore", invalid="ignore"):  # such sums are only looked at
+        total = float(np.add.reduce(advantages))
+        for values in matrices:
+            total += float(np.add.reduce(values, axis=None) if every
+                           else np.add.reduce(values, axis=None, where=mask))
+        if staleness is not None:
+            if not staleness.min() >= 0.0:
+                return None
+            staleness_sum = float(np.add.reduce(staleness))
+            total += staleness_sum
+            mean_staleness = staleness_sum / n  # what `staleness.mean()` computes
     if not math.isfinite(total):
         return None
+    dense = every and all(values.flags.c_contiguous for values in (mask, *matrices))
     return _Checked(mask, (advantages, current, proximal, behavior, reference), lengths, count,
                     mean_staleness, dense)
 

@@ -583,9 +583,20 @@ def _request_int64s(requests: Sequence[RequestId]) -> bytes:
     its ids (a commit chains 512 of them)."""
     if type(requests) is not BatchRequests:
         return _int64s(itertools.chain.from_iterable(requests))
-    prompts, samples = np.divmod(np.arange(len(requests), dtype="<i8"), requests.group_size)
-    batches = np.full(len(requests), requests.batch, dtype="<i8")
-    return np.stack([batches, prompts, samples], axis=1).astype("<i8").tobytes()
+    triples = _request_triples(requests.prompts_per_batch, requests.group_size).copy()
+    triples[:, 0] = requests.batch
+    return triples.tobytes()
+
+
+@functools.lru_cache(maxsize=16)
+def _request_triples(prompts_per_batch: int, group_size: int) -> np.ndarray:
+    """(0, prompt, sample) of each request of a batch of this shape, as (n, 3) int64 LE (a
+    batch's are these with its index in column 0)."""
+    prompts, samples = np.divmod(np.arange(prompts_per_batch * group_size, dtype="<i8"),
+                                 group_size)
+    triples = np.stack([np.zeros_like(prompts), prompts, samples], axis=1).astype("<i8")
+    triples.flags.writeable = False
+    return triples
 
 
 def _int64s(values: Iterable[int]) -> bytes:
