@@ -448,13 +448,13 @@ def _dense_inputs(
         if not (type(values) is np.ndarray and values.dtype == _FLOAT and values.shape == (n,)):
             return None
     count = int(np.count_nonzero(mask))
-    if count == mask.size:  # every token valid: the common case, no row to count
+    every = count == mask.size
+    if every:  # every token valid: the common case, no row to count
         lengths = np.full(n, shape[1], dtype=np.intp)
     else:
         lengths = mask.sum(axis=1)
         if not lengths.all():
             return None
-    every = count == mask.size
     mean_staleness = 0.0
     with np.errstate(over="ignore", invalid="ignore"):  # such sums are only looked at
         total = float(np.add.reduce(advantages))
