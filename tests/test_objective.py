@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import math
+from unittest import mock
 
 import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from invar.model import objective as objective_module
 from invar.model.errors import ConfigError
 from invar.model.objective import (
     LOSSES,
@@ -633,3 +635,105 @@ def test_from_padded_refuses_mismatched_shapes():
         Ragged.from_padded(np.zeros((2, 3)), np.ones((2, 2), dtype=bool))
     with pytest.raises(ValueError, match="expected two 2-D arrays of one shape"):
         Ragged.from_padded(np.zeros(4), np.ones(4, dtype=bool))
+
+
+# ---------------------------------------------------------------------------------------------
+# The checks of all inputs together against the checks one input at a time
+# ---------------------------------------------------------------------------------------------
+
+_entries = st.one_of(st.floats(-4.0, 0.5), st.sampled_from([0.0, -0.0, 1e308, -1e308, math.nan,
+                                                            math.inf, -math.inf]))
+
+
+@st.composite
+def _objective_arguments(draw):
+    """Arguments of every kind `objective` meets: mostly well-formed (dense or ragged), some
+    with a non-finite, overflowing or misshapen input, a mask with an empty row, lists, views
+    and Fortran-ordered arrays."""
+    n, width = draw(st.integers(1, 4)), draw(st.integers(1, 4))
+    lengths = draw(st.lists(st.integers(0 if draw(st.booleans()) else 1, width),
+                            min_size=n, max_size=n))
+    mask = np.arange(width) < np.array(lengths)[:, None]
+    if draw(st.booleans()):
+        mask = np.ones((n, width), dtype=bool)
+
+    def matrix(shape=(n, width)):
+        values = np.array(draw(st.lists(_entries, min_size=shape[0] * shape[1],
+                                        max_size=shape[0] * shape[1])), dtype=np.float64)
+        values = values.reshape(shape)
+        form = draw(st.sampled_from(["array", "array", "array", "fortran", "view", "list"]))
+        if form == "fortran":
+            return np.asfortranarray(values)
+        if form == "view":
+            wide = np.zeros((shape[0], shape[1] + 2))
+            wide[:, :shape[1]] = values
+            return wide[:, :shape[1]]
+        return values.tolist() if form == "list" else values
+
+    def vector(low=-2.0):
+        return np.array(draw(st.lists(st.one_of(st.floats(low, 3.0), _entries),
+                                      min_size=n, max_size=n)), dtype=np.float64)
+
+    config = ObjectiveConfig(loss=draw(st.sampled_from(LOSSES)),
+                             kl_coef=draw(st.sampled_from(KL_COEFS)))
+    arguments = dict(config=config, advantages=vector(), current=matrix(), proximal=matrix(),
+                     behavior=matrix(), mask=mask,
+                     reference=matrix() if draw(st.booleans()) else None,
+                     staleness=vector(low=-1.0) if draw(st.booleans()) else None)
+    if draw(st.integers(0, 9)) == 0:  # one input of another shape
+        name = draw(st.sampled_from(["advantages", "current", "behavior", "staleness"]))
+        arguments[name] = matrix((n + 1, width)) if name in ("current", "behavior") else (
+            np.zeros(n + 1))
+    return arguments
+
+
+def _outcome(arguments):
+    try:
+        with np.errstate(all="ignore"):  # inputs of 1e308 overflow in the math too
+            terms, cotangent = objective(**arguments)
+    except ValueError as error:
+        return str(error)
+    return repr(terms), cotangent.shape, cotangent.tobytes()
+
+
+@settings(max_examples=400, deadline=None)
+@given(_objective_arguments())
+def test_checks_together_refuse_and_compute_exactly_as_one_at_a_time(arguments):
+    """The inputs checked together (one sum per array, no masking of a dense batch) are refused
+    exactly when, and with the message, the checks one input at a time refuse them; accepted,
+    the terms and cotangent are the same bits."""
+    together = _outcome(arguments)
+    with mock.patch.object(objective_module, "_dense_inputs", return_value=None):
+        one_at_a_time = _outcome(arguments)
+    assert together == one_at_a_time
+
+
+def test_a_core_minibatch_is_checked_together_and_dense():
+    """The core's minibatches (float64 arrays of the mask's shape, every token valid) take the
+    path of the checks together, without masking; a ragged one with masking."""
+    rng = np.random.default_rng(0)
+    dense = dict(config=ObjectiveConfig(), advantages=rng.normal(size=3),
+                 current=-rng.random((3, 4)), proximal=-rng.random((3, 4)),
+                 behavior=-rng.random((3, 4)), mask=np.ones((3, 4), dtype=bool),
+                 reference=None, staleness=np.ones(3))
+    checked = objective_module._dense_inputs(**dense)
+    assert checked is not None and checked.dense and checked.tokens == 12
+    assert checked.mean_staleness == 1.0
+    ragged = dict(dense, mask=np.arange(4) < np.array([4, 1, 2])[:, None])
+    checked = objective_module._dense_inputs(**ragged)
+    assert checked is not None and not checked.dense and checked.lengths.tolist() == [4, 1, 2]
+
+
+def test_fortran_ordered_inputs_are_summed_as_masking_would():
+    """Inputs in Fortran order are masked as any others (masking gives C-ordered arrays): summed
+    in their own order, the loss of these advantages would differ in its last bits."""
+    zeros = np.asfortranarray(np.zeros((2, 3)))
+    arguments = dict(config=ObjectiveConfig(loss="unclipped_is"),
+                     advantages=np.array([-536953235.3602852, 5811181.041963532]),
+                     current=zeros, proximal=zeros, behavior=zeros,
+                     mask=np.ones((2, 3), dtype=bool))
+    checked = objective_module._dense_inputs(**arguments, reference=None, staleness=None)
+    assert checked is not None and not checked.dense
+    loss = objective(**arguments)[0].loss
+    assert loss == objective(**dict(arguments, current=np.zeros((2, 3)), proximal=np.zeros(
+        (2, 3)), behavior=np.zeros((2, 3))))[0].loss == 265571027.1591608

@@ -14,6 +14,7 @@ timer), so the same state always leads to the same commands whatever the history
 from __future__ import annotations
 
 import hashlib
+import itertools
 import math
 import operator
 from collections import Counter
@@ -481,15 +482,13 @@ def _on_forward_observed(state: State, event: ForwardObserved) -> Handled:
         return ProtocolError(state, event, Reason.BINDING_MISMATCH,
                              f"forward ran from state {event.pre_step_digest}, step "
                              f"{learner.step} starts from {learner.step_digest}")
-    plan = learner.positions
-    batch = state.batch(event.observation.update)
-    assert batch is not None
-    token_lengths = completions_of(batch.slots).tokens.lengths
-    lengths = tuple(token_lengths[i] for i in plan)
-    problem = _matrix_problem("current_logprobs", event.current_logprobs, lengths)
+    assert learner.scores is not None
+    inputs = learner.scores.inputs
+    rows = inputs.steps[learner.step]
+    problem = _matrix_problem("current_logprobs", event.current_logprobs, inputs.lengths[rows])
     if problem:
         return ProtocolError(state, event, Reason.MALFORMED_PAYLOAD, problem)
-    command = _cotangent(state, batch, plan, event)
+    command = _cotangent(state.config, inputs, rows, event)
     learner = evolve(learner, phase=LearnerPhase.APPLYING, cotangent=command,
                      forward_digest=command.forward_digest)
     return evolve(state, learner=learner), [command]
@@ -636,9 +635,9 @@ def _request_forward(state: State, step: int) -> tuple[State, list[Command]]:
 
 def _forward_command(state: State, learner: LearnerState) -> RunForward:
     assert learner.observation is not None
-    requests = schedule.request_ids(state.config, learner.observation.update)
-    return RunForward(learner.observation, learner.attempt,
-                      tuple(requests[i] for i in learner.positions))
+    observation = learner.observation
+    requests = schedule.minibatch_requests(state.config, observation.update)[observation.step]
+    return RunForward(observation, learner.attempt, requests)
 
 
 def _commit_command(update: int, learner: LearnerState) -> Commit:
@@ -647,41 +646,50 @@ def _commit_command(update: int, learner: LearnerState) -> Commit:
 
 def _batch_inputs(config: RunConfig, batch: BatchState,
                   scores: ProbabilitiesReported) -> BatchInputs:
+    """The batch's objective inputs, gathered once in the order of the update's plan: each
+    step's rows are then a slice (a view), not a gather per array and step."""
     completions = completions_of(batch.slots)
-    inputs = BatchInputs(
-        advantages=group_advantages(completions.rewards, config.group_size,
-                                    config.objective.normalize_advantages),
-        behavior=completions.behavior_logprobs.padded()[0],
-        proximal=scores.proximal.padded()[0],
-        reference=None if scores.reference is None else scores.reference.padded()[0],
-    )
-    for values in inputs:
-        if values is not None:
-            values.flags.writeable = False
-    return inputs
+    lengths = completions.tokens.lengths
+    plan = schedule.minibatch_plan(config, batch.batch)
+    order = np.fromiter(itertools.chain.from_iterable(plan), dtype=np.int64,
+                        count=config.samples_per_batch)
+    ends = list(itertools.accumulate(map(len, plan)))
+
+    def in_plan_order(values: np.ndarray) -> np.ndarray:
+        ordered = values.take(order, axis=0)
+        ordered.flags.writeable = False
+        return ordered
+
+    advantages = group_advantages(completions.rewards, config.group_size,
+                                  config.objective.normalize_advantages)
+    staleness = np.full(len(order), schedule.staleness(config, batch.batch), dtype=np.float64)
+    staleness.flags.writeable = False
+    return BatchInputs(
+        steps=tuple(slice(start, end) for start, end in zip([0, *ends], ends)),
+        lengths=lengths if completions.tokens.uniform() else tuple(
+            map(lengths.__getitem__, order.tolist())),
+        advantages=in_plan_order(advantages),
+        staleness=staleness,
+        behavior=in_plan_order(completions.behavior_logprobs.padded()[0]),
+        proximal=in_plan_order(scores.proximal.padded()[0]),
+        reference=None if scores.reference is None else in_plan_order(
+            scores.reference.padded()[0]))
 
 
-def _cotangent(state: State, batch: BatchState, plan: tuple[int, ...],
+def _cotangent(config: RunConfig, inputs: BatchInputs, rows: slice,
                event: ForwardObserved) -> ApplyCotangent:
     """Objective terms and dL/d(current log-prob) of one minibatch (see objective.py)."""
-    config = state.config
-    scores = state.learner.scores
-    assert scores is not None
     current, mask = event.current_logprobs.padded()
     # The minibatch's rows of the batch's arrays, as wide as its longest response: exactly
     # what padding its own rows would give.
-    rows, width = list(plan), current.shape[1]
-    inputs = scores.inputs
-    advantages = inputs.advantages[rows]
-    proximal = inputs.proximal[rows, :width]
-    behavior = inputs.behavior[rows, :width]
+    width = current.shape[1]
     reference = None if inputs.reference is None else inputs.reference[rows, :width]
-    staleness = np.full(len(plan), schedule.staleness(config, batch.batch), dtype=np.float64)
-    terms, cotangent = objective(config.objective, advantages, current, proximal, behavior, mask,
-                                 reference=reference, staleness=staleness)
+    terms, cotangent = objective(config.objective, inputs.advantages[rows], current,
+                                 inputs.proximal[rows, :width], inputs.behavior[rows, :width],
+                                 mask, reference=reference, staleness=inputs.staleness[rows])
     return ApplyCotangent(event.observation, event.attempt, event.pre_step_digest,
                           matrix_digest(event.current_logprobs),
-                          Ragged.from_padded(cotangent, mask), terms)
+                          event.current_logprobs.unpadded(cotangent), terms)
 
 
 def _observation_status(state: State, observation: ObservationId, attempt: int) -> str:

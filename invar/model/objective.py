@@ -51,10 +51,12 @@ import math
 import numbers
 from collections.abc import Sequence
 from dataclasses import dataclass, fields
+from typing import NamedTuple
 
 import numpy as np
 
 from invar.model.errors import ConfigError
+from invar.model.memo import IdentityMemo
 
 LOSSES: tuple[str, ...] = ("decoupled_ppo", "unclipped_is", "behavior_ppo")
 
@@ -159,7 +161,7 @@ def group_advantages(
     rewards = np.asarray(rewards, dtype=np.float64)
     if rewards.ndim != 1:
         raise ValueError(f"rewards: expected a 1-D array, got shape {rewards.shape}")
-    if not np.all(np.isfinite(rewards)):
+    if not np.isfinite(rewards).all():
         raise ValueError("rewards: every reward must be finite")
     if isinstance(group_size, bool) or not isinstance(group_size, (int, np.integer)):
         raise ValueError(f"group_size: expected an int, got {group_size!r}")
@@ -272,14 +274,16 @@ def objective(
     cotangent, shaped (n, T) and exactly 0 where the mask is False: back-propagating
     sum(current * cotangent) through the model gives the gradient of L.
     """
-    mask, advantages, current, proximal, behavior, reference, mean_staleness = _checked_inputs(
-        config, advantages, current, proximal, behavior, mask, reference, staleness)
-    n = mask.shape[0]
+    checked = _checked_inputs(config, advantages, current, proximal, behavior, mask, reference,
+                              staleness)
+    advantages, current, proximal, behavior, reference = checked.arrays
+    valid, lengths, tokens = checked.valid, checked.lengths, checked.tokens
+    n = lengths.shape[0]
 
     # Ignored positions become 0, so exp() of padding can neither overflow nor spread NaN.
-    c = np.where(mask, current, 0.0)
-    p = np.where(mask, proximal, 0.0)
-    b = np.where(mask, behavior, 0.0)
+    c = valid(current)
+    p = valid(proximal)
+    b = valid(behavior)
     A = advantages[:, None]
 
     if config.loss == "unclipped_is":
@@ -287,7 +291,7 @@ def objective(
         token_loss = -A * ratio
         token_grad = -A * ratio
         weight = np.ones_like(c)
-        clipped_active = np.zeros_like(mask)
+        clipped_active = np.zeros_like(checked.mask)
     else:
         if config.loss == "behavior_ppo":
             anchor = b  # plain PPO: the behaviour policy is the trust-region centre
@@ -299,7 +303,7 @@ def objective(
         ratio = np.exp(c - anchor)
         low, high = 1.0 - config.clip_low, 1.0 + config.clip_high
         unclipped = -A * ratio
-        clipped = -A * np.clip(ratio, low, high)
+        clipped = -A * ratio.clip(low, high)
         token_loss = weight * np.maximum(unclipped, clipped)
 
         # d unclipped / dc = -A r;  d clipped / dc = -A r on [low, high], else 0 (torch.clamp).
@@ -313,7 +317,7 @@ def objective(
         clipped_active = clipped > unclipped
 
     if reference is not None:  # checked above: present iff config.needs_reference
-        log_ref_ratio = np.where(mask, reference, 0.0) - c
+        log_ref_ratio = valid(reference) - c
         token_kl = np.exp(log_ref_ratio) - log_ref_ratio - 1.0  # k3: >= 0 at every token
         token_loss = token_loss + config.kl_coef * token_kl
         token_grad = token_grad + config.kl_coef * (1.0 - np.exp(log_ref_ratio))
@@ -321,22 +325,46 @@ def objective(
         token_kl = np.zeros_like(c)
 
     # L = 1/n sum_i 1/|o_i| sum_t l_t: each token weighs 1 / (n |o_i|).
-    lengths = mask.sum(axis=1)  # >= 1, checked above
-    token_share = np.where(mask, 1.0 / (n * lengths)[:, None], 0.0)
-    loss = float(np.sum(token_share * np.where(mask, token_loss, 0.0)))
-    cotangent = np.where(mask, token_share * token_grad, 0.0)
+    token_share = valid(1.0 / (n * lengths)[:, None])
+    loss = float((token_share * valid(token_loss)).sum())
+    cotangent = valid(token_share * token_grad)
 
-    tokens = int(lengths.sum())
     terms = ObjectiveTerms(
         loss=loss,
-        clip_fraction=_token_mean(clipped_active.astype(np.float64), mask, tokens),
-        mean_ratio=_token_mean(ratio, mask, tokens),
-        mean_behavior_weight=_token_mean(weight, mask, tokens),
-        kl=_token_mean(token_kl, mask, tokens),
-        mean_staleness=mean_staleness,
+        clip_fraction=checked.token_mean(clipped_active.astype(np.float64)),
+        mean_ratio=checked.token_mean(ratio),
+        mean_behavior_weight=checked.token_mean(weight),
+        kl=checked.token_mean(token_kl),
+        mean_staleness=checked.mean_staleness,
         tokens=tokens,
     )
     return terms, cotangent
+
+
+class _Checked(NamedTuple):
+    """`objective`'s inputs once checked: float64 arrays of the mask's shape and the facts
+    about its valid tokens that the objective reads."""
+
+    mask: np.ndarray
+    arrays: tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray | None]
+    """advantages, current, proximal, behavior, reference (None without the KL penalty)."""
+    lengths: np.ndarray
+    """Valid tokens of each response (each >= 1)."""
+    tokens: int
+    """Valid tokens in all."""
+    mean_staleness: float
+    dense: bool
+    """Every token valid and every (n, T) input in C order: masking changes nothing, and the
+    arrays computed from the inputs have the layout (hence the sums) masking would give."""
+
+    def valid(self, values: np.ndarray) -> np.ndarray:
+        """`values` at the valid tokens and 0.0 elsewhere, shaped (n, T) — or `values` as they
+        are, when the batch is dense (an (n, 1) column then stands for its broadcast)."""
+        return values if self.dense else np.where(self.mask, values, 0.0)
+
+    def token_mean(self, values: np.ndarray) -> float:
+        """The mean of (n, T) `values` over the valid tokens."""
+        return float(np.add.reduce(self.valid(values), axis=None) / self.tokens)
 
 
 def _checked_inputs(
@@ -348,10 +376,20 @@ def _checked_inputs(
     mask: np.ndarray,
     reference: np.ndarray | None,
     staleness: np.ndarray | None,
-) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray | None, float]:
-    """`objective`'s inputs as float64 arrays of the mask's shape, each refused by name when
-    it is not (and the mean staleness): kept apart so that the objective reads as the math."""
-    config.validate()
+) -> _Checked:
+    """`objective`'s inputs, each refused by name when it is not a float64 array of the mask's
+    shape, finite at the valid positions: kept apart so that the objective reads as the math.
+
+    Inputs that are already such arrays pass in a few passes over all of them together
+    (`_dense_inputs`); anything else, and any fault, goes through the checks one input at a
+    time, which name the first input at fault."""
+    if not _VALIDATED.get(config):
+        config.validate()
+        _VALIDATED.put(config, None, None, True)
+    checked = _dense_inputs(config, advantages, current, proximal, behavior, mask, reference,
+                            staleness)
+    if checked is not None:
+        return checked
     mask = _check_mask(mask)
     n, _ = mask.shape
     advantages = _check_array("advantages", advantages, (n,), np.ones(n, dtype=bool))
@@ -369,11 +407,74 @@ def _checked_inputs(
         if np.any(staleness < 0):
             raise ValueError("staleness: must be >= 0")
         mean_staleness = float(staleness.mean())
-    return mask, advantages, current, proximal, behavior, reference, mean_staleness
+    lengths = mask.sum(axis=1)
+    return _Checked(mask, (advantages, current, proximal, behavior, reference), lengths,
+                    int(lengths.sum()), mean_staleness, dense=False)
 
 
-def _token_mean(values: np.ndarray, mask: np.ndarray, tokens: int) -> float:
-    return float(np.sum(np.where(mask, values, 0.0)) / tokens)
+_VALIDATED = IdentityMemo(16)
+"""Configs that passed `validate` (by identity: the core hands the same one to every call)."""
+
+
+def _dense_inputs(
+    config: ObjectiveConfig,
+    advantages: np.ndarray,
+    current: np.ndarray,
+    proximal: np.ndarray,
+    behavior: np.ndarray,
+    mask: np.ndarray,
+    reference: np.ndarray | None,
+    staleness: np.ndarray | None,
+) -> _Checked | None:
+    """The checked inputs when each is already a float64 array of its shape and each is
+    finite where it counts (the core's minibatches); None when that is not so plainly true,
+    for the one-at-a-time checks to decide. Accepts only what they accept, with equal arrays.
+
+    Finiteness is one sum per array: a finite sum has no NaN and no infinity among its terms
+    (a sum that overflows merely sends finite inputs to the one-at-a-time checks)."""
+    if not (type(mask) is np.ndarray and mask.dtype == np.bool_ and mask.ndim == 2
+            and mask.shape[0]):
+        return None
+    shape, n = mask.shape, mask.shape[0]
+    if config.needs_reference != (reference is not None):
+        return None
+    matrices = (current, proximal, behavior) if reference is None else (
+        current, proximal, behavior, reference)
+    for values in matrices:
+        if not (type(values) is np.ndarray and values.dtype == _FLOAT and values.shape == shape):
+            return None
+    vectors = (advantages,) if staleness is None else (advantages, staleness)
+    for values in vectors:
+        if not (type(values) is np.ndarray and values.dtype == _FLOAT and values.shape == (n,)):
+            return None
+    count = int(np.count_nonzero(mask))
+    every = count == mask.size
+    if every:  # every token valid: the common case, no row to count
+        lengths = np.full(n, shape[1], dtype=np.intp)
+    else:
+        lengths = mask.sum(axis=1)
+        if not lengths.all():
+            return None
+    mean_staleness = 0.0
+    with np.errstate(over="ignore", invalid="ignore"):  # such sums are only looked at
+        total = float(np.add.reduce(advantages))
+        for values in matrices:
+            total += float(np.add.reduce(values, axis=None) if every
+                           else np.add.reduce(values, axis=None, where=mask))
+        if staleness is not None:
+            if not staleness.min() >= 0.0:
+                return None
+            staleness_sum = float(np.add.reduce(staleness))
+            total += staleness_sum
+            mean_staleness = staleness_sum / n  # what `staleness.mean()` computes
+    if not math.isfinite(total):
+        return None
+    dense = every and all(values.flags.c_contiguous for values in (mask, *matrices))
+    return _Checked(mask, (advantages, current, proximal, behavior, reference), lengths, count,
+                    mean_staleness, dense)
+
+
+_FLOAT = np.dtype(np.float64)
 
 
 def _check_mask(mask: np.ndarray) -> np.ndarray:

@@ -109,6 +109,28 @@ class Ragged:
         flat.flags.writeable = False
         return cls(flat, lengths.tolist())
 
+    def unpadded(self, values: np.ndarray) -> Ragged:
+        """The rows of `values`, an (n, T) float64 array shaped as `padded()` pads this one, cut
+        to this one's row lengths: what `from_padded(values, mask)` gives with the mask of
+        `padded()`, without counting the mask or checking the lengths again."""
+        values = np.asarray(values, dtype=FLOAT)
+        lengths = self.lengths
+        uniform = self.uniform()
+        width = lengths[0] if uniform else max(lengths, default=0)
+        if values.shape != (len(lengths), width):
+            raise ValueError(f"values: expected shape {(len(lengths), width)}, got "
+                             f"{values.shape}")
+        if uniform:
+            flat = values.reshape(-1).copy()
+        else:
+            flat = values[np.arange(width) < np.asarray(lengths)[:, None]]
+        flat.flags.writeable = False
+        rows = object.__new__(Ragged)
+        for name, value in (("values", flat), ("lengths", lengths), ("_starts", self._starts),
+                            ("_hash", None)):
+            object.__setattr__(rows, name, value)
+        return rows
+
     # -- reading ----------------------------------------------------------------------------
 
     def __len__(self) -> int:

@@ -9,10 +9,13 @@ from __future__ import annotations
 
 import hashlib
 import itertools
+import operator
 import struct
 from dataclasses import dataclass
 from functools import lru_cache
 from typing import NamedTuple
+
+import numpy as np
 
 from invar.model.config import RunConfig
 
@@ -39,6 +42,14 @@ def seed_stream(root: int, *path: object, count: int) -> list[int]:
     text = ":".join(str(part) for part in (root, *path)).encode()
     words = struct.unpack(f">{count}Q", hashlib.shake_128(text).digest(8 * count))
     return [word >> 1 for word in words]
+
+
+def seed_words(root: int, *path: object, count: int) -> np.ndarray:
+    """`seed_stream(root, *path, count=count)` as a uint64 array, the words read in one pass
+    (a batch's plan keys: hundreds of them)."""
+    text = ":".join(str(part) for part in (root, *path)).encode()
+    words: np.ndarray = np.frombuffer(hashlib.shake_128(text).digest(8 * count), dtype=">u8")
+    return words >> 1
 
 
 @lru_cache(maxsize=4096)
@@ -155,16 +166,26 @@ def batches_of_version(config: RunConfig, version: int) -> range:
 def minibatch_plan(config: RunConfig, update: int) -> tuple[tuple[int, ...], ...]:
     """Positions (into `request_ids(update)`) used by each of the K optimizer steps of `update`.
 
-    A permutation keyed by seed_stream(seed, "plan", update)[position], cut into K
+    A permutation keyed by seed_stream(seed, "plan", update)[position] (a stable sort), cut into K
     near-equal contiguous chunks; each chunk is kept in id order. Redoing an update reuses
     this plan.
     """
     n = config.samples_per_batch
-    keys = seed_stream(config.seed, "plan", update, count=n)
-    order = sorted(range(n), key=keys.__getitem__)
+    keys = seed_words(config.seed, "plan", update, count=n)
+    order = np.argsort(keys, kind="stable")
     k = config.optimizer_steps
     cuts = [round(j * n / k) for j in range(k + 1)]
-    return tuple(tuple(sorted(order[cuts[j]:cuts[j + 1]])) for j in range(k))
+    return tuple(tuple(np.sort(order[cuts[j]:cuts[j + 1]]).tolist()) for j in range(k))
+
+
+@lru_cache(maxsize=256)
+def minibatch_requests(config: RunConfig, update: int) -> tuple[tuple[RequestId, ...], ...]:
+    """The request ids each optimizer step of `update` forwards: `request_ids(update)` at the
+    positions `minibatch_plan(update)[step]` (asked for again on every retry of the step)."""
+    requests = request_ids(config, update)
+    # One C call per step (itemgetter of one position gives the id, not a 1-tuple).
+    return tuple(operator.itemgetter(*positions)(requests) if len(positions) > 1
+                 else (requests[positions[0]],) for positions in minibatch_plan(config, update))
 
 
 @dataclass(frozen=True)

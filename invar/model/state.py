@@ -503,11 +503,19 @@ class Scores:
 
 
 class BatchInputs(NamedTuple):
-    """Per-sample objective inputs of a whole batch (read-only arrays, rows in slot order;
-    log-probs padded with 0.0 to the batch's longest response)."""
+    """Per-sample objective inputs of a whole batch, rows in the order of the update's
+    minibatch plan (step 0's positions, then step 1's...), so that each step's rows are one
+    slice, `steps[k]` (read-only arrays; log-probs padded with 0.0 to the batch's longest
+    response)."""
 
+    steps: tuple[slice, ...]
+    """Optimizer step k's rows."""
+    lengths: tuple[int, ...]
+    """Each row's token count."""
     advantages: np.ndarray
     """(n,): from the batch's rewards, which are final once the batch is scored."""
+    staleness: np.ndarray
+    """(n,): the batch's staleness, one per sample, as float64 (for the diagnostics)."""
     behavior: np.ndarray
     proximal: np.ndarray
     reference: np.ndarray | None
@@ -741,9 +749,20 @@ def _request_int64s(requests: Sequence[RequestId]) -> bytes:
     its ids (a commit chains 512 of them)."""
     if type(requests) is not BatchRequests:
         return _int64s(itertools.chain.from_iterable(requests))
-    prompts, samples = np.divmod(np.arange(len(requests), dtype="<i8"), requests.group_size)
-    batches = np.full(len(requests), requests.batch, dtype="<i8")
-    return np.stack([batches, prompts, samples], axis=1).astype("<i8").tobytes()
+    triples = _request_triples(requests.prompts_per_batch, requests.group_size).copy()
+    triples[:, 0] = requests.batch
+    return triples.tobytes()
+
+
+@functools.lru_cache(maxsize=16)
+def _request_triples(prompts_per_batch: int, group_size: int) -> np.ndarray:
+    """(0, prompt, sample) of each request of a batch of this shape, as (n, 3) int64 LE (a
+    batch's are these with its index in column 0)."""
+    prompts, samples = np.divmod(np.arange(prompts_per_batch * group_size, dtype="<i8"),
+                                 group_size)
+    triples = np.stack([np.zeros_like(prompts), prompts, samples], axis=1).astype("<i8")
+    triples.flags.writeable = False
+    return triples
 
 
 def _int64s(values: Iterable[int]) -> bytes:

@@ -154,13 +154,12 @@ def _cotangent_for_another_step(mp: Any) -> None:
 
     def handler(state, event):
         learner = state.learner
-        batch = state.batch(event.observation.update)
         if (learner_accepts(learner.phase, ForwardObserved) and event.attempt == learner.attempt
-                and batch is not None):
+                and learner.scores is not None):
             # The bug: the binding check (observation id and pre-step digest) is skipped: any
             # forward of this attempt is taken as the current step's.
-            plan = schedule.minibatch_plan(state.config, event.observation.update)[learner.step]
-            command = core._cotangent(state, batch, plan, event)
+            inputs = learner.scores.inputs
+            command = core._cotangent(state.config, inputs, inputs.steps[learner.step], event)
             learner = evolve(learner, phase=LearnerPhase.APPLYING, cotangent=command,
                              forward_digest=command.forward_digest)
             return evolve(state, learner=learner), [command]

@@ -247,3 +247,34 @@ def test_swapping_two_samples_changes_the_digest():
     batch = BatchState.admitted(0, 2)
     assert batch.with_slots({0: one, 1: two}).slots_digest != \
         batch.with_slots({0: two, 1: one}).slots_digest
+
+
+def spec_minibatch_plan(config, update):
+    """PROTOCOL §2.4, written out: positions stably sorted by their plan keys, cut into K
+    near-equal chunks, each chunk in id order."""
+    n, k = config.samples_per_batch, config.optimizer_steps
+    keys = [spec_seed(config.seed, "plan", update, i) for i in range(n)]
+    order = sorted(range(n), key=keys.__getitem__)
+    cuts = [round(j * n / k) for j in range(k + 1)]
+    return tuple(tuple(sorted(order[cuts[j]:cuts[j + 1]])) for j in range(k))
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.integers(0, 2**40), st.integers(1, 9), st.integers(1, 9), st.integers(1, 12),
+       st.integers(0, 10**6))
+def test_minibatch_plan_and_requests_are_the_spec_plan(seed, prompts, group, steps, update):
+    config = RunConfig(prompts_per_batch=prompts, group_size=group, seed=seed,
+                       optimizer_steps=min(steps, prompts * group))
+    plan = schedule.minibatch_plan.__wrapped__(config, update)  # computed, not remembered
+    assert plan == spec_minibatch_plan(config, update)
+    assert {type(position) for step in plan for position in step} == {int}
+    requests = schedule.request_ids(config, update)
+    assert schedule.minibatch_requests(config, update) == tuple(
+        tuple(requests[i] for i in step) for step in plan)
+
+
+@given(st.integers(0, 2**40), st.lists(st.one_of(st.integers(-5, 10**6), st.text(max_size=3)),
+                                     max_size=3), st.integers(0, 40))
+def test_seed_words_are_the_seed_stream(root, path, count):
+    words = schedule.seed_words(root, *path, count=count)
+    assert words.tolist() == schedule.seed_stream(root, *path, count=count)

@@ -139,3 +139,21 @@ def test_from_table_shares_frozen_rows_and_copies_writable_ones() -> None:
     assert np.shares_memory(Ragged.from_table(table).values, table)
     with pytest.raises(ValueError, match=r"table: expected an \(n, T\) array"):
         Ragged.from_table(np.zeros(3))
+
+
+@given(float_rows)
+def test_unpadded_is_from_padded_with_the_rows_mask(rows: tuple[tuple[float, ...], ...]) -> None:
+    ragged = Ragged.of(rows)
+    values, mask = ragged.padded()
+    computed = -values  # something computed per token, padding included
+    unpadded = ragged.unpadded(computed)
+    assert unpadded == Ragged.from_padded(computed, mask)
+    assert unpadded.lengths == ragged.lengths and not unpadded.values.flags.writeable
+    computed[...] = 7.0  # the rows are a copy: the array they came from may change
+    assert unpadded == Ragged.from_padded(-values, mask)
+
+
+def test_unpadded_refuses_an_array_of_another_shape() -> None:
+    ragged = Ragged.of(((1.0, 2.0), (3.0,)))
+    with pytest.raises(ValueError, match=r"^values: expected shape \(2, 2\)"):
+        ragged.unpadded(np.zeros((2, 3)))
