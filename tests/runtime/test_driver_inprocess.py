@@ -335,3 +335,22 @@ def test_the_metrics_files_are_open_before_the_first_event(tmp_path, rt, monkeyp
                         lambda self: calls.append(1) or opened(self))
     run(config_for(rt, tmp_path))
     assert calls and (tmp_path / "metrics.jsonl").exists()
+
+
+def test_the_collector_is_tuned_for_the_run_and_restored_after(tmp_path, rt, monkeypatch):
+    import gc
+
+    from invar.runtime import driver as driver_module
+
+    before = gc.get_threshold()
+    seen = []
+    applied = Driver._apply
+
+    def noting_threshold(self, event):
+        seen.append(gc.get_threshold()[0])
+        applied(self, event)
+
+    monkeypatch.setattr(Driver, "_apply", noting_threshold)
+    run(config_for(rt, tmp_path))
+    assert set(seen) == {driver_module.YOUNG_GENERATION}
+    assert gc.get_threshold() == before
