@@ -55,6 +55,17 @@ class RunConfig:
             object.__setattr__(self, "_hash", cached)
         return cached
 
+    def __repr__(self) -> str:
+        # Cached as the hash is: every state digest writes the config out (~400 characters),
+        # once per event. The text is the one dataclasses would generate.
+        cached = self.__dict__.get("_repr")
+        if cached is None:
+            shown = ", ".join(f"{f.name}={getattr(self, f.name)!r}"
+                              for f in dataclasses.fields(self) if f.repr)
+            cached = f"{type(self).__qualname__}({shown})"
+            object.__setattr__(self, "_repr", cached)
+        return cached
+
     def __getstate__(self) -> dict[str, Any]:
         # The cached hash depends on this process's string hash seed: never ship it.
         return {k: v for k, v in self.__dict__.items() if k != "_hash"}

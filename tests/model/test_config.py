@@ -224,3 +224,22 @@ def test_report_notes_an_inflight_bound_below_the_budget_and_a_synchronous_run()
     sync = report(RunConfig(max_staleness=0, sync_period=1, max_inflight_batches=1, **base))
     assert any(n.startswith("max_staleness=0: synchronous") for n in sync.notes), sync.notes
     assert not any("max_inflight_batches" in n for n in sync.notes), sync.notes
+
+
+def test_the_cached_repr_is_the_one_dataclasses_would_write():
+    """A state digest writes the config out on every event, so its repr is cached; the text
+    must stay the generated one (journals' digests are pinned to it)."""
+    import dataclasses
+    import pickle
+
+    twin = dataclasses.make_dataclass(
+        "RunConfig", [(f.name, f.type, dataclasses.field(default=f.default,
+                                                          default_factory=f.default_factory))
+                      for f in dataclasses.fields(RunConfig)], frozen=True)
+    config = RunConfig(prompts_per_batch=3, group_size=2, total_updates=7, seed=11)
+    expected = repr(twin(**{f.name: getattr(config, f.name)
+                            for f in dataclasses.fields(config)}))
+    assert repr(config) == repr(config) == expected
+    changed = dataclasses.replace(config, seed=12)
+    assert repr(changed) == expected.replace("seed=11", "seed=12")
+    assert repr(pickle.loads(pickle.dumps(config))) == expected
