@@ -737,3 +737,13 @@ def test_fortran_ordered_inputs_are_summed_as_masking_would():
     loss = objective(**arguments)[0].loss
     assert loss == objective(**dict(arguments, current=np.zeros((2, 3)), proximal=np.zeros(
         (2, 3)), behavior=np.zeros((2, 3))))[0].loss == 265571027.1591608
+
+
+def test_pad_names_the_row_that_is_not_flat():
+    with pytest.raises(ValueError, match=r"rows: row 1 is not a flat sequence"):
+        pad([[0.0, -1.0], 5.0, [-2.0]])
+
+
+def test_pad_of_no_rows_is_empty():
+    values, mask = pad([])
+    assert values.shape == mask.shape == (0, 0)

@@ -196,13 +196,13 @@ def pad(rows: Sequence[Sequence[float]]) -> tuple[np.ndarray, np.ndarray]:
 
     Padding is 0.0 under a False mask; row i's values sit at the start of row i.
     """
-    if rows and len({len(row) for row in rows}) == 1:
-        # Rows of one length (fixed-length responses, the common case): one conversion.
-        values = np.asarray(rows, dtype=np.float64)
-        if values.ndim == 2:
-            return values, np.ones(values.shape, dtype=bool)
     try:
         lengths = np.array([len(row) for row in rows], dtype=np.int64)
+        if len(lengths) and (lengths == lengths[0]).all():
+            # Rows of one length (fixed-length responses, the common case): one conversion.
+            values = np.asarray(rows, dtype=np.float64)
+            if values.ndim == 2:
+                return values, np.ones(values.shape, dtype=bool)
         flat = np.fromiter(itertools.chain.from_iterable(rows), dtype=np.float64,
                            count=int(lengths.sum()))
     except (TypeError, ValueError):  # a row that is a number, or holds sequences

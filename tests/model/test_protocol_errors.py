@@ -582,6 +582,11 @@ def test_reference_scores_required_when_kl_is_on():
     outcome = d.attempt(replace(good, reference=None))
     assert isinstance(outcome, ProtocolError) and outcome.reason is Reason.MALFORMED_PAYLOAD
     assert "reference" in outcome.detail
+    # A reference that is not a matrix at all is refused by name too, changing nothing.
+    as_rows = tuple(good.reference.rows())
+    outcome = d.attempt(replace(good, reference=as_rows))
+    assert isinstance(outcome, ProtocolError) and outcome.reason is Reason.MALFORMED_PAYLOAD
+    assert outcome.detail.startswith("reference: ") and outcome.state is d.state
     d.apply(good)
     assert d.state.learner.phase is LearnerPhase.FORWARD
 
