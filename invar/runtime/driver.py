@@ -227,8 +227,8 @@ class Driver:
             # The event path makes thousands of short-lived, acyclic values per update (states,
             # samples, launch columns): in a young generation this large most die before a
             # collection would walk them, and the older generations' collections, which walk
-            # the survivors again, come as much rarer (at the default, 700, a young collection
-            # ran ~8 times per update).
+            # the survivors again, become rarer in proportion (at the default, 700, a young
+            # collection ran ~8 times per update).
             gc.set_threshold(YOUNG_GENERATION, *thresholds[1:])
             check = deliver(self.state, started)
             if check.verdict is not Verdict.ACCEPTED:
