@@ -1070,7 +1070,8 @@ def _sample_digests(frame: Completions) -> list[str]:
     digests, start = [], 0
     for i, length in enumerate(tokens.lengths):
         end = start + 8 * length
-        h = hashlib.blake2b(token_bytes[start:end], digest_size=12)
+        h = _BLAKE2B_96.copy()
+        h.update(token_bytes[start:end])
         h.update(logprob_bytes[start:end])
         h.update(reward_bytes[8 * i:8 * i + 8])
         digests.append(h.hexdigest())

@@ -39,17 +39,21 @@ def seed_stream(root: int, *path: object, count: int) -> list[int]:
     path's text, cut into big-endian 8-byte words, each shifted right by one. One hash call for
     a prompt group's seeds or a batch's plan keys; the first k of `count` are the seeds of
     `count=k` (an extendable output); stable across processes and hosts."""
-    text = ":".join(str(part) for part in (root, *path)).encode()
-    words = struct.unpack(f">{count}Q", hashlib.shake_128(text).digest(8 * count))
+    words = struct.unpack(f">{count}Q", _stream_bytes(root, path, count))
     return [word >> 1 for word in words]
 
 
 def seed_words(root: int, *path: object, count: int) -> np.ndarray:
     """`seed_stream(root, *path, count=count)` as a uint64 array, the words read in one pass
     (a batch's plan keys: hundreds of them)."""
-    text = ":".join(str(part) for part in (root, *path)).encode()
-    words: np.ndarray = np.frombuffer(hashlib.shake_128(text).digest(8 * count), dtype=">u8")
+    words: np.ndarray = np.frombuffer(_stream_bytes(root, path, count), dtype=">u8")
     return words >> 1
+
+
+def _stream_bytes(root: int, path: tuple[object, ...], count: int) -> bytes:
+    """The 8 * `count` bytes of SHAKE-128 over the path's text that a seed stream is cut from."""
+    text = ":".join(str(part) for part in (root, *path)).encode()
+    return hashlib.shake_128(text).digest(8 * count)
 
 
 @lru_cache(maxsize=4096)
@@ -62,12 +66,9 @@ def group_seeds(config: RunConfig, batch: int, prompt: int) -> tuple[int, ...]:
 def batch_seeds(config: RunConfig, batch: int) -> tuple[int, ...]:
     """The sampling seeds of every request of `batch` in id order: each prompt's
     `group_seeds`, one after another (the core launches a batch at once)."""
-    words = struct.Struct(f">{config.group_size}Q")
-    size, prefix = words.size, f"{config.seed}:sample:{batch}:"
-    seeds: list[int] = []
-    for prompt in range(config.prompts_per_batch):
-        seeds += words.unpack(hashlib.shake_128(f"{prefix}{prompt}".encode()).digest(size))
-    return tuple([word >> 1 for word in seeds])
+    return tuple(itertools.chain.from_iterable(
+        seed_stream(config.seed, "sample", batch, prompt, count=config.group_size)
+        for prompt in range(config.prompts_per_batch)))
 
 
 def sampling_seed(config: RunConfig, request: RequestId) -> int:
