@@ -7,14 +7,14 @@ budget actually reachable when a hard boundary clamps it.
 
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass, field
-from typing import Any
 
 from invar.model.errors import ConfigError
+from invar.model.memo import cached_repr
 from invar.model.objective import ObjectiveConfig
 
 
+@cached_repr
 @dataclass(frozen=True)
 class RunConfig:
     """The protocol's declared parameters (PROTOCOL.md, "Declared configuration")."""
@@ -46,29 +46,6 @@ class RunConfig:
     @property
     def samples_per_batch(self) -> int:
         return self.prompts_per_batch * self.group_size
-
-    def __hash__(self) -> int:
-        # Cached: the schedule's caches are keyed by the config and looked up once per sample.
-        cached = self.__dict__.get("_hash")
-        if cached is None:
-            cached = hash(dataclasses.astuple(self))
-            object.__setattr__(self, "_hash", cached)
-        return cached
-
-    def __repr__(self) -> str:
-        # Cached as the hash is: every state digest writes the config out (~400 characters),
-        # once per event. The text is the one dataclasses would generate.
-        cached = self.__dict__.get("_repr")
-        if cached is None:
-            shown = ", ".join(f"{f.name}={getattr(self, f.name)!r}"
-                              for f in dataclasses.fields(self) if f.repr)
-            cached = f"{type(self).__qualname__}({shown})"
-            object.__setattr__(self, "_repr", cached)
-        return cached
-
-    def __getstate__(self) -> dict[str, Any]:
-        # The cached hash depends on this process's string hash seed: never ship it.
-        return {k: v for k, v in self.__dict__.items() if k != "_hash"}
 
     def validate(self) -> RunConfig:
         """Return self, or raise ConfigError naming every field of the first impossible rule."""

@@ -1,4 +1,5 @@
-"""Answers of pure functions remembered for the very objects they were computed from.
+"""Answers of pure functions remembered for the very objects they were computed from, and
+on them: a frozen record's repr and hash (`cached_repr`).
 
 A model checker applies the same event to the same core, the same command to the same
 component, in many worlds that differ elsewhere; remembering the answer by the arguments'
@@ -10,7 +11,9 @@ stay shared and the memos downstream of them keep hitting.
 from __future__ import annotations
 
 from collections.abc import Hashable
-from typing import Any
+from typing import Any, TypeVar
+
+RecordType = TypeVar("RecordType", bound=type)
 
 
 class IdentityMemo:
@@ -47,3 +50,34 @@ class IdentityMemo:
         if known is None:
             known = self.put(first, None, None, compute(first))
         return known
+
+
+def _memoised(attribute: str, compute: Any) -> Any:
+    """A method returning `compute(self)`, kept on the (frozen) instance after the first call."""
+    def method(self: Any) -> Any:
+        value = self.__dict__.get(attribute)
+        if value is None:
+            value = compute(self)
+            object.__setattr__(self, attribute, value)
+        return value
+    return method
+
+
+def cached_repr(cls: RecordType) -> RecordType:
+    """Cache a frozen dataclass's repr and hash on the instance: state digests are built from
+    reprs, the checker's fingerprints from hashes, and records are shared between many states.
+    (The hash is the generated one, so it still hashes by value; it is never pickled, since a
+    string's hash differs between processes.)"""
+    generated_hash = cls.__hash__
+
+    def __getstate__(self: Any) -> dict[str, Any]:
+        return {k: v for k, v in self.__dict__.items() if k != "_hash"}
+
+    # The dataclass repr without its guard against recursion (a set of ids kept per thread):
+    # a record is an immutable value and never contains itself.
+    cls.__repr__ = _memoised("_repr", getattr(cls.__repr__, "__wrapped__",  # type: ignore[method-assign]
+                                              cls.__repr__))
+    if generated_hash is not None:
+        cls.__hash__ = _memoised("_hash", generated_hash)  # type: ignore[method-assign]
+        cls.__getstate__ = __getstate__  # type: ignore[method-assign,assignment]
+    return cls

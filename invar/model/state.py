@@ -25,7 +25,7 @@ import numpy as np
 
 from invar.model.completions import Completions
 from invar.model.config import RunConfig
-from invar.model.memo import IdentityMemo
+from invar.model.memo import IdentityMemo, cached_repr
 from invar.model.messages import ApplyCotangent, Matrix, ObservationId
 from invar.model.schedule import RequestId
 
@@ -43,37 +43,6 @@ def evolve(obj: Record, **changes: Any) -> Record:
     fields.pop("_hash", None)
     fields.update(changes)
     return new
-
-
-def _memoised(attribute: str, compute: Any) -> Any:
-    """A method returning `compute(self)`, kept on the (frozen) instance after the first call."""
-    def method(self: Any) -> Any:
-        value = self.__dict__.get(attribute)
-        if value is None:
-            value = compute(self)
-            object.__setattr__(self, attribute, value)
-        return value
-    return method
-
-
-def cached_repr(cls: RecordType) -> RecordType:
-    """Cache a frozen dataclass's repr and hash on the instance: state digests are built from
-    reprs, the checker's fingerprints from hashes, and records are shared between many states.
-    (The hash is the generated one, so it still hashes by value; it is never pickled, since a
-    string's hash differs between processes.)"""
-    generated_hash = cls.__hash__
-
-    def __getstate__(self: Any) -> dict[str, Any]:
-        return {k: v for k, v in self.__dict__.items() if k != "_hash"}
-
-    # The dataclass repr without its guard against recursion (a set of ids kept per thread):
-    # a record is an immutable value and never contains itself.
-    cls.__repr__ = _memoised("_repr", getattr(cls.__repr__, "__wrapped__",  # type: ignore[method-assign]
-                                              cls.__repr__))
-    if generated_hash is not None:
-        cls.__hash__ = _memoised("_hash", generated_hash)  # type: ignore[method-assign]
-        cls.__getstate__ = __getstate__  # type: ignore[method-assign,assignment]
-    return cls
 
 
 Item = TypeVar("Item")

@@ -41,7 +41,7 @@ from typing import Any, TypeVar
 from invar.model import schedule
 from invar.model.config import RunConfig
 from invar.model.core import outstanding_commands, run_complete
-from invar.model.memo import IdentityMemo
+from invar.model.memo import IdentityMemo, cached_repr
 from invar.model.messages import (
     ApplyCotangent,
     Checkpoint,
@@ -81,7 +81,6 @@ from invar.model.state import (
     LearnerPhase,
     State,
     WorkerPhase,
-    cached_repr,
     completions_of,
     evolve,
 )
