@@ -11,8 +11,9 @@ the learner commands (built in the learner's thread since a78edc7), the learner'
 executor around a backend that answers with the journal's own log-prob arrays: the rules, the
 replies built from the arrays, the cotangents padded back, each reply encoded; also in the
 learner's thread), encoding the launches of
-each dispatch (one frame per worker), decoding each worker frame, appending every line to a
-journal as text already encoded (without fsync: the syncs are the same before and after), and
+each dispatch (one frame per worker), reading each worker frame (`wire`: completions as bytes, a
+load as JSON text), writing every line to a journal (a load and a learner reply as the text
+they arrive as, completions encoded by the journal; without fsync), and
 the state digests (each state's repr computed afresh, as in a run). Milliseconds per update are
 printed per piece.
 """
@@ -20,7 +21,6 @@ printed per piece.
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import tempfile
 import time
@@ -140,6 +140,7 @@ def main(argv: list[str] | None = None) -> int:
     from invar.runtime.config import load_config, task_section
     from invar.runtime.learner_executor import learner_inputs
     from invar.runtime.tasks import build_task
+    from invar.runtime.wire import event_frame, read_event_frame
 
     with tempfile.TemporaryDirectory() as scratch_dir:
         scratch = Path(scratch_dir)
@@ -158,13 +159,12 @@ def main(argv: list[str] | None = None) -> int:
             state = deliver(state, entry.event).state
         first_replay = time.process_time() - began
         state = initial_state(config)
-        for line, entry in zip(lines, entries):
+        for entry in entries:
             delivery = deliver(state, entry.event)
             state = delivery.state
             dispatches.append((state, delivery.commands))
             if isinstance(entry.event, (RequestsCompleted, WeightsLoaded)):
-                raw = json.loads(line)["event"]
-                frames.append(json.dumps(raw, separators=(",", ":")).encode())
+                frames.append(event_frame(entry.event))
         updates = max(state.committed, 1)
         learner = [(s, c) for s, cs in dispatches for c in cs if route(c) == LEARNER]
         # (LaunchRequests since 9c745ff+1, one per batch and worker; LaunchRequest before)
@@ -205,16 +205,17 @@ def main(argv: list[str] | None = None) -> int:
                 driver_module.launch_frames(commands)
 
         def decode() -> None:
-            for blob in frames:
-                driver_module.decode_event_frame(blob)
+            for header, blob in frames:
+                read_event_frame(header, blob)
 
         def append() -> None:
             writer = journal_io.Journal(scratch / "bench.jsonl", config)
             for seq, (line, entry) in enumerate(zip(lines, entries)):
-                # A worker's event is journalled as received; the others are encoded.
-                # Every event arrives encoded: a worker's as received, a learner reply as the
-                # learner's thread encoded it; the driver writes that text behind the head.
-                encoded = line[line.index('"event":') + 8:-1]
+                # A load arrives as its text and a learner reply as the learner's thread
+                # encoded it: the journal writes that text behind the head. Completions
+                # arrive as bytes (`wire`): the journal encodes them when it writes.
+                encoded = (None if isinstance(entry.event, RequestsCompleted)
+                           else line[line.index('"event":') + 8:-1])
                 writer.append(seq, entry.event, entry.before, entry.after, sync=False,
                               encoded=encoded)
             writer.close()

@@ -542,6 +542,66 @@ def unpack_completions(value: Any, where: str) -> Completions:
                        Ragged(logprobs, logprob_lengths), rewards)
 
 
+# The columns of `pack_completions` as bytes, for a wire that carries bytes: n request rows of 3,
+# then n versions, token row lengths, log-prob row lengths and rewards, then the tokens and
+# the log-probs back to back. Every value is 8 bytes little-endian (int64; float64 for rewards
+# and log-probs), so the layout follows from n and the two length columns alone.
+_WORD = np.dtype("<i8")
+_HEAD_WORDS_PER_COMPLETION = 3 + 1 + 1 + 1 + 1
+
+
+def completions_to_bytes(completions: Completions) -> bytes:
+    """`completions` as binary columns (the layout above): no text, no base64."""
+    return b"".join((
+        np.ascontiguousarray(completions.requests, dtype="<i8").tobytes(),
+        np.ascontiguousarray(completions.versions, dtype="<i8").tobytes(),
+        np.asarray(completions.tokens.lengths, dtype="<i8").tobytes(),
+        np.asarray(completions.behavior_logprobs.lengths, dtype="<i8").tobytes(),
+        np.ascontiguousarray(completions.rewards, dtype="<f8").tobytes(),
+        np.ascontiguousarray(completions.tokens.values, dtype="<i8").tobytes(),
+        np.ascontiguousarray(completions.behavior_logprobs.values, dtype="<f8").tobytes(),
+    ))
+
+
+def completions_from_bytes(blob: bytes, count: Any, where: str) -> Completions:
+    """`completions_to_bytes`' columns of `count` completions, as arrays over `blob` (read-only,
+    not copied); a `DecodeError` names the column whose size is wrong. What the values are
+    (finite, in range) is the core's to judge, as for `unpack_completions`."""
+    n = _count(count, f"{where}.n")
+    head = _HEAD_WORDS_PER_COMPLETION * n
+    if len(blob) % 8 or len(blob) < 8 * head:
+        raise DecodeError(f"{where}: {len(blob)} bytes, expected {8 * head} or more, in "
+                          f"8-byte words ({n} completions)")
+    words = np.frombuffer(blob, dtype=_WORD)
+    token_lengths, logprob_lengths = words[4 * n:5 * n], words[5 * n:6 * n]
+    if n and min(token_lengths.min(), logprob_lengths.min()) < 0:
+        column = "tokens" if token_lengths.min() < 0 else "behavior_logprobs"
+        raise DecodeError(f"{where}.{column}.rows: expected non-negative row lengths")
+    # No row is longer than the frame, so the sums below cannot overflow int64.
+    longest = max(token_lengths.max(), logprob_lengths.max()) if n else 0
+    tokens_end = head + int(token_lengths.sum())
+    if longest > len(words) or len(words) != tokens_end + int(logprob_lengths.sum()):
+        tokens, logprobs = sum(token_lengths.tolist()), sum(logprob_lengths.tolist())
+        raise DecodeError(f"{where}: {len(words)} words, but the row lengths ask for "
+                          f"{head + tokens + logprobs} ({n} completions, {tokens} tokens, "
+                          f"{logprobs} log-probs)")
+    floats = words.view("<f8")
+    return Completions(words[:3 * n].reshape(n, 3), words[3 * n:4 * n],
+                       Ragged(words[head:tokens_end], token_lengths.tolist()),
+                       Ragged(floats[tokens_end:], logprob_lengths.tolist()),
+                       floats[6 * n:7 * n])
+
+
+def completed_from_bytes(worker: Any, incarnation: Any, count: Any,
+                         blob: bytes) -> RequestsCompleted:
+    """A `RequestsCompleted` from its fields as a frame's header carries them and its
+    completions as `completions_to_bytes` wrote them; `DecodeError` names the field at fault,
+    as `decode` does."""
+    return RequestsCompleted(_from_json(str, worker, "RequestsCompleted.worker"),
+                             _from_json(int, incarnation, "RequestsCompleted.incarnation"),
+                             completions_from_bytes(blob, count, "RequestsCompleted.completions"))
+
+
 def _request_rows(text: Any, count: int, where: str) -> list[RequestId]:
     """`count` request ids packed as rows of 3 int64."""
     rows = _unpack_array(text, "<i8", 3 * count, where).reshape(count, 3).tolist()

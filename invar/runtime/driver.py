@@ -37,7 +37,6 @@ from typing import Any
 from invar.model import schedule
 from invar.model.core import run_complete
 from invar.model.messages import (
-    ENCODING_VERSION,
     Command,
     DecodeError,
     Event,
@@ -52,10 +51,8 @@ from invar.model.messages import (
     UpdateCommitted,
     VersionEvaluated,
     VersionPublished,
-    WeightsLoaded,
     WorkerConnected,
     WorkerLost,
-    decode,
     dumps,
     encode,
     pack_launches,
@@ -84,6 +81,7 @@ from invar.runtime.transport import (
 )
 from invar.runtime.verifier import make_verifier
 from invar.runtime.weights import atomic_write
+from invar.runtime.wire import check_hello, read_event_frame
 from invar.runtime.worker_args import worker_args
 
 log = logging.getLogger("invar.driver")
@@ -573,14 +571,9 @@ class Driver:
         self.workers[name] = handle
         try:
             header, _ = await transport.receive()
-            if header.get("kind") != "hello":
-                raise FrameError(f"first frame of {name} is {header.get('kind')!r}, not hello")
-            if header.get("encoding") != ENCODING_VERSION:
-                # A worker of another invar version would misread every frame: say so plainly
-                # (it is not respawned into the same mismatch forever: MAX_RESPAWNS applies).
-                raise FrameError(f"{name} speaks message encoding {header.get('encoding')!r}, "
-                                 f"this driver {ENCODING_VERSION}: run the same invar version "
-                                 f"on every host")
+            # A worker of another version is refused, not respawned into the same mismatch
+            # forever (MAX_RESPAWNS applies).
+            check_hello(name, header)
             self._connected[name] = incarnation
             self.events.put_nowait(WorkerConnected(name, incarnation))
             while True:
@@ -623,8 +616,9 @@ class Driver:
         return (path, "\n".join("  " + line for line in tail)) if tail else None
 
     def _accept_frame(self, name: str, header: dict[str, Any], blob: bytes) -> None:
-        """A worker's event travels as its compact JSON text in the blob: decoded once here,
-        and journalled as that very text (no second encoding)."""
+        """A worker's event, as `wire.read_event_frame` reads it: a load's JSON text is
+        journalled as received; completions, which came as bytes, are encoded for the journal
+        by its writer (`Journal.sync`), off the event path."""
         began_cpu = time.thread_time()  # outside the wall window, as in `_apply`
         began = time.perf_counter()
         try:
@@ -634,23 +628,18 @@ class Driver:
             self.stats.core_cpu_seconds += time.thread_time() - began_cpu
 
     def _decode_frame(self, name: str, header: dict[str, Any], blob: bytes) -> None:
-        kind = header["kind"]
         # Worker-reported compute time (benchmarks: rollout time R per batch).
         self.stats.rollout_seconds += float(header.get("compute_seconds", 0.0))
         self.stats.load_seconds += float(header.get("load_seconds", 0.0))
-        if kind != "event":
-            raise FrameError(f"unexpected frame kind {kind!r}")
-        event, raw = decode_event_frame(blob)
-        if not isinstance(event, (RequestsCompleted, WeightsLoaded)):
-            raise FrameError(f"a worker cannot report {type(event).__name__}")
+        event, raw = read_event_frame(header, blob)
         if isinstance(event, RequestsCompleted):
             self.verifier_failures.add(header)
             done = len(event.completions)
             self.stats.completed_by[name] = self.stats.completed_by.get(name, 0) + done
             if "compute_seconds" in header:
                 self.stats.rollout_replies += done
-        # The journal writes the event as received instead of encoding it again.
-        self._received[id(event)] = raw
+        if raw is not None:  # the journal writes the event as received, not encoded again
+            self._received[id(event)] = raw
         self.events.put_nowait(event)
 
     async def _send(self, handle: WorkerHandle, header: dict[str, Any], blob: bytes = b"") -> None:
@@ -714,16 +703,6 @@ def launch_frames(launches: list[LaunchRequests]) -> dict[tuple[str, int], dict[
         by_worker.setdefault((command.worker, command.incarnation), []).append(command)
     return {key: {"kind": "launches", "launches": pack_launches(commands)}
             for key, commands in by_worker.items()}
-
-
-def decode_event_frame(blob: bytes) -> tuple[Event, str]:
-    """A worker's event frame: the event, and its JSON text as received (journalled as is)."""
-    try:
-        raw = blob.decode("utf-8")
-        data = json.loads(raw)
-    except ValueError as error:  # UnicodeDecodeError and JSONDecodeError both are
-        raise FrameError(f"event is not JSON text: {error}") from None
-    return decode(data), raw
 
 
 class ResumeError(RuntimeError):

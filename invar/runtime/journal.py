@@ -2,12 +2,12 @@
 
 Line 1 is a header with the protocol configuration; then one line per accepted event:
 `{"seq": n, "before": digest, "after": digest, "event": <encoded event>}`. Lines are kept in
-memory as they are appended and written, with an fsync, by `sync`: when `shell.deliver` says
-the delivery is durable (before a Commit, Publish or ReleaseVersion goes out, and when a commit
-or a learner start is accepted) and at close. So after a crash the file holds at least every
-event up to the last such point (the protocol re-sends whatever followed), and appending costs
-the event path no system call; a torn last line is ignored on reading. The driver runs `sync`
-in a thread while it appends further lines.
+memory as they are appended and written out as text, with an fsync, by `sync`: when
+`shell.deliver` says the delivery is durable (before a Commit, Publish or ReleaseVersion goes
+out, and when a commit or a learner start is accepted) and at close. So after a crash the file
+holds at least every event up to the last such point (the protocol re-sends whatever
+followed), and appending costs the event path no system call and no encoding; a torn last
+line is ignored on reading. The driver runs `sync` in a thread while it appends further lines.
 
 Replaying the journal through `shell.deliver` reproduces the driver's state exactly: that is
 how the driver resumes, and how `invar-check --trace` validates a real run against the model.
@@ -21,7 +21,7 @@ import json
 import os
 import threading
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from invar.journal_format import (
     JOURNAL_FORMAT,
@@ -64,7 +64,7 @@ class Journal:
         self.synced_seq: int | None = None
         """The seq of the newest line an fsync covers (None: none appended by this writer)."""
         self._last_seq: int | None = None
-        self._unwritten: list[str] = []
+        self._unwritten: list[str | _Line] = []
         """Lines appended since the last sync began, in order."""
         self._taking = threading.Lock()  # appends against a sync taking the lines
         self._writing = threading.Lock()  # lines reach the file in order, one sync at a time
@@ -82,24 +82,12 @@ class Journal:
     def append(self, seq: int, event: Event, before: str, after: str, sync: bool,
                encoded: dict[str, Any] | str | None = None) -> None:
         """`encoded`: the event's encoding when the caller already has it as received, as a
-        dict or as its compact JSON text (written as it is: a worker's frame of completions is
-        most of a run's journal, and encoding it again would cost more than the core).
+        dict or as its compact JSON text (written as it is: encoding it again would cost
+        more than the core). The line is kept as it is given and written out as text by
+        `sync`, in the thread that syncs: the event path pays no encoding.
         `sync`: make this line durable before returning."""
-        if isinstance(encoded, str):
-            if _bare(before) and _bare(after):
-                # What json.dumps gives for the head, spelled out (a digest has nothing to
-                # escape): a JSONEncoder per line cost more than the rest of the append.
-                head = f'{{"seq":{seq:d},"before":"{before}","after":"{after}"'
-            else:
-                head = json.dumps({"seq": seq, "before": before, "after": after},
-                                  separators=(",", ":"))[:-1]
-            line = f'{head},"event":{encoded}}}\n'
-        else:
-            line = json.dumps({"seq": seq, "before": before, "after": after,
-                               "event": encoded if encoded is not None else encode(event)},
-                              separators=(",", ":")) + "\n"
         with self._taking:
-            self._unwritten.append(line)
+            self._unwritten.append(_Line(seq, event, before, after, encoded))
             self._last_seq = seq
         if sync:
             self.sync()
@@ -113,7 +101,8 @@ class Journal:
                 lines, self._unwritten = self._unwritten, []
                 covered = self._last_seq
             if lines:
-                self._file.write("".join(lines))
+                self._file.write("".join(line if isinstance(line, str) else line.text()
+                                         for line in lines))
                 self._file.flush()
             os.fsync(self._file.fileno())
             self.synced_seq = covered
@@ -121,6 +110,31 @@ class Journal:
     def close(self) -> None:
         self.sync()
         self._file.close()
+
+
+class _Line(NamedTuple):
+    """An appended event, as `Journal.append` was given it (its line's text, once written)."""
+
+    seq: int
+    event: Event
+    before: str
+    after: str
+    encoded: dict[str, Any] | str | None
+
+    def text(self) -> str:
+        seq, before, after, encoded = self.seq, self.before, self.after, self.encoded
+        if isinstance(encoded, str):
+            if _bare(before) and _bare(after):
+                # What json.dumps gives for the head, spelled out (a digest has nothing to
+                # escape): a JSONEncoder per line cost more than the rest of the line.
+                head = f'{{"seq":{seq:d},"before":"{before}","after":"{after}"'
+            else:
+                head = json.dumps({"seq": seq, "before": before, "after": after},
+                                  separators=(",", ":"))[:-1]
+            return f'{head},"event":{encoded}}}\n'
+        return json.dumps({"seq": seq, "before": before, "after": after,
+                           "event": encoded if encoded is not None else encode(self.event)},
+                          separators=(",", ":")) + "\n"
 
 
 def _bare(text: str) -> bool:

@@ -2,8 +2,8 @@
 
 A frame is `u32 header length | header (JSON object) | u32 blob length | blob`. To a worker,
 the header carries encoded commands (`invar.model.messages`) and the blob the weights of a
-load; from a worker, the blob carries one event as compact JSON text (the driver journals that
-very text) and the header the kind and measurements.
+load; from a worker, the header carries the kind and measurements and the blob one event
+(`invar.runtime.wire`: completions as binary columns, a load as its JSON text).
 Frames are checked on receipt: a malformed one raises `FrameError` naming what is wrong, and
 the caller logs it and drops it; the stream itself stays usable when the lengths were sound.
 

@@ -35,7 +35,6 @@ from invar.model.messages import (
     RequestsCompleted,
     WeightsLoaded,
     decode,
-    dumps,
     unpack_launches,
 )
 from invar.model.ragged import Ragged
@@ -50,6 +49,7 @@ from invar.runtime.transport import (
 )
 from invar.runtime.verifier import FAILED, OK, TIMEOUT, Job, Pending, make_verifier
 from invar.runtime.weights import state_dict_from_bytes, weights_digest
+from invar.runtime.wire import event_frame, hello
 
 REPLY_CACHE = 8192
 """Replies kept to answer a re-sent launch without sampling again."""
@@ -278,8 +278,7 @@ def serve(worker: RolloutWorker, args: WorkerArgs) -> int:
     threading.Thread(target=read, daemon=True).start()
     exit_after = next((int(f.split(":")[1]) for f in args.faults if f.startswith("exit_after:")),
                       None)
-    write_frame_blocking(stdout, {"kind": "hello", "name": args.name,
-                                  "encoding": ENCODING_VERSION})
+    write_frame_blocking(stdout, hello(args.name))
 
     def launch(launches: list[LaunchRequest]) -> tuple[RequestsCompleted | None, float]:
         """The reply frame to these launches and the seconds spent computing it (measurement
@@ -342,10 +341,9 @@ def serve(worker: RolloutWorker, args: WorkerArgs) -> int:
 
 
 def send_event(stdout: Any, event: Event, **measurements: Any) -> None:
-    """One frame: the event's compact JSON text as the blob (the driver journals that very
-    text); measurements (seconds computing, for benchmarks; verifier failures) ride in the
-    header."""
-    write_frame_blocking(stdout, {"kind": "event", **measurements}, dumps(event).encode())
+    """One frame (`wire.event_frame`); measurements (seconds computing, for benchmarks;
+    verifier failures) ride in its header."""
+    write_frame_blocking(stdout, *event_frame(event, **measurements))
 
 
 if __name__ == "__main__":

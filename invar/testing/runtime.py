@@ -24,7 +24,6 @@ from typing import Any
 import numpy as np
 
 from invar.model.messages import (
-    ENCODING_VERSION,
     Command,
     Event,
     LoadWeights,
@@ -33,7 +32,6 @@ from invar.model.messages import (
     ScoreProbabilities,
     WeightsLoaded,
     decode,
-    dumps,
     unpack_launches,
 )
 from invar.model.schedule import RequestId
@@ -48,6 +46,7 @@ from invar.model.world import (
 )
 from invar.runtime.transport import MemoryTransport
 from invar.runtime.weights import atomic_write
+from invar.runtime.wire import event_frame, hello
 
 
 class FakeLearner:
@@ -198,12 +197,11 @@ class MemoryWorkers:
 
     async def _serve(self, transport: MemoryTransport, limit: int | None) -> None:
         async def reply(event: Event) -> None:
-            """As the worker process sends an event: its JSON text as the frame's blob."""
+            """As the worker process sends an event (`wire.event_frame`)."""
             for _ in range(2 if self.duplicate else 1):
-                await transport.to_driver.put(({"kind": "event"}, dumps(event).encode()))
+                await transport.to_driver.put(event_frame(event))
 
-        await transport.to_driver.put(({"kind": "hello", "name": transport.name,
-                                         "encoding": ENCODING_VERSION}, b""))
+        await transport.to_driver.put((hello(transport.name), b""))
         version: int | None = None
         load_serial = -1
         sent = 0

@@ -286,22 +286,31 @@ def test_a_release_that_is_not_durable_stops_the_driver(tmp_path, rt, monkeypatc
     assert WeightsStore(tmp_path / "store").path(version).exists()
 
 
+@pytest.mark.parametrize("field, what", [("encoding", "message encoding"),
+                                         ("frames", "frame layout")])
 def test_a_worker_of_another_invar_version_is_refused_at_its_hello(tmp_path, rt, monkeypatch,
-                                                                    caplog):
-    """A worker speaking another message encoding would misread every frame: the driver
-    refuses its hello by name and version, never sends it work, and stops once it gives up."""
-    from invar.model.messages import ENCODING_VERSION
+                                                                    caplog, field, what):
+    """A worker speaking another message encoding or frame layout would misread every frame
+    (or be misread): the driver refuses its hello by name and version, never sends it work,
+    and stops once it gives up. A worker from before binary completions sent no layout."""
     from invar.runtime import driver as driver_module
     from invar.runtime.driver import RunStopped
     from invar.runtime.transport import MemoryTransport
+    from invar.runtime.wire import hello
 
     monkeypatch.setattr(driver_module, "RESPAWN_BACKOFF", 0.01)
     sent_work: list[dict] = []
+    ours = hello("worker-0")[field]
+    theirs = ours - 1 if field == "encoding" else None
 
     async def old_worker(name: str, incarnation: int) -> MemoryTransport:
         transport = MemoryTransport(name)
-        await transport.to_driver.put(({"kind": "hello", "name": name,
-                                        "encoding": ENCODING_VERSION - 1}, b""))
+        header = hello(name)
+        if theirs is None:
+            del header[field]
+        else:
+            header[field] = theirs
+        await transport.to_driver.put((header, b""))
 
         async def record() -> None:
             while (item := await transport.to_worker.get()) is not None:
@@ -312,7 +321,7 @@ def test_a_worker_of_another_invar_version_is_refused_at_its_hello(tmp_path, rt,
     config = rt.tiny_config(tmp_path, "rollout.respawn=true")
     with pytest.raises(RunStopped, match="no rollout worker can serve"):
         run(config, workers=old_worker)
-    assert f"speaks message encoding {ENCODING_VERSION - 1}, this driver {ENCODING_VERSION}: " \
+    assert f"speaks {what} {theirs!r}, this driver {ours}: " \
         "run the same invar version on every host" in caplog.text
     assert sent_work == []
 

@@ -82,3 +82,34 @@ def test_a_line_of_an_encoded_event_is_what_json_would_write(tmp_path: Path, bef
     expected = json.dumps({"seq": 7, "before": before, "after": after,
                            "event": json.loads(dumps(event))}, separators=(",", ":"))
     assert _lines(path)[1] == expected
+
+
+def test_the_event_path_appends_without_encoding(tmp_path: Path,
+                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    """An event that arrives without its text (a worker's completions come as bytes) is
+    encoded when its line is written, in the thread that syncs, not when it is appended; the
+    line is what encoding it at once would have written."""
+    import json
+
+    from invar.model.messages import WorkerConnected, dumps, encode
+
+    encoded_in: list[str] = []
+
+    def recording_encode(message: object) -> object:
+        encoded_in.append(threading.current_thread().name)
+        return encode(message)
+
+    monkeypatch.setattr(journal, "encode", recording_encode)
+    path = tmp_path / "journal.jsonl"
+    writer = journal.Journal(path, RunConfig())
+    event = WorkerConnected("worker-0", 2)
+    writer.append(0, event, "b", "a", sync=False)
+    assert encoded_in == []
+    syncing = threading.Thread(target=writer.sync, name="syncing")
+    syncing.start()
+    syncing.join(5)
+    assert encoded_in == ["syncing"]
+    writer.close()
+    assert _lines(path)[1] == json.dumps({"seq": 0, "before": "b", "after": "a",
+                                          "event": json.loads(dumps(event))},
+                                         separators=(",", ":"))

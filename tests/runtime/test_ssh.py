@@ -27,10 +27,11 @@ import asyncssh
 import pytest
 
 from invar.model.errors import ConfigError
-from invar.model.messages import ENCODING_VERSION, LoadWeights, encode
+from invar.model.messages import LoadWeights, encode
 from invar.runtime import sshspec
 from invar.runtime.config import SshConfig
 from invar.runtime.ssh import HostUnreachable, SshRefused, SshWorkers
+from invar.runtime.wire import hello
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -371,7 +372,7 @@ def _hello_and_load(server: Server, tmp_path: Path, rt: Any, digest: str) -> tup
         transport = await workers.spawn("worker-0", worker_args(config, "worker-0"), log_path)
         try:
             header, _ = await transport.receive()
-            assert header == {"kind": "hello", "name": "worker-0", "encoding": ENCODING_VERSION}
+            assert header == hello("worker-0")
             load = LoadWeights("worker-0", 0, 1, 0, state_digest)
             await transport.send({"kind": "command", "message": encode(load),
                                   "params_digest": digest or params_digest}, blob)
