@@ -163,6 +163,8 @@ class Driver:
         self._update_started = time.perf_counter()
         # Learner, rollout, core seconds and rollout replies at the last metrics row.
         self._timing_marks: tuple[float, ...] = (0.0, 0.0, 0.0, 0)
+        self._journal_text_counted = 0.0
+        """The journal's `text_seconds` already counted in `stats.core_seconds`."""
         self._received: dict[int, str] = {}
         """A worker event's JSON text as received, by the event's id, until it is journalled."""
         self._deleting: dict[int, asyncio.Future[None]] = {}
@@ -289,6 +291,7 @@ class Driver:
         await asyncio.gather(*deleting, return_exceptions=True)
         self.metrics.write_out()  # rows before the journal lines, as in `_sync`
         self.journal.close()
+        self._count_journal_text()
         self.metrics.close(complete=run_complete(self.state))
         self.verifier.close()
 
@@ -369,6 +372,7 @@ class Driver:
                 if any(held.durable and held.seq > self._synced for held in self._held):
                     covered = self.seq - 1
                     self.stats.core_cpu_seconds += await asyncio.to_thread(self._sync)
+                    self._count_journal_text()
                     self._synced = covered
                 if self._stopping:
                     return  # a run that stops sends nothing more (a resume re-sends it)
@@ -383,6 +387,14 @@ class Driver:
                 self.stats.core_cpu_seconds += time.thread_time() - began_cpu
         finally:
             self._syncing = None
+
+    def _count_journal_text(self) -> None:
+        """The journal's text written since the last count, as the event path's time: encoding
+        an event for its line is the driver's work wherever it runs (here, in the thread that
+        syncs), so the core + driver share counts it as before."""
+        written = self.journal.text_seconds
+        self.stats.core_seconds += written - self._journal_text_counted
+        self._journal_text_counted = written
 
     def _sync(self) -> float:
         """In a thread: the metrics rows kept so far, then the journal's lines and its fsync

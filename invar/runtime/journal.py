@@ -20,6 +20,7 @@ from __future__ import annotations
 import json
 import os
 import threading
+import time
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -66,6 +67,9 @@ class Journal:
         self._last_seq: int | None = None
         self._unwritten: list[str | _Line] = []
         """Lines appended since the last sync began, in order."""
+        self.text_seconds = 0.0
+        """Wall seconds `sync` spent making appended lines text (encoding the events that came
+        without it): work its caller moved off its event path, and counts as its own."""
         self._taking = threading.Lock()  # appends against a sync taking the lines
         self._writing = threading.Lock()  # lines reach the file in order, one sync at a time
         if path.exists():
@@ -101,8 +105,10 @@ class Journal:
                 lines, self._unwritten = self._unwritten, []
                 covered = self._last_seq
             if lines:
-                self._file.write("".join(line if isinstance(line, str) else line.text()
-                                         for line in lines))
+                began = time.perf_counter()
+                text = "".join(line if isinstance(line, str) else line.text() for line in lines)
+                self.text_seconds += time.perf_counter() - began
+                self._file.write(text)
                 self._file.flush()
             os.fsync(self._file.fileno())
             self.synced_seq = covered

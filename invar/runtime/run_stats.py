@@ -18,11 +18,12 @@ class Stats:
     noops: int = 0
     malformed_frames: int = 0
     core_seconds: float = 0.0
-    """Wall seconds the event loop spent in the core and the driver's own work (decoding a
-    worker's frames, `deliver`, digests, the journal with its fsyncs, dispatch)."""
+    """Wall seconds of the core and the driver's own work: the event loop's (decoding a
+    worker's frames, `deliver`, digests, journal appends, dispatch) and the journal's encoding
+    of the events it writes, in the thread that syncs (not the writes and fsyncs)."""
     core_cpu_seconds: float = 0.0
-    """The same, as this thread's CPU time: without the waits for the GIL (the learner's
-    thread) and for the disk."""
+    """The same as CPU time (the event loop's thread, and the syncing thread's whole sync,
+    its writes and fsyncs included): without the waits for the GIL and for the disk."""
     worker_deaths: int = 0
     rollout_seconds: float = 0.0
     """Generation seconds the workers reported in their reply frames (measurement only)."""
