@@ -376,7 +376,30 @@ def decode(data: Any) -> Any:
 
 
 def dumps(message: Any) -> str:
-    return json.dumps(encode(message), separators=(",", ":"))
+    """`message` as compact JSON text: `json.dumps(encode(message), separators=(",", ":"))`,
+    byte for byte."""
+    return json_text(encode(message))
+
+
+_COMPACT = json.JSONEncoder(separators=(",", ":")).encode
+
+
+def json_text(value: Any) -> str:
+    """`json.dumps(value, separators=(",", ":"))`, byte for byte, for an encoded message: the
+    packed arrays in it (`Packed`) are written as they are, not scanned for characters to
+    escape (they have none), which is most of the work for a frame of completions or a
+    matrix of log-probs. Any other dict, as json would, when a key is not text."""
+    kind = type(value)
+    if kind is Packed:
+        return "{" + ",".join([f'"{key}":"{item}"' if type(item) is str
+                               else f'"{key}":{json_text(item)}'
+                               for key, item in value.items()]) + "}"
+    if kind is dict and all(type(key) is str for key in value):
+        return "{" + ",".join([_COMPACT(key) + ":" + json_text(item)
+                               for key, item in value.items()]) + "}"
+    if kind is list and value and type(value[0]) in (dict, list):
+        return "[" + ",".join(map(json_text, value)) + "]"
+    return _COMPACT(value)  # scalars and lists of scalars: in C
 
 
 def matrix_digest(*matrices: Matrix | None) -> str:
@@ -449,6 +472,13 @@ def _to_json(value: Any) -> Any:
 # `Ragged` over the decoded bytes, with no Python float per value.
 
 
+class Packed(dict):  # type: ignore[type-arg]
+    """A packed value's JSON object (`pack_matrix`, `pack_completions`): every text in it is
+    base64, which JSON writes as it is, between quotes (`json_text`)."""
+
+    __slots__ = ()
+
+
 def _pack(values: Sequence[float] | Sequence[int] | np.ndarray, dtype: str) -> str:
     """`values` as little-endian `dtype` bytes in base64 (an array of that dtype as it is)."""
     return base64.b64encode(np.asarray(values, dtype=dtype).tobytes()).decode("ascii")
@@ -491,7 +521,7 @@ def _object(value: Any, keys: tuple[str, ...], where: str) -> dict[str, Any]:
 
 def pack_matrix(matrix: Matrix) -> dict[str, Any]:
     """`{"rows": [length per row], "f64": base64}`: the matrix's values as they are."""
-    return {"rows": list(matrix.lengths), "f64": _pack(matrix.values, "<f8")}  # int64: as floats
+    return Packed(rows=list(matrix.lengths), f64=_pack(matrix.values, "<f8"))  # int64: floats
 
 
 def unpack_matrix(value: Any, where: str) -> Matrix:
@@ -508,15 +538,15 @@ def pack_completions(completions: Completions) -> dict[str, Any]:
     """A frame's completions as columns: `n`, then one packed array per column (requests as n
     rows of 3; tokens and log-probs ragged, by their row lengths): each column's bytes."""
     tokens, logprobs = completions.tokens, completions.behavior_logprobs
-    return {
-        "n": len(completions),
-        "request": _pack(completions.requests, "<i8"),
-        "version": _pack(completions.versions, "<i8"),
-        "tokens": {"rows": list(tokens.lengths), "i64": _pack(tokens.values, "<i8")},
-        "behavior_logprobs": {"rows": list(logprobs.lengths),
-                              "f64": _pack(logprobs.values, "<f8")},
-        "reward": _pack(completions.rewards, "<f8"),
-    }
+    return Packed(
+        n=len(completions),
+        request=_pack(completions.requests, "<i8"),
+        version=_pack(completions.versions, "<i8"),
+        tokens=Packed(rows=list(tokens.lengths), i64=_pack(tokens.values, "<i8")),
+        behavior_logprobs=Packed(rows=list(logprobs.lengths),
+                                 f64=_pack(logprobs.values, "<f8")),
+        reward=_pack(completions.rewards, "<f8"),
+    )
 
 
 def unpack_completions(value: Any, where: str) -> Completions:

@@ -37,7 +37,7 @@ from invar.journal_format import (
     replay,
 )
 from invar.model.config import RunConfig
-from invar.model.messages import Event, encode
+from invar.model.messages import Event, encode, json_text
 from invar.model.shell import deliver
 from invar.model.state import State, initial_state, state_digest
 
@@ -138,9 +138,8 @@ class _Line(NamedTuple):
                 head = json.dumps({"seq": seq, "before": before, "after": after},
                                   separators=(",", ":"))[:-1]
             return f'{head},"event":{encoded}}}\n'
-        return json.dumps({"seq": seq, "before": before, "after": after,
-                           "event": encoded if encoded is not None else encode(self.event)},
-                          separators=(",", ":")) + "\n"
+        return json_text({"seq": seq, "before": before, "after": after,
+                          "event": encoded if encoded is not None else encode(self.event)}) + "\n"
 
 
 def _bare(text: str) -> bool:

@@ -117,8 +117,24 @@ def test_round_trip(cls, data):
     assert loads(dumps(message).encode()) == message
     # The JSON text is stable: encoding the decoded message gives the same text.
     assert dumps(loads(dumps(message))) == dumps(message)
-    # The encoding is plain JSON data.
+    # The encoding is plain JSON data, and `dumps` writes what json writes for it.
     assert json.loads(json.dumps(encoded)) == json.loads(dumps(message))
+    assert dumps(message) == json.dumps(encoded, separators=(",", ":"))
+
+
+json_values = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=6),
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(
+        st.text(max_size=4) | st.integers() | st.floats() | st.booleans() | st.none(),
+        inner, max_size=4), max_leaves=12)
+
+
+@settings(max_examples=300, deadline=None)
+@given(json_values)
+def test_json_text_is_what_json_writes(value):
+    """`json_text` writes packed arrays without scanning them; anything else as json does
+    (non-text keys, NaN, nested lists and objects, text to escape)."""
+    assert m.json_text(value) == json.dumps(value, separators=(",", ":"))
 
 
 @settings(max_examples=60, deadline=None)
