@@ -840,46 +840,50 @@ def _version_needed(state: State, version: int) -> bool:
 def _assign_pending(state: State, commands: list[Command]) -> State:
     """Launch pending requests, a prompt group at a time, on the least-loaded live worker
     holding their version: one `LaunchRequests` per batch and worker."""
+    config = state.config
+    group_size = config.group_size
     for index, batch in enumerate(state.batches):
         if batch.pending == 0:
             continue
-        version = schedule.gen_version(state.config, batch.batch)
+        version = schedule.gen_version(config, batch.batch)
         ready = [w for w in state.workers
                  if w.phase is WorkerPhase.READY and w.version == version]
         if not ready:
             continue
         loads = {w.name: w.assigned for w in ready}
+        only = ready[0].name if len(ready) == 1 else None
         slots = batch.slots
-        kinds = list(map(type, slots))
-        requests = schedule.request_ids(state.config, batch.batch)
-        seeds = schedule.batch_seeds(state.config, batch.batch)
-        launches: dict[str, _Launches] = {}
-        config = state.config
-        group_size = config.group_size
+        kinds = None if batch.pending == len(slots) else list(map(type, slots))  # None: all free
+        # Each worker's positions as runs (bounds [start, end, start, end, ...]): a worker
+        # given consecutive groups gets one run, its columns then slices of the batch's.
+        runs: dict[str, list[int]] = {}
         # A prompt's group goes to one worker: its samples share the prompt's prefill, and the
         # worker computes them in one fixed-shape call (see runtime.worker on invariance).
         for start in range(0, len(slots), group_size):
             end = start + group_size
-            free = kinds[start:end].count(NoneType)
+            free = group_size if kinds is None else kinds[start:end].count(NoneType)
             if not free:
                 continue
-            name = min(loads, key=lambda k: (loads[k], k))
+            name = only or min(loads, key=lambda k: (loads[k], k))
             loads[name] += free
-            columns = launches.get(name)
-            if columns is None:
-                holder = next(w for w in ready if w.name == name)
-                columns = launches[name] = _Launches(Assigned(name, holder.incarnation))
-            index_of_prompt = schedule.prompt_index(config, batch.batch, start // group_size)
+            bounds = runs.setdefault(name, [])
             if free == group_size:
-                columns.add_group(start, requests[start:end], seeds[start:end], index_of_prompt)
+                _extend_runs(bounds, start, end)
                 continue
             for position in range(start, end):
                 if slots[position] is None:
-                    columns.add(position, requests[position], seeds[position], index_of_prompt)
-        commands.extend(columns.command(version) for columns in launches.values())
+                    _extend_runs(bounds, position, position + 1)
+        requests = schedule.request_ids(config, batch.batch)
+        seeds = schedule.batch_seeds(config, batch.batch)
+        prompts = _prompt_indices(config, batch.batch)
         positions: list[int] = []
         assignees: list[Slot] = []
-        for columns in launches.values():
+        for name, bounds in runs.items():
+            holder = next(w for w in ready if w.name == name)
+            columns = _Launches(Assigned(name, holder.incarnation))
+            for start, end in zip(bounds[::2], bounds[1::2]):
+                columns.add_run(start, end, requests, seeds, prompts)
+            commands.append(columns.command(version))
             positions += columns.positions
             assignees += [columns.slot] * len(columns.positions)
         state = evolve(state, batches=_set(state.batches, index,
@@ -887,6 +891,22 @@ def _assign_pending(state: State, commands: list[Command]) -> State:
         for w in ready:
             state = _put_worker(state, evolve(w, assigned=loads[w.name]))
     return state
+
+
+def _extend_runs(bounds: list[int], start: int, end: int) -> None:
+    """Positions [start, end) added to runs `bounds`: the last run grows if they follow it."""
+    if bounds and bounds[-1] == start:
+        bounds[-1] = end
+    else:
+        bounds += (start, end)
+
+
+def _prompt_indices(config: RunConfig, batch: int) -> tuple[int, ...]:
+    """`schedule.prompt_index` of each position of `batch`: each prompt's, group_size times."""
+    first = schedule.prompt_index(config, batch, 0)
+    return tuple(itertools.chain.from_iterable(map(
+        itertools.repeat, range(first, first + config.prompts_per_batch),
+        itertools.repeat(config.group_size))))
 
 
 class _Launches:
@@ -906,13 +926,13 @@ class _Launches:
         self.seeds.append(seed)
         self.prompt_indices.append(prompt_index)
 
-    def add_group(self, start: int, requests: tuple[RequestId, ...], seeds: tuple[int, ...],
-                  prompt_index: int) -> None:
-        """A whole prompt group, from position `start` on."""
-        self.positions.extend(range(start, start + len(requests)))
-        self.requests.extend(requests)
-        self.seeds.extend(seeds)
-        self.prompt_indices.extend([prompt_index] * len(requests))
+    def add_run(self, start: int, end: int, requests: tuple[RequestId, ...],
+                seeds: tuple[int, ...], prompt_indices: tuple[int, ...]) -> None:
+        """Positions [start, end), from the batch's columns."""
+        self.positions.extend(range(start, end))
+        self.requests.extend(requests[start:end])
+        self.seeds.extend(seeds[start:end])
+        self.prompt_indices.extend(prompt_indices[start:end])
 
     def command(self, version: int) -> LaunchRequests:
         return LaunchRequests(self.slot.worker, self.slot.incarnation, version,
