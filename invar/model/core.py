@@ -13,11 +13,12 @@ timer), so the same state always leads to the same commands whatever the history
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import itertools
 import math
 import operator
-from collections import Counter
+from collections import Counter, deque
 from collections.abc import Callable
 from types import NoneType
 from typing import Any
@@ -333,10 +334,17 @@ def _filled_in_bulk(state: State, frame: Completions, digests: list[str]) -> Han
         batch_positions = (positions if rows is None else positions[rows]).tolist()
         if len(set(batch_positions)) != len(batch_positions):
             return None
-        old = [batch.slots[p] for p in batch_positions]
-        if Sample in set(map(type, old)):
-            return None
-        freed.update(map(_WORKER, filter(None, old)))  # the assigned (None: pending)
+        old = list(map(batch.slots.__getitem__, batch_positions))
+        first = old[0]
+        if old.count(first) == len(old):  # one launch's slots (identical: no comparison)
+            if type(first) is Sample:
+                return None
+            if first is not None:
+                freed[first.worker] += len(old)
+        else:
+            if Sample in set(map(type, old)):
+                return None
+            freed.update(map(_WORKER, filter(None, old)))  # the assigned (None: pending)
         rows_list = range(len(frame)) if rows is None else rows.tolist()
         filled.append(batch.with_column(batch_positions,
                                         samples_of(frame, rows_list, digests, versions)))
@@ -1077,13 +1085,11 @@ def _sample_digests(frame: Completions) -> list[str]:
         table = np.concatenate([tokens.values.reshape(n, width).view(np.uint8),
                                 logprobs.values.reshape(n, width).view(np.uint8),
                                 rewards.reshape(n, 1).view(np.uint8)], axis=1).tobytes()
-        size = len(table) // n
-        digests = []
-        for start in range(0, len(table), size):
-            h = _BLAKE2B_96.copy()  # cheaper than a constructor call with its keyword
-            h.update(table[start:start + size])
-            digests.append(h.hexdigest())
-        return digests
+        # Each step a C-level pass over the completions: copy the prototype (cheaper than a
+        # constructor call with its keyword), hash its row, take the digest.
+        hashes = list(map(_COPY, itertools.repeat(_BLAKE2B_96, n)))
+        deque(map(_UPDATE, hashes, map(table.__getitem__, _row_slices(n, len(table) // n))), 0)
+        return list(map(_HEXDIGEST, hashes))
     token_bytes = np.ascontiguousarray(tokens.values).data.cast("B")
     logprob_bytes = np.ascontiguousarray(logprobs.values).data.cast("B")
     reward_bytes = rewards.tobytes()
@@ -1099,7 +1105,15 @@ def _sample_digests(frame: Completions) -> list[str]:
     return digests
 
 
+@functools.lru_cache(maxsize=16)
+def _row_slices(count: int, size: int) -> list[slice]:
+    """The byte ranges of `count` rows of `size` bytes each, one after another."""
+    return [slice(start, start + size) for start in range(0, count * size, size)]
+
+
 _BLAKE2B_96 = hashlib.blake2b(digest_size=12)
+_COPY, _UPDATE, _HEXDIGEST = (getattr(type(_BLAKE2B_96), name)
+                              for name in ("copy", "update", "hexdigest"))
 _COLUMNS_FROM = 16
 """Completions in a frame from which passes over its columns pay for their fixed cost (a few
 µs each): a smaller frame is looked at completion by completion."""
