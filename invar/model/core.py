@@ -13,12 +13,11 @@ timer), so the same state always leads to the same commands whatever the history
 
 from __future__ import annotations
 
-import functools
 import hashlib
 import itertools
 import math
 import operator
-from collections import Counter, deque
+from collections import Counter
 from collections.abc import Callable
 from types import NoneType
 from typing import Any
@@ -1085,11 +1084,13 @@ def _sample_digests(frame: Completions) -> list[str]:
         table = np.concatenate([tokens.values.reshape(n, width).view(np.uint8),
                                 logprobs.values.reshape(n, width).view(np.uint8),
                                 rewards.reshape(n, 1).view(np.uint8)], axis=1).tobytes()
-        # Each step a C-level pass over the completions: copy the prototype (cheaper than a
-        # constructor call with its keyword), hash its row, take the digest.
-        hashes = list(map(_COPY, itertools.repeat(_BLAKE2B_96, n)))
-        deque(map(_UPDATE, hashes, map(table.__getitem__, _row_slices(n, len(table) // n))), 0)
-        return list(map(_HEXDIGEST, hashes))
+        size = len(table) // n
+        digests = []
+        for start in range(0, len(table), size):
+            h = _BLAKE2B_96.copy()  # cheaper than a constructor call with its keyword
+            h.update(table[start:start + size])
+            digests.append(h.hexdigest())
+        return digests
     token_bytes = np.ascontiguousarray(tokens.values).data.cast("B")
     logprob_bytes = np.ascontiguousarray(logprobs.values).data.cast("B")
     reward_bytes = rewards.tobytes()
@@ -1105,15 +1106,7 @@ def _sample_digests(frame: Completions) -> list[str]:
     return digests
 
 
-@functools.lru_cache(maxsize=16)
-def _row_slices(count: int, size: int) -> list[slice]:
-    """The byte ranges of `count` rows of `size` bytes each, one after another."""
-    return [slice(start, start + size) for start in range(0, count * size, size)]
-
-
 _BLAKE2B_96 = hashlib.blake2b(digest_size=12)
-_COPY, _UPDATE, _HEXDIGEST = (getattr(type(_BLAKE2B_96), name)
-                              for name in ("copy", "update", "hexdigest"))
 _COLUMNS_FROM = 16
 """Completions in a frame from which passes over its columns pay for their fixed cost (a few
 µs each): a smaller frame is looked at completion by completion."""
