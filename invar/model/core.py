@@ -58,7 +58,6 @@ from invar.model.messages import (
     WeightsLoaded,
     WorkerConnected,
     WorkerLost,
-    built,
     matrix_digest,
 )
 from invar.model.objective import group_advantages, objective
@@ -295,8 +294,7 @@ def _on_requests_completed(state: State, event: RequestsCompleted) -> Handled:
             # Same identity, version and seed: a numerically invariant worker repeats itself.
             noops["duplicates" if slot.digest == digest else "divergent"] += 1
             continue
-        new[position] = built(Sample, {"digest": digest, "version": versions[row],
-                                       "frame": frame, "row": row})
+        new[position] = Sample(digest, versions[row], frame, row)
         if slot is not None:
             freed[slot.worker] += 1  # type: ignore[union-attr]
     changes = {index: new for index, new in changes.items() if new}

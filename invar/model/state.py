@@ -159,12 +159,12 @@ class Assigned:
     incarnation: int
 
 
-@cached_repr
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Sample:
     """A completed request: row `row` of the reply frame it came in (the frame's arrays, shared
     by its samples, not copied out). Only the digest of its content takes part in equality and
-    hashing."""
+    hashing. Slotted, with no memo of its repr or hash (both are of one short string): a reply
+    makes hundreds at once, each then one object without a dict."""
 
     digest: str
     version: int = field(compare=False, repr=False)
@@ -187,21 +187,21 @@ class Sample:
 
 def samples_of(frame: Completions, rows: Sequence[int], digests: Sequence[str],
                versions: Sequence[int]) -> list[Sample]:
-    """The samples of `rows` of `frame` (`digests[row]`, `versions[row]` theirs), made as
-    `messages.built` makes records but without a Python-level step per sample (hundreds come
-    per reply): the objects made in one C-level pass, each field stored in another."""
+    """The samples of `rows` of `frame` (`digests[row]`, `versions[row]` theirs), made without
+    `__init__`'s call and a Python-level step per sample (hundreds come per reply): the objects
+    made in one C-level pass, each field stored in another."""
     made = list(map(_new, itertools.repeat(Sample, len(rows))))
-    fields = list(map(_FIELDS, made))
     if type(rows) is not range or rows != range(len(digests)):
         digests = list(map(digests.__getitem__, rows))
         versions = list(map(versions.__getitem__, rows))
-    for name, values in (("digest", digests), ("version", versions),
-                         ("frame", itertools.repeat(frame)), ("row", rows)):
-        collections.deque(map(operator.setitem, fields, itertools.repeat(name), values), 0)
+    for store, values in zip(_SAMPLE_STORES, (digests, versions, itertools.repeat(frame), rows)):
+        collections.deque(map(store, made, values), 0)
     return made
 
 
-_FIELDS = operator.attrgetter("__dict__")
+_SAMPLE_STORES = tuple(getattr(Sample, name).__set__ for name in ("digest", "version", "frame",
+                                                                   "row"))
+"""Each field's slot setter, in `samples_of`'s order."""
 _new = object.__new__
 
 
