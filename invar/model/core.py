@@ -859,25 +859,11 @@ def _assign_pending(state: State, commands: list[Command]) -> State:
         only = ready[0].name if len(ready) == 1 else None
         slots = batch.slots
         kinds = None if batch.pending == len(slots) else list(map(type, slots))  # None: all free
-        # Each worker's positions as runs (bounds [start, end, start, end, ...]): a worker
-        # given consecutive groups gets one run, its columns then slices of the batch's.
-        runs: dict[str, list[int]] = {}
-        # A prompt's group goes to one worker: its samples share the prompt's prefill, and the
-        # worker computes them in one fixed-shape call (see runtime.worker on invariance).
-        for start in range(0, len(slots), group_size):
-            end = start + group_size
-            free = group_size if kinds is None else kinds[start:end].count(NoneType)
-            if not free:
-                continue
-            name = only or min(loads, key=lambda k: (loads[k], k))
-            loads[name] += free
-            bounds = runs.setdefault(name, [])
-            if free == group_size:
-                _extend_runs(bounds, start, end)
-                continue
-            for position in range(start, end):
-                if slots[position] is None:
-                    _extend_runs(bounds, position, position + 1)
+        if kinds is None and only is not None:  # every group goes to the one worker
+            runs = {only: [0, len(slots)]}
+            loads[only] += len(slots)
+        else:
+            runs = _group_runs(slots, kinds, group_size, loads)
         requests = schedule.request_ids(config, batch.batch)
         seeds = schedule.batch_seeds(config, batch.batch)
         prompts = _prompt_indices(config, batch.batch)
@@ -896,6 +882,31 @@ def _assign_pending(state: State, commands: list[Command]) -> State:
         for w in ready:
             state = _put_worker(state, evolve(w, assigned=loads[w.name]))
     return state
+
+
+def _group_runs(slots: tuple[Slot, ...], kinds: list[type] | None, group_size: int,
+                loads: dict[str, int]) -> dict[str, list[int]]:
+    """Each prompt group with free slots given to the least-loaded worker of `loads` (counted
+    in): each worker's free positions as runs, bounds [start, end, start, end, ...] (a worker
+    given consecutive groups gets one run: its columns are then slices of the batch's)."""
+    runs: dict[str, list[int]] = {}
+    # A prompt's group goes to one worker: its samples share the prompt's prefill, and the
+    # worker computes them in one fixed-shape call (see runtime.worker on invariance).
+    for start in range(0, len(slots), group_size):
+        end = start + group_size
+        free = group_size if kinds is None else kinds[start:end].count(NoneType)
+        if not free:
+            continue
+        name = min(loads, key=lambda k: (loads[k], k))
+        loads[name] += free
+        bounds = runs.setdefault(name, [])
+        if free == group_size:
+            _extend_runs(bounds, start, end)
+            continue
+        for position in range(start, end):
+            if slots[position] is None:
+                _extend_runs(bounds, position, position + 1)
+    return runs
 
 
 def _extend_runs(bounds: list[int], start: int, end: int) -> None:
