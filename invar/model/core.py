@@ -84,6 +84,7 @@ from invar.model.state import (
     chain_ledger,
     completions_of,
     evolve,
+    sample_of,
     samples_of,
 )
 from invar.model.transitions import learner_accepts
@@ -294,7 +295,7 @@ def _on_requests_completed(state: State, event: RequestsCompleted) -> Handled:
             # Same identity, version and seed: a numerically invariant worker repeats itself.
             noops["duplicates" if slot.digest == digest else "divergent"] += 1
             continue
-        new[position] = Sample(digest, versions[row], frame, row)
+        new[position] = sample_of(frame, row, digest, versions[row])
         if slot is not None:
             freed[slot.worker] += 1  # type: ignore[union-attr]
     changes = {index: new for index, new in changes.items() if new}

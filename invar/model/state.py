@@ -199,6 +199,18 @@ def samples_of(frame: Completions, rows: Sequence[int], digests: Sequence[str],
     return made
 
 
+def sample_of(frame: Completions, row: int, digest: str, version: int) -> Sample:
+    """`Sample(digest, version, frame, row)` without `__init__`'s `object.__setattr__` per
+    field (a small frame's completions, one at a time)."""
+    made = _new(Sample)
+    store_digest, store_version, store_frame, store_row = _SAMPLE_STORES
+    store_digest(made, digest)
+    store_version(made, version)
+    store_frame(made, frame)
+    store_row(made, row)
+    return made
+
+
 _SAMPLE_STORES = tuple(getattr(Sample, name).__set__ for name in ("digest", "version", "frame",
                                                                    "row"))
 """Each field's slot setter, in `samples_of`'s order."""
