@@ -867,7 +867,7 @@ def _assign_pending(state: State, commands: list[Command]) -> State:
             runs = _group_runs(slots, kinds, group_size, loads)
         requests = schedule.request_ids(config, batch.batch)
         seeds = schedule.batch_seeds(config, batch.batch)
-        prompts = _prompt_indices(config, batch.batch)
+        prompts = schedule.batch_prompt_indices(config, batch.batch)
         positions: list[int] = []
         assignees: list[Slot] = []
         for name, bounds in runs.items():
@@ -916,14 +916,6 @@ def _extend_runs(bounds: list[int], start: int, end: int) -> None:
         bounds[-1] = end
     else:
         bounds += (start, end)
-
-
-def _prompt_indices(config: RunConfig, batch: int) -> tuple[int, ...]:
-    """`schedule.prompt_index` of each position of `batch`: each prompt's, group_size times."""
-    first = schedule.prompt_index(config, batch, 0)
-    return tuple(itertools.chain.from_iterable(map(
-        itertools.repeat, range(first, first + config.prompts_per_batch),
-        itertools.repeat(config.group_size))))
 
 
 class _Launches:

@@ -92,6 +92,16 @@ def prompt_index(config: RunConfig, batch: int, prompt: int) -> int:
     return batch * config.prompts_per_batch + prompt
 
 
+@lru_cache(maxsize=64)
+def batch_prompt_indices(config: RunConfig, batch: int) -> tuple[int, ...]:
+    """`prompt_index` of every request of `batch` in id order: each prompt's, group_size
+    times (the core launches a batch at once)."""
+    first = prompt_index(config, batch, 0)
+    return tuple(itertools.chain.from_iterable(map(
+        itertools.repeat, range(first, first + config.prompts_per_batch),
+        itertools.repeat(config.group_size))))
+
+
 @lru_cache(maxsize=1024)
 def request_ids(config: RunConfig, batch: int) -> tuple[RequestId, ...]:
     """The samples of `batch` in id order: the order in which its update consumes them."""
