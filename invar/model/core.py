@@ -333,12 +333,12 @@ def _filled_in_bulk(state: State, frame: Completions, digests: list[str]) -> Han
         if len(set(batch_positions)) != len(batch_positions):
             return None
         old = list(map(batch.slots.__getitem__, batch_positions))
-        first = old[0]
-        if old.count(first) == len(old):  # one launch's slots (identical: no comparison)
-            if type(first) is Sample:
+        assignee = old[0]
+        if old.count(assignee) == len(old):  # one launch's slots (identical: no comparison)
+            if isinstance(assignee, Sample):
                 return None
-            if first is not None:
-                freed[first.worker] += len(old)
+            if assignee is not None:  # None: pending
+                freed[assignee.worker] += len(old)
         else:
             if Sample in set(map(type, old)):
                 return None
