@@ -583,6 +583,7 @@ def pack_launches(launches: Sequence[LaunchRequests]) -> dict[str, Any]:
 
 
 def _joined(launches: Sequence[LaunchRequests], column: str) -> Sequence[int]:
+    """A column of the launches, command after command (one command's as it is)."""
     if len(launches) == 1:
         values: Sequence[int] = getattr(launches[0], column)
         return values

@@ -214,6 +214,7 @@ def sample_of(frame: Completions, row: int, digest: str, version: int) -> Sample
 _SAMPLE_STORES = tuple(getattr(Sample, name).__set__ for name in ("digest", "version", "frame",
                                                                    "row"))
 """Each field's slot setter, in `samples_of`'s order."""
+
 _new = object.__new__
 
 
