@@ -58,7 +58,6 @@ from invar.model.messages import (
     WeightsLoaded,
     WorkerConnected,
     WorkerLost,
-    built,
     matrix_digest,
 )
 from invar.model.objective import group_advantages, objective
@@ -85,6 +84,7 @@ from invar.model.state import (
     chain_ledger,
     completions_of,
     evolve,
+    sample_of,
     samples_of,
 )
 from invar.model.transitions import learner_accepts
@@ -295,8 +295,7 @@ def _on_requests_completed(state: State, event: RequestsCompleted) -> Handled:
             # Same identity, version and seed: a numerically invariant worker repeats itself.
             noops["duplicates" if slot.digest == digest else "divergent"] += 1
             continue
-        new[position] = built(Sample, {"digest": digest, "version": versions[row],
-                                       "frame": frame, "row": row})
+        new[position] = sample_of(frame, row, digest, versions[row])
         if slot is not None:
             freed[slot.worker] += 1  # type: ignore[union-attr]
     changes = {index: new for index, new in changes.items() if new}
@@ -333,10 +332,17 @@ def _filled_in_bulk(state: State, frame: Completions, digests: list[str]) -> Han
         batch_positions = (positions if rows is None else positions[rows]).tolist()
         if len(set(batch_positions)) != len(batch_positions):
             return None
-        old = [batch.slots[p] for p in batch_positions]
-        if Sample in set(map(type, old)):
-            return None
-        freed.update(map(_WORKER, filter(None, old)))  # the assigned (None: pending)
+        old = list(map(batch.slots.__getitem__, batch_positions))
+        assignee = old[0]
+        if old.count(assignee) == len(old):  # one launch's slots (identical: no comparison)
+            if isinstance(assignee, Sample):
+                return None
+            if assignee is not None:  # None: pending
+                freed[assignee.worker] += len(old)
+        else:
+            if Sample in set(map(type, old)):
+                return None
+            freed.update(map(_WORKER, filter(None, old)))  # the assigned (None: pending)
         rows_list = range(len(frame)) if rows is None else rows.tolist()
         filled.append(batch.with_column(batch_positions,
                                         samples_of(frame, rows_list, digests, versions)))
@@ -840,46 +846,36 @@ def _version_needed(state: State, version: int) -> bool:
 def _assign_pending(state: State, commands: list[Command]) -> State:
     """Launch pending requests, a prompt group at a time, on the least-loaded live worker
     holding their version: one `LaunchRequests` per batch and worker."""
+    config = state.config
+    group_size = config.group_size
     for index, batch in enumerate(state.batches):
         if batch.pending == 0:
             continue
-        version = schedule.gen_version(state.config, batch.batch)
+        version = schedule.gen_version(config, batch.batch)
         ready = [w for w in state.workers
                  if w.phase is WorkerPhase.READY and w.version == version]
         if not ready:
             continue
         loads = {w.name: w.assigned for w in ready}
+        only = ready[0].name if len(ready) == 1 else None
         slots = batch.slots
-        kinds = list(map(type, slots))
-        requests = schedule.request_ids(state.config, batch.batch)
-        seeds = schedule.batch_seeds(state.config, batch.batch)
-        launches: dict[str, _Launches] = {}
-        config = state.config
-        group_size = config.group_size
-        # A prompt's group goes to one worker: its samples share the prompt's prefill, and the
-        # worker computes them in one fixed-shape call (see runtime.worker on invariance).
-        for start in range(0, len(slots), group_size):
-            end = start + group_size
-            free = kinds[start:end].count(NoneType)
-            if not free:
-                continue
-            name = min(loads, key=lambda k: (loads[k], k))
-            loads[name] += free
-            columns = launches.get(name)
-            if columns is None:
-                holder = next(w for w in ready if w.name == name)
-                columns = launches[name] = _Launches(Assigned(name, holder.incarnation))
-            index_of_prompt = schedule.prompt_index(config, batch.batch, start // group_size)
-            if free == group_size:
-                columns.add_group(start, requests[start:end], seeds[start:end], index_of_prompt)
-                continue
-            for position in range(start, end):
-                if slots[position] is None:
-                    columns.add(position, requests[position], seeds[position], index_of_prompt)
-        commands.extend(columns.command(version) for columns in launches.values())
+        kinds = None if batch.pending == len(slots) else list(map(type, slots))  # None: all free
+        if kinds is None and only is not None:  # every group goes to the one worker
+            runs = {only: [0, len(slots)]}
+            loads[only] += len(slots)
+        else:
+            runs = _group_runs(slots, kinds, group_size, loads)
+        requests = schedule.request_ids(config, batch.batch)
+        seeds = schedule.batch_seeds(config, batch.batch)
+        prompts = schedule.batch_prompt_indices(config, batch.batch)
         positions: list[int] = []
         assignees: list[Slot] = []
-        for columns in launches.values():
+        for name, bounds in runs.items():
+            holder = next(w for w in ready if w.name == name)
+            columns = _Launches(Assigned(name, holder.incarnation))
+            for start, end in zip(bounds[::2], bounds[1::2]):
+                columns.add_run(start, end, requests, seeds, prompts)
+            commands.append(columns.command(version))
             positions += columns.positions
             assignees += [columns.slot] * len(columns.positions)
         state = evolve(state, batches=_set(state.batches, index,
@@ -887,6 +883,39 @@ def _assign_pending(state: State, commands: list[Command]) -> State:
         for w in ready:
             state = _put_worker(state, evolve(w, assigned=loads[w.name]))
     return state
+
+
+def _group_runs(slots: tuple[Slot, ...], kinds: list[type] | None, group_size: int,
+                loads: dict[str, int]) -> dict[str, list[int]]:
+    """Each prompt group with free slots given to the least-loaded worker of `loads` (counted
+    in): each worker's free positions as runs, bounds [start, end, start, end, ...] (a worker
+    given consecutive groups gets one run: its columns are then slices of the batch's)."""
+    runs: dict[str, list[int]] = {}
+    # A prompt's group goes to one worker: its samples share the prompt's prefill, and the
+    # worker computes them in one fixed-shape call (see runtime.worker on invariance).
+    for start in range(0, len(slots), group_size):
+        end = start + group_size
+        free = group_size if kinds is None else kinds[start:end].count(NoneType)
+        if not free:
+            continue
+        name = min(loads, key=lambda k: (loads[k], k))
+        loads[name] += free
+        bounds = runs.setdefault(name, [])
+        if free == group_size:
+            _extend_runs(bounds, start, end)
+            continue
+        for position in range(start, end):
+            if slots[position] is None:
+                _extend_runs(bounds, position, position + 1)
+    return runs
+
+
+def _extend_runs(bounds: list[int], start: int, end: int) -> None:
+    """Positions [start, end) added to runs `bounds`: the last run grows if they follow it."""
+    if bounds and bounds[-1] == start:
+        bounds[-1] = end
+    else:
+        bounds += (start, end)
 
 
 class _Launches:
@@ -906,13 +935,13 @@ class _Launches:
         self.seeds.append(seed)
         self.prompt_indices.append(prompt_index)
 
-    def add_group(self, start: int, requests: tuple[RequestId, ...], seeds: tuple[int, ...],
-                  prompt_index: int) -> None:
-        """A whole prompt group, from position `start` on."""
-        self.positions.extend(range(start, start + len(requests)))
-        self.requests.extend(requests)
-        self.seeds.extend(seeds)
-        self.prompt_indices.extend([prompt_index] * len(requests))
+    def add_run(self, start: int, end: int, requests: tuple[RequestId, ...],
+                seeds: tuple[int, ...], prompt_indices: tuple[int, ...]) -> None:
+        """Positions [start, end), from the batch's columns."""
+        self.positions.extend(range(start, end))
+        self.requests.extend(requests[start:end])
+        self.seeds.extend(seeds[start:end])
+        self.prompt_indices.extend(prompt_indices[start:end])
 
     def command(self, version: int) -> LaunchRequests:
         return LaunchRequests(self.slot.worker, self.slot.incarnation, version,

@@ -52,8 +52,11 @@ def seed_words(root: int, *path: object, count: int) -> np.ndarray:
 
 def _stream_bytes(root: int, path: tuple[object, ...], count: int) -> bytes:
     """The 8 * `count` bytes of SHAKE-128 over the path's text that a seed stream is cut from."""
-    text = ":".join(str(part) for part in (root, *path)).encode()
-    return hashlib.shake_128(text).digest(8 * count)
+    return hashlib.shake_128(_path_text(root, path).encode()).digest(8 * count)
+
+
+def _path_text(root: int, path: tuple[object, ...]) -> str:
+    return ":".join(str(part) for part in (root, *path))
 
 
 @lru_cache(maxsize=4096)
@@ -65,10 +68,18 @@ def group_seeds(config: RunConfig, batch: int, prompt: int) -> tuple[int, ...]:
 @lru_cache(maxsize=64)
 def batch_seeds(config: RunConfig, batch: int) -> tuple[int, ...]:
     """The sampling seeds of every request of `batch` in id order: each prompt's
-    `group_seeds`, one after another (the core launches a batch at once)."""
-    return tuple(itertools.chain.from_iterable(
-        seed_stream(config.seed, "sample", batch, prompt, count=config.group_size)
-        for prompt in range(config.prompts_per_batch)))
+    `group_seeds`, one after another (the core launches a batch at once). The prompts' seed
+    streams are hashed in C-level passes and their words read in one array pass: the paths'
+    texts are `_stream_bytes`' own (the batch's prefix, then each prompt)."""
+    prefix = _path_text(config.seed, ("sample", batch, ""))
+    texts = [f"{prefix}{prompt}".encode() for prompt in range(config.prompts_per_batch)]
+    stream = b"".join(map(_SHAKE_DIGEST, map(hashlib.shake_128, texts),
+                          itertools.repeat(8 * config.group_size)))
+    words: list[int] = (np.frombuffer(stream, dtype=">u8") >> 1).tolist()
+    return tuple(words)
+
+
+_SHAKE_DIGEST = type(hashlib.shake_128()).digest
 
 
 def sampling_seed(config: RunConfig, request: RequestId) -> int:
@@ -79,6 +90,16 @@ def sampling_seed(config: RunConfig, request: RequestId) -> int:
 def prompt_index(config: RunConfig, batch: int, prompt: int) -> int:
     """Which task prompt fills slot `prompt` of `batch` (the task maps it to tokens)."""
     return batch * config.prompts_per_batch + prompt
+
+
+@lru_cache(maxsize=64)
+def batch_prompt_indices(config: RunConfig, batch: int) -> tuple[int, ...]:
+    """`prompt_index` of every request of `batch` in id order: each prompt's, group_size
+    times (the core launches a batch at once)."""
+    first = prompt_index(config, batch, 0)
+    return tuple(itertools.chain.from_iterable(map(
+        itertools.repeat, range(first, first + config.prompts_per_batch),
+        itertools.repeat(config.group_size))))
 
 
 @lru_cache(maxsize=1024)

@@ -7,6 +7,7 @@ cheaply; everything that decides the protocol's future is compared.
 
 from __future__ import annotations
 
+import collections
 import enum
 import functools
 import hashlib
@@ -158,12 +159,12 @@ class Assigned:
     incarnation: int
 
 
-@cached_repr
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Sample:
     """A completed request: row `row` of the reply frame it came in (the frame's arrays, shared
     by its samples, not copied out). Only the digest of its content takes part in equality and
-    hashing."""
+    hashing. Slotted, with no memo of its repr or hash (both are of one short string): a reply
+    makes hundreds at once, each then one object without a dict."""
 
     digest: str
     version: int = field(compare=False, repr=False)
@@ -186,13 +187,33 @@ class Sample:
 
 def samples_of(frame: Completions, rows: Sequence[int], digests: Sequence[str],
                versions: Sequence[int]) -> list[Sample]:
-    """The samples of `rows` of `frame` (`digests[row]`, `versions[row]` theirs), made as
-    `messages.built` makes records but without a call per sample: hundreds come per reply."""
-    made = [_new(Sample) for _ in rows]
-    for sample, row in zip(made, rows):
-        sample.__dict__.update(digest=digests[row], version=versions[row], frame=frame, row=row)
+    """The samples of `rows` of `frame` (`digests[row]`, `versions[row]` theirs), made without
+    `__init__`'s call and a Python-level step per sample (hundreds come per reply): the objects
+    made in one C-level pass, each field stored in another."""
+    made = list(map(_new, itertools.repeat(Sample, len(rows))))
+    if type(rows) is not range or rows != range(len(digests)):
+        digests = list(map(digests.__getitem__, rows))
+        versions = list(map(versions.__getitem__, rows))
+    for store, values in zip(_SAMPLE_STORES, (digests, versions, itertools.repeat(frame), rows)):
+        collections.deque(map(store, made, values), 0)
     return made
 
+
+def sample_of(frame: Completions, row: int, digest: str, version: int) -> Sample:
+    """`Sample(digest, version, frame, row)` without `__init__`'s `object.__setattr__` per
+    field (a small frame's completions, one at a time)."""
+    made = _new(Sample)
+    store_digest, store_version, store_frame, store_row = _SAMPLE_STORES
+    store_digest(made, digest)
+    store_version(made, version)
+    store_frame(made, frame)
+    store_row(made, row)
+    return made
+
+
+_SAMPLE_STORES = tuple(getattr(Sample, name).__set__ for name in ("digest", "version", "frame",
+                                                                   "row"))
+"""Each field's slot setter, in `samples_of`'s order."""
 
 _new = object.__new__
 

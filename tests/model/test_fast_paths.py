@@ -23,7 +23,15 @@ from invar.model.core import (
 from invar.model.messages import Completion, Completions, matrix_digest
 from invar.model.ragged import Ragged
 from invar.model.schedule import RequestId
-from invar.model.state import Assigned, BatchState, Sample, _sample_hash, _text_hash
+from invar.model.state import (
+    Assigned,
+    BatchState,
+    Sample,
+    _sample_hash,
+    _text_hash,
+    sample_of,
+    samples_of,
+)
 
 REQUEST = RequestId(0, 0, 0)
 
@@ -201,12 +209,32 @@ def test_group_seeds_and_plan_keys_are_the_spec_seeds():
                 g = config.group_size
                 assert schedule.batch_seeds(config, batch)[prompt * g:(prompt + 1) * g] == \
                     tuple(expected)
+            assert schedule.batch_prompt_indices(config, batch) == tuple(
+                schedule.prompt_index(config, r.batch, r.prompt)
+                for r in schedule.request_ids(config, batch))
             keys = [spec_seed(config.seed, "plan", batch, i)
                     for i in range(config.samples_per_batch)]
             order = sorted(range(config.samples_per_batch), key=keys.__getitem__)
             plan = schedule.minibatch_plan(config, batch)
             assert sorted(p for step in plan for p in step) == list(range(len(order)))
             assert plan[0] == tuple(sorted(order[:len(plan[0])]))
+
+
+@given(st.lists(st.integers(0, 5), max_size=6))
+def test_samples_made_in_bulk_are_the_constructor_s(rows):
+    """`samples_of` and `sample_of` make what `Sample(...)` makes, field for field."""
+    digests = [f"{k:024x}" for k in range(6)]
+    versions = [10 + k for k in range(6)]
+    expected = [Sample(digests[r], versions[r], ONE, r) for r in rows]
+    made = samples_of(ONE, rows, digests, versions)
+    single = [sample_of(ONE, r, digests[r], versions[r]) for r in rows]
+    fields = ("digest", "version", "frame", "row")
+    for got in (made, single):
+        assert [tuple(getattr(x, f) for f in fields) for x in got] == \
+            [tuple(getattr(x, f) for f in fields) for x in expected]
+    every = samples_of(ONE, range(6), digests, versions)
+    assert [(x.digest, x.version, x.row) for x in every] == \
+        [(digests[r], versions[r], r) for r in range(6)]
 
 
 def slot_term(position, slot):

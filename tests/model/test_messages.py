@@ -3,6 +3,7 @@ that name the field at fault, and the naming rule (events are facts, commands im
 
 from __future__ import annotations
 
+import base64
 import dataclasses
 import json
 import re
@@ -379,6 +380,20 @@ def test_packed_launches_round_trip(frame):
     back = m.unpack_launches(packed)
     assert back == tuple(launch for command in frame for launch in command.launches())
     assert all(type(c.request) is RequestId for c in back)
+
+
+@given(launch_frames)
+@settings(max_examples=100, deadline=None)
+def test_packed_launch_columns_are_int64_le_in_command_order(frame):
+    """Each column is its values, command after command, as little-endian int64 in base64."""
+    def column(values):
+        return base64.b64encode(np.asarray(values, dtype="<i8").tobytes()).decode("ascii")
+
+    packed = m.pack_launches(frame)
+    assert packed["request"] == column([x for c in frame for r in c.requests for x in r])
+    assert packed["version"] == column([c.version for c in frame for _ in c.requests])
+    assert packed["seed"] == column([seed for c in frame for seed in c.seeds])
+    assert packed["prompt_index"] == column([p for c in frame for p in c.prompt_indices])
 
 
 def _launches(worker: str, incarnation: int, *requests: RequestId) -> m.LaunchRequests:
