@@ -13,6 +13,7 @@ timer), so the same state always leads to the same commands whatever the history
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import itertools
 import math
@@ -76,6 +77,7 @@ from invar.model.state import (
     JoinedDigests,
     LearnerPhase,
     LearnerState,
+    Positions,
     Sample,
     Scores,
     Slot,
@@ -626,11 +628,18 @@ def _restart_learner(state: State, attempt: int) -> State:
 def _request_forward(state: State, step: int) -> tuple[State, list[Command]]:
     learner = state.learner
     observation = ObservationId(state.committed, step, learner.observations)
-    positions = schedule.minibatch_plan(state.config, state.committed)[step]
+    positions = _plan_positions(state.config, state.committed)[step]
     learner = evolve(learner, phase=LearnerPhase.FORWARD, step=step, observation=observation,
                      observations=learner.observations + 1, positions=positions)
     state = evolve(state, learner=learner)
     return state, [_forward_command(state, learner)]
+
+
+@functools.lru_cache(maxsize=16)
+def _plan_positions(config: RunConfig, update: int) -> tuple[Positions, ...]:
+    """`schedule.minibatch_plan` as `Positions`: each step's text is rendered once for every
+    state (and ledger record) that shows it."""
+    return tuple(map(Positions, schedule.minibatch_plan(config, update)))
 
 
 def _forward_command(state: State, learner: LearnerState) -> RunForward:

@@ -490,6 +490,19 @@ class BatchInputs(NamedTuple):
     reference: np.ndarray | None
 
 
+class Positions(tuple[int, ...]):
+    """The batch positions of one optimizer step (a chunk of `schedule.minibatch_plan`), as
+    a tuple that renders its repr once: a state digest shows the pending forward's positions
+    and every applied step's (128 ints each by default) on each learner event. Equal to, and
+    hashed as, the tuple of its items; the text is that tuple's."""
+
+    def __repr__(self) -> str:
+        text: str | None = self.__dict__.get("_text")
+        if text is None:
+            text = self.__dict__["_text"] = tuple.__repr__(self)
+        return text
+
+
 @cached_repr
 @dataclass(frozen=True)
 class AppliedStep:
