@@ -483,11 +483,15 @@ class BatchInputs(NamedTuple):
     """Each row's token count."""
     advantages: np.ndarray
     """(n,): from the batch's rewards, which are final once the batch is scored."""
-    staleness: np.ndarray
-    """(n,): the batch's staleness, one per sample, as float64 (for the diagnostics)."""
+    staleness: float
+    """The batch's staleness: each sample's, so the mean of each minibatch's (diagnostics)."""
     behavior: np.ndarray
     proximal: np.ndarray
     reference: np.ndarray | None
+    weight: np.ndarray | None
+    """`objective.behavior_weight` of the whole batch (None: the loss has none)."""
+    token_share: np.ndarray
+    """(n, 1): `objective.token_share` of each row, n its step's size."""
 
 
 class Positions(tuple[int, ...]):
@@ -501,6 +505,9 @@ class Positions(tuple[int, ...]):
         if text is None:
             text = self.__dict__["_text"] = tuple.__repr__(self)
         return text
+
+    def __reduce__(self) -> tuple[type[Positions], tuple[tuple[int, ...]]]:
+        return Positions, (tuple(self),)  # the items: the text is a cache
 
 
 @cached_repr
