@@ -467,8 +467,7 @@ def _on_probabilities_reported(state: State, event: ProbabilitiesReported) -> Ha
         return ProtocolError(state, event, Reason.MALFORMED_PAYLOAD, problem)
     scores = Scores(matrix_digest(event.proximal, event.reference), event.proximal,
                     event.reference, _batch_inputs(state.config, batch, event))
-    learner = evolve(learner, scores=scores)
-    return _request_forward(evolve(state, learner=learner), step=0)
+    return _request_forward(state, 0, scores=scores)
 
 
 def _on_forward_observed(state: State, event: ForwardObserved) -> Handled:
@@ -512,12 +511,12 @@ def _on_step_finished(state: State, event: StepFinished) -> Handled:
                              f"no cotangent was sent for {tuple(event.observation)}")
     applied = AppliedStep(learner.step, learner.positions, learner.forward_digest,
                           event.post_step_digest)
-    learner = evolve(learner, step_digest=event.post_step_digest, cotangent=None,
-                     forward_digest="", positions=(), applied=learner.applied + (applied,))
-    state = evolve(state, learner=learner)
+    finished = dict(step_digest=event.post_step_digest, cotangent=None, forward_digest="",
+                    applied=learner.applied + (applied,))
     if learner.step + 1 < state.config.optimizer_steps:
-        return _request_forward(state, step=learner.step + 1)
-    learner = evolve(learner, phase=LearnerPhase.COMMITTING, observation=None)
+        return _request_forward(state, learner.step + 1, **finished)
+    learner = evolve(learner, phase=LearnerPhase.COMMITTING, observation=None, positions=(),
+                     **finished)
     return evolve(state, learner=learner), [_commit_command(state.committed, learner)]
 
 
@@ -631,12 +630,16 @@ def _restart_learner(state: State, attempt: int) -> State:
     return evolve(state, learner=_fresh_learner(state, attempt))
 
 
-def _request_forward(state: State, step: int) -> tuple[State, list[Command]]:
+def _request_forward(state: State, step: int, **learner_changes: Any
+                     ) -> tuple[State, list[Command]]:
+    """Ask for the forward of `step`, the learner changed also by `learner_changes` (what
+    led to it: one new learner per event)."""
     learner = state.learner
     observation = ObservationId(state.committed, step, learner.observations)
     positions = _plan_positions(state.config, state.committed)[step]
     learner = evolve(learner, phase=LearnerPhase.FORWARD, step=step, observation=observation,
-                     observations=learner.observations + 1, positions=positions)
+                     observations=learner.observations + 1, positions=positions,
+                     **learner_changes)
     state = evolve(state, learner=learner)
     return state, [_forward_command(state, learner)]
 
