@@ -286,14 +286,17 @@ def behavior_weight(config: ObjectiveConfig, proximal: np.ndarray,
     """w_t = min(exp(p_t - b_t), cap) of "decoupled_ppo" (AReaL Eq. 5): corrects the
     proximal/behaviour mismatch; capped via the log, so it cannot overflow. It does not depend
     on the current policy: the minibatches of an update may share one computed for the batch."""
-    return np.exp(np.minimum(proximal - behavior, math.log(config.behavior_weight_cap)))
+    weight: np.ndarray = np.exp(np.minimum(proximal - behavior,
+                                           math.log(config.behavior_weight_cap)))
+    return weight
 
 
 def token_share(responses: int | np.ndarray, lengths: np.ndarray | int) -> np.ndarray:
     """1 / (n |o_i|), the weight of each token of response i in L (GRPO aggregation), as an
     (n, 1) column: `responses` is n, the responses averaged over (or each response's n), and
     `lengths` each response's |o_i| (or their one length)."""
-    return 1.0 / (responses * lengths)[:, None]
+    tokens: np.ndarray = np.multiply(responses, lengths)  # n |o_i|, exact in integers
+    return 1.0 / tokens[:, None]
 
 
 def checked_objective(config: ObjectiveConfig,
