@@ -688,9 +688,9 @@ def _batch_inputs(config: RunConfig, batch: BatchState,
     sizes = [len(positions) for positions in plan]
     step_sizes = np.repeat(np.array(sizes, dtype=np.intp), sizes)
     if completions.tokens.uniform():
-        row_lengths: np.ndarray | int = lengths[0]
+        row_lengths: np.ndarray | int = lengths[0]  # every row's
     else:
-        lengths = tuple(map(lengths.__getitem__, order.tolist()))
+        lengths = tuple(map(lengths.__getitem__, order.tolist()))  # in plan order
         row_lengths = np.array(lengths, dtype=np.intp)
     return BatchInputs(
         steps=tuple(slice(start, end) for start, end in zip([0, *ends], ends)),
