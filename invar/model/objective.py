@@ -184,7 +184,7 @@ def group_advantages(
                             / group_size)
         centred = centred / (group_std + eps)
     # Exact zeros for constant groups: the float mean of equal values need not equal them.
-    constant = groups.max(axis=1, keepdims=True) == groups.min(axis=1, keepdims=True)
+    constant = np.logical_and.reduce(groups == groups[:, :1], axis=1, keepdims=True)
     advantages = np.where(constant, 0.0, centred)
     return advantages.reshape(-1)
 
