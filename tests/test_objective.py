@@ -721,7 +721,8 @@ def test_a_core_minibatch_is_checked_together_and_dense():
     assert checked.mean_staleness == 1.0
     ragged = dict(dense, mask=np.arange(4) < np.array([4, 1, 2])[:, None])
     checked = objective_module._dense_inputs(**ragged)
-    assert checked is not None and not checked.dense and checked.lengths.tolist() == [4, 1, 2]
+    assert checked is not None and not checked.dense and checked.tokens == 7
+    assert checked.token_share.ravel().tolist() == [1 / 12, 1 / 3, 1 / 6]
 
 
 def test_fortran_ordered_inputs_are_summed_as_masking_would():

@@ -13,6 +13,7 @@ timer), so the same state always leads to the same commands whatever the history
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import itertools
 import math
@@ -60,7 +61,13 @@ from invar.model.messages import (
     WorkerLost,
     matrix_digest,
 )
-from invar.model.objective import group_advantages, objective
+from invar.model.objective import (
+    ObjectiveInputs,
+    behavior_weight,
+    checked_objective,
+    group_advantages,
+    token_share,
+)
 from invar.model.ragged import FLOAT, Ragged
 from invar.model.schedule import RequestId
 from invar.model.state import (
@@ -75,6 +82,7 @@ from invar.model.state import (
     JoinedDigests,
     LearnerPhase,
     LearnerState,
+    Positions,
     Sample,
     Scores,
     Slot,
@@ -465,8 +473,7 @@ def _on_probabilities_reported(state: State, event: ProbabilitiesReported) -> Ha
         return ProtocolError(state, event, Reason.MALFORMED_PAYLOAD, problem)
     scores = Scores(matrix_digest(event.proximal, event.reference), event.proximal,
                     event.reference, _batch_inputs(state.config, batch, event))
-    learner = evolve(learner, scores=scores)
-    return _request_forward(evolve(state, learner=learner), step=0)
+    return _request_forward(state, 0, scores=scores)
 
 
 def _on_forward_observed(state: State, event: ForwardObserved) -> Handled:
@@ -510,12 +517,12 @@ def _on_step_finished(state: State, event: StepFinished) -> Handled:
                              f"no cotangent was sent for {tuple(event.observation)}")
     applied = AppliedStep(learner.step, learner.positions, learner.forward_digest,
                           event.post_step_digest)
-    learner = evolve(learner, step_digest=event.post_step_digest, cotangent=None,
-                     forward_digest="", positions=(), applied=learner.applied + (applied,))
-    state = evolve(state, learner=learner)
+    finished = dict(step_digest=event.post_step_digest, cotangent=None, forward_digest="",
+                    applied=learner.applied + (applied,))
     if learner.step + 1 < state.config.optimizer_steps:
-        return _request_forward(state, step=learner.step + 1)
-    learner = evolve(learner, phase=LearnerPhase.COMMITTING, observation=None)
+        return _request_forward(state, learner.step + 1, **finished)
+    learner = evolve(learner, phase=LearnerPhase.COMMITTING, observation=None, positions=(),
+                     **finished)
     return evolve(state, learner=learner), [_commit_command(state.committed, learner)]
 
 
@@ -629,14 +636,25 @@ def _restart_learner(state: State, attempt: int) -> State:
     return evolve(state, learner=_fresh_learner(state, attempt))
 
 
-def _request_forward(state: State, step: int) -> tuple[State, list[Command]]:
+def _request_forward(state: State, step: int, **learner_changes: Any
+                     ) -> tuple[State, list[Command]]:
+    """Ask for the forward of `step`, the learner changed also by `learner_changes` (what
+    led to it: one new learner per event)."""
     learner = state.learner
     observation = ObservationId(state.committed, step, learner.observations)
-    positions = schedule.minibatch_plan(state.config, state.committed)[step]
+    positions = _plan_positions(state.config, state.committed)[step]
     learner = evolve(learner, phase=LearnerPhase.FORWARD, step=step, observation=observation,
-                     observations=learner.observations + 1, positions=positions)
+                     observations=learner.observations + 1, positions=positions,
+                     **learner_changes)
     state = evolve(state, learner=learner)
     return state, [_forward_command(state, learner)]
+
+
+@functools.lru_cache(maxsize=16)
+def _plan_positions(config: RunConfig, update: int) -> tuple[Positions, ...]:
+    """`schedule.minibatch_plan` as `Positions`: each step's text is rendered once for every
+    state (and ledger record) that shows it."""
+    return tuple(map(Positions, schedule.minibatch_plan(config, update)))
 
 
 def _forward_command(state: State, learner: LearnerState) -> RunForward:
@@ -653,7 +671,8 @@ def _commit_command(update: int, learner: LearnerState) -> Commit:
 def _batch_inputs(config: RunConfig, batch: BatchState,
                   scores: ProbabilitiesReported) -> BatchInputs:
     """The batch's objective inputs, gathered once in the order of the update's plan: each
-    step's rows are then a slice (a view), not a gather per array and step."""
+    step's rows are then a slice (a view), not a gather per array and step; and the terms
+    that do not depend on the current policy, computed once for all the steps."""
     completions = completions_of(batch.slots)
     lengths = completions.tokens.lengths
     plan = schedule.minibatch_plan(config, batch.batch)
@@ -668,31 +687,51 @@ def _batch_inputs(config: RunConfig, batch: BatchState,
 
     advantages = group_advantages(completions.rewards, config.group_size,
                                   config.objective.normalize_advantages)
-    staleness = np.full(len(order), schedule.staleness(config, batch.batch), dtype=np.float64)
-    staleness.flags.writeable = False
+    proximal = in_plan_order(scores.proximal.padded()[0])
+    behavior = in_plan_order(completions.behavior_logprobs.padded()[0])
+    weight = behavior_weight(config.objective, proximal, behavior) if (
+        config.objective.loss == "decoupled_ppo") else None
+    sizes = [len(positions) for positions in plan]
+    step_sizes = np.repeat(np.array(sizes, dtype=np.intp), sizes)
+    if completions.tokens.uniform():
+        row_lengths: np.ndarray | int = lengths[0]  # every row's
+    else:
+        lengths = tuple(map(lengths.__getitem__, order.tolist()))  # in plan order
+        row_lengths = np.array(lengths, dtype=np.intp)
     return BatchInputs(
         steps=tuple(slice(start, end) for start, end in zip([0, *ends], ends)),
-        lengths=lengths if completions.tokens.uniform() else tuple(
-            map(lengths.__getitem__, order.tolist())),
+        lengths=lengths,
         advantages=in_plan_order(advantages),
-        staleness=staleness,
-        behavior=in_plan_order(completions.behavior_logprobs.padded()[0]),
-        proximal=in_plan_order(scores.proximal.padded()[0]),
+        staleness=float(schedule.staleness(config, batch.batch)),
+        behavior=behavior,
+        proximal=proximal,
         reference=None if scores.reference is None else in_plan_order(
-            scores.reference.padded()[0]))
+            scores.reference.padded()[0]),
+        weight=weight,
+        token_share=token_share(step_sizes, row_lengths))
 
 
 def _cotangent(config: RunConfig, inputs: BatchInputs, rows: slice,
                event: ForwardObserved) -> ApplyCotangent:
-    """Objective terms and dL/d(current log-prob) of one minibatch (see objective.py)."""
+    """Objective terms and dL/d(current log-prob) of one minibatch (see objective.py), from
+    log-probs checked as they came (`_matrix_problem`) and the batch's inputs checked when it
+    was scored."""
     current, mask = event.current_logprobs.padded()
     # The minibatch's rows of the batch's arrays, as wide as its longest response: exactly
     # what padding its own rows would give.
     width = current.shape[1]
+    proximal, behavior = inputs.proximal[rows, :width], inputs.behavior[rows, :width]
     reference = None if inputs.reference is None else inputs.reference[rows, :width]
-    terms, cotangent = objective(config.objective, inputs.advantages[rows], current,
-                                 inputs.proximal[rows, :width], inputs.behavior[rows, :width],
-                                 mask, reference=reference, staleness=inputs.staleness[rows])
+    tokens = len(event.current_logprobs.values)
+    matrices = (current, proximal, behavior) if reference is None else (
+        current, proximal, behavior, reference)
+    minibatch = ObjectiveInputs(
+        mask, inputs.advantages[rows], current, proximal, behavior, reference, tokens,
+        mean_staleness=inputs.staleness,
+        dense=tokens == current.size and all(m.flags.c_contiguous for m in matrices),
+        weight=None if inputs.weight is None else inputs.weight[rows, :width],
+        token_share=inputs.token_share[rows])
+    terms, cotangent = checked_objective(config.objective, minibatch)
     return ApplyCotangent(event.observation, event.attempt, event.pre_step_digest,
                           matrix_digest(event.current_logprobs),
                           event.current_logprobs.unpadded(cotangent), terms)

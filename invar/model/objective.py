@@ -174,14 +174,17 @@ def group_advantages(
     if not _is_real(eps) or not 0.0 <= eps < math.inf:
         raise ValueError(f"eps: must be a finite number >= 0, got {eps!r}")
 
+    # Sums along each group, as `mean` and `std` compute them (without their Python wrappers).
     groups = rewards.reshape(-1, group_size)
-    group_mean = groups.mean(axis=1, keepdims=True)
+    group_mean = np.add.reduce(groups, axis=1, keepdims=True) / group_size
     centred = groups - group_mean
     if normalize:
-        group_std = groups.std(axis=1, keepdims=True)  # ddof=0: population std
+        # The population std (ddof=0): sqrt(mean((R_i - mean(R_g))^2)).
+        group_std = np.sqrt(np.add.reduce(np.square(centred), axis=1, keepdims=True)
+                            / group_size)
         centred = centred / (group_std + eps)
     # Exact zeros for constant groups: the float mean of equal values need not equal them.
-    constant = groups.max(axis=1, keepdims=True) == groups.min(axis=1, keepdims=True)
+    constant = np.logical_and.reduce(groups == groups[:, :1], axis=1, keepdims=True)
     advantages = np.where(constant, 0.0, centred)
     return advantages.reshape(-1)
 
@@ -274,88 +277,122 @@ def objective(
     cotangent, shaped (n, T) and exactly 0 where the mask is False: back-propagating
     sum(current * cotangent) through the model gives the gradient of L.
     """
-    checked = _checked_inputs(config, advantages, current, proximal, behavior, mask, reference,
-                              staleness)
-    advantages, current, proximal, behavior, reference = checked.arrays
-    valid, lengths, tokens = checked.valid, checked.lengths, checked.tokens
-    n = lengths.shape[0]
+    return checked_objective(config, _checked_inputs(config, advantages, current, proximal,
+                                                     behavior, mask, reference, staleness))
+
+
+def behavior_weight(config: ObjectiveConfig, proximal: np.ndarray,
+                    behavior: np.ndarray) -> np.ndarray:
+    """w_t = min(exp(p_t - b_t), cap) of "decoupled_ppo" (AReaL Eq. 5): corrects the
+    proximal/behaviour mismatch; capped via the log, so it cannot overflow. It does not depend
+    on the current policy: the minibatches of an update may share one computed for the batch."""
+    weight: np.ndarray = np.exp(np.minimum(proximal - behavior,
+                                           math.log(config.behavior_weight_cap)))
+    return weight
+
+
+def token_share(responses: int | np.ndarray, lengths: np.ndarray | int) -> np.ndarray:
+    """1 / (n |o_i|), the weight of each token of response i in L (GRPO aggregation), as an
+    (n, 1) column: `responses` is n, the responses averaged over (or each response's n), and
+    `lengths` each response's |o_i| (or their one length)."""
+    tokens: np.ndarray = np.multiply(responses, lengths)  # n |o_i|, exact in integers
+    return 1.0 / tokens[:, None]
+
+
+def checked_objective(config: ObjectiveConfig,
+                      inputs: ObjectiveInputs) -> tuple[ObjectiveTerms, np.ndarray]:
+    """`objective` of inputs already checked (`ObjectiveInputs`)."""
+    valid, tokens = inputs.valid, inputs.tokens
 
     # Ignored positions become 0, so exp() of padding can neither overflow nor spread NaN.
-    c = valid(current)
-    p = valid(proximal)
-    b = valid(behavior)
-    A = advantages[:, None]
+    c = valid(inputs.current)
+    p = valid(inputs.proximal)
+    b = valid(inputs.behavior)
+    minus_A = -inputs.advantages[:, None]
 
     if config.loss == "unclipped_is":
         ratio = np.exp(c - b)
-        token_loss = -A * ratio
-        token_grad = -A * ratio
-        weight = np.ones_like(c)
-        clipped_active = np.zeros_like(checked.mask)
+        token_loss = minus_A * ratio
+        token_grad = token_loss  # d(-A exp(c - b)) / dc = -A exp(c - b)
+        weight = None
+        clipped_active = None
     else:
-        if config.loss == "behavior_ppo":
-            anchor = b  # plain PPO: the behaviour policy is the trust-region centre
-            weight = np.ones_like(c)
-        else:
-            anchor = p  # decoupled: trust region around the proximal policy...
-            # ...and w corrects the proximal/behaviour mismatch; capped via the log, no overflow.
-            weight = np.exp(np.minimum(p - b, math.log(config.behavior_weight_cap)))
+        # plain PPO: the behaviour policy is the trust-region centre; decoupled: the proximal
+        # one, and w (`behavior_weight`) corrects the proximal/behaviour mismatch.
+        anchor = b if config.loss == "behavior_ppo" else p
+        weight = inputs.weight
         ratio = np.exp(c - anchor)
         low, high = 1.0 - config.clip_low, 1.0 + config.clip_high
-        unclipped = -A * ratio
-        clipped = -A * ratio.clip(low, high)
-        token_loss = weight * np.maximum(unclipped, clipped)
+        clipped_ratio = ratio.clip(low, high)
+        unclipped = minus_A * ratio
+        clipped = minus_A * clipped_ratio
+        token_loss = np.maximum(unclipped, clipped)
 
-        # d unclipped / dc = -A r;  d clipped / dc = -A r on [low, high], else 0 (torch.clamp).
-        d_unclipped = -A * ratio
-        d_clipped = np.where((ratio >= low) & (ratio <= high), -A * ratio, 0.0)
+        # d unclipped / dc = -A r;  d clipped / dc = -A r on [low, high] (where the clip leaves
+        # r as it is: r is never NaN), else 0 (torch.clamp).
+        d_unclipped = unclipped
+        d_clipped = np.where(clipped_ratio == ratio, unclipped, 0.0)
         # torch.maximum: the gradient goes to the larger argument, split evenly on a tie.
         tie = unclipped == clipped
-        share_unclipped = np.where(tie, 0.5, (unclipped > clipped).astype(np.float64))
-        share_clipped = np.where(tie, 0.5, (clipped > unclipped).astype(np.float64))
-        token_grad = weight * (share_unclipped * d_unclipped + share_clipped * d_clipped)
         clipped_active = clipped > unclipped
+        share_unclipped = np.where(tie, 0.5, unclipped > clipped)
+        share_clipped = np.where(tie, 0.5, clipped_active)
+        token_grad = share_unclipped * d_unclipped + share_clipped * d_clipped
+        if weight is not None:
+            token_loss = weight * token_loss
+            token_grad = weight * token_grad
 
-    if reference is not None:  # checked above: present iff config.needs_reference
-        log_ref_ratio = valid(reference) - c
+    if inputs.reference is not None:  # checked: present iff config.needs_reference
+        log_ref_ratio = valid(inputs.reference) - c
         token_kl = np.exp(log_ref_ratio) - log_ref_ratio - 1.0  # k3: >= 0 at every token
         token_loss = token_loss + config.kl_coef * token_kl
         token_grad = token_grad + config.kl_coef * (1.0 - np.exp(log_ref_ratio))
+        kl = inputs.token_mean(token_kl)
     else:
-        token_kl = np.zeros_like(c)
+        kl = 0.0
 
     # L = 1/n sum_i 1/|o_i| sum_t l_t: each token weighs 1 / (n |o_i|).
-    token_share = valid(1.0 / (n * lengths)[:, None])
-    loss = float((token_share * valid(token_loss)).sum())
-    cotangent = valid(token_share * token_grad)
+    share = valid(inputs.token_share)
+    loss = float(np.add.reduce(share * valid(token_loss), axis=None))
+    cotangent = valid(share * token_grad)
 
     terms = ObjectiveTerms(
         loss=loss,
-        clip_fraction=checked.token_mean(clipped_active.astype(np.float64)),
-        mean_ratio=checked.token_mean(ratio),
-        mean_behavior_weight=checked.token_mean(weight),
-        kl=checked.token_mean(token_kl),
-        mean_staleness=checked.mean_staleness,
+        clip_fraction=0.0 if clipped_active is None else int(np.count_nonzero(
+            clipped_active if inputs.dense else clipped_active & inputs.mask)) / tokens,
+        mean_ratio=inputs.token_mean(ratio),
+        mean_behavior_weight=1.0 if weight is None else inputs.token_mean(weight),
+        kl=kl,
+        mean_staleness=inputs.mean_staleness,
         tokens=tokens,
     )
     return terms, cotangent
 
 
-class _Checked(NamedTuple):
-    """`objective`'s inputs once checked: float64 arrays of the mask's shape and the facts
-    about its valid tokens that the objective reads."""
+class ObjectiveInputs(NamedTuple):
+    """`objective`'s inputs once checked: float64 arrays of the mask's shape, the facts about
+    its valid tokens that the objective reads, and the terms that do not depend on the current
+    policy (the minibatches of an update may share them: the core computes them for the whole
+    batch when it is scored, and checks each forward's log-probs as they come)."""
 
     mask: np.ndarray
-    arrays: tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray | None]
-    """advantages, current, proximal, behavior, reference (None without the KL penalty)."""
-    lengths: np.ndarray
-    """Valid tokens of each response (each >= 1)."""
+    advantages: np.ndarray
+    current: np.ndarray
+    proximal: np.ndarray
+    behavior: np.ndarray
+    reference: np.ndarray | None
+    """None without the KL penalty."""
     tokens: int
     """Valid tokens in all."""
     mean_staleness: float
     dense: bool
     """Every token valid and every (n, T) input in C order: masking changes nothing, and the
     arrays computed from the inputs have the layout (hence the sums) masking would give."""
+    weight: np.ndarray | None
+    """`behavior_weight` of the valid proximal and behaviour log-probs ("decoupled_ppo"; None
+    for the other losses, whose weight is 1)."""
+    token_share: np.ndarray
+    """`token_share(n, lengths)`, lengths the valid tokens of each response (each >= 1)."""
 
     def valid(self, values: np.ndarray) -> np.ndarray:
         """`values` at the valid tokens and 0.0 elsewhere, shaped (n, T) — or `values` as they
@@ -376,7 +413,7 @@ def _checked_inputs(
     mask: np.ndarray,
     reference: np.ndarray | None,
     staleness: np.ndarray | None,
-) -> _Checked:
+) -> ObjectiveInputs:
     """`objective`'s inputs, each refused by name when it is not a float64 array of the mask's
     shape, finite at the valid positions: kept apart so that the objective reads as the math.
 
@@ -408,8 +445,23 @@ def _checked_inputs(
             raise ValueError("staleness: must be >= 0")
         mean_staleness = float(staleness.mean())
     lengths = mask.sum(axis=1)
-    return _Checked(mask, (advantages, current, proximal, behavior, reference), lengths,
-                    int(lengths.sum()), mean_staleness, dense=False)
+    return _objective_inputs(config, mask, advantages, current, proximal, behavior, reference,
+                             lengths, int(lengths.sum()), mean_staleness, dense=False)
+
+
+def _objective_inputs(config: ObjectiveConfig, mask: np.ndarray, advantages: np.ndarray,
+                      current: np.ndarray, proximal: np.ndarray, behavior: np.ndarray,
+                      reference: np.ndarray | None, lengths: np.ndarray, tokens: int,
+                      mean_staleness: float, dense: bool) -> ObjectiveInputs:
+    """Checked inputs with the terms that do not depend on the current policy."""
+    def valid(values: np.ndarray) -> np.ndarray:
+        return values if dense else np.where(mask, values, 0.0)
+
+    weight = behavior_weight(config, valid(proximal), valid(behavior)) if (
+        config.loss == "decoupled_ppo") else None
+    return ObjectiveInputs(mask, advantages, current, proximal, behavior, reference, tokens,
+                           mean_staleness, dense, weight,
+                           token_share(lengths.shape[0], lengths))
 
 
 _VALIDATED = IdentityMemo(16)
@@ -425,7 +477,7 @@ def _dense_inputs(
     mask: np.ndarray,
     reference: np.ndarray | None,
     staleness: np.ndarray | None,
-) -> _Checked | None:
+) -> ObjectiveInputs | None:
     """The checked inputs when each is already a float64 array of its shape and each is
     finite where it counts (the core's minibatches); None when that is not so plainly true,
     for the one-at-a-time checks to decide. Accepts only what they accept, with equal arrays.
@@ -470,8 +522,8 @@ def _dense_inputs(
     if not math.isfinite(total):
         return None
     dense = every and all(values.flags.c_contiguous for values in (mask, *matrices))
-    return _Checked(mask, (advantages, current, proximal, behavior, reference), lengths, count,
-                    mean_staleness, dense)
+    return _objective_inputs(config, mask, advantages, current, proximal, behavior, reference,
+                             lengths, count, mean_staleness, dense)
 
 
 _FLOAT = np.dtype(np.float64)

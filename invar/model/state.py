@@ -504,11 +504,31 @@ class BatchInputs(NamedTuple):
     """Each row's token count."""
     advantages: np.ndarray
     """(n,): from the batch's rewards, which are final once the batch is scored."""
-    staleness: np.ndarray
-    """(n,): the batch's staleness, one per sample, as float64 (for the diagnostics)."""
+    staleness: float
+    """The batch's staleness: each sample's, so the mean of each minibatch's (diagnostics)."""
     behavior: np.ndarray
     proximal: np.ndarray
     reference: np.ndarray | None
+    weight: np.ndarray | None
+    """`objective.behavior_weight` of the whole batch (None: the loss has none)."""
+    token_share: np.ndarray
+    """(n, 1): `objective.token_share` of each row, n its step's size."""
+
+
+class Positions(tuple[int, ...]):
+    """The batch positions of one optimizer step (a chunk of `schedule.minibatch_plan`), as
+    a tuple that renders its repr once: a state digest shows the pending forward's positions
+    and every applied step's (128 ints each by default) on each learner event. Equal to, and
+    hashed as, the tuple of its items; the text is that tuple's."""
+
+    def __repr__(self) -> str:
+        text: str | None = self.__dict__.get("_text")
+        if text is None:
+            text = self.__dict__["_text"] = tuple.__repr__(self)
+        return text
+
+    def __reduce__(self) -> tuple[type[Positions], tuple[tuple[int, ...]]]:
+        return Positions, (tuple(self),)  # the items: the text is a cache
 
 
 @cached_repr

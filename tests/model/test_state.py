@@ -38,6 +38,7 @@ from invar.model.state import (  # noqa: E402
     History,
     JoinedDigests,
     NoOps,
+    Positions,
     Sample,
     _request_int64s,
     history_text,
@@ -261,3 +262,20 @@ def test_states_with_different_cotangents_differ():
     b, _ = step(d.state, other)
     assert a != b and state_digest(a) != state_digest(b)
     assert step(a, TimerFired())[1] != step(b, TimerFired())[1]
+
+
+def test_positions_are_their_tuple_rendered_once():
+    """A step's `Positions` equals, hashes and renders as the tuple of its items (state
+    digests are recorded in journals); the text is kept after the first repr and is not
+    pickled (a cache, not part of the value)."""
+    items = tuple(range(3, 300, 7))
+    positions = Positions(items)
+    assert positions == items and hash(positions) == hash(items)
+    assert repr(positions) == repr(items) and repr(positions) is repr(positions)
+    d = Driver(CONFIG)
+    d.pump_to_phase(LearnerPhase.FORWARD, 0)
+    learner = d.state.learner
+    assert type(learner.positions) is Positions
+    assert repr(learner) == repr(replace(learner, positions=tuple(learner.positions)))
+    copied = pickle.loads(pickle.dumps(positions))
+    assert type(copied) is Positions and copied == items and "_text" not in copied.__dict__
