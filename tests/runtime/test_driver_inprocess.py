@@ -372,11 +372,13 @@ def test_the_journal_s_encoding_counts_as_the_driver_s_time(tmp_path, rt, monkey
     from invar.runtime import journal as journal_module
 
     line_text = journal_module._Line.text
-    slow = 0.02
+    slow = 0.005
 
     def slow_text(line):
         import time
-        time.sleep(slow)
+        began = time.thread_time()
+        while time.thread_time() - began < slow:  # CPU work, as encoding is
+            pass
         return line_text(line)
 
     monkeypatch.setattr(journal_module._Line, "text", slow_text)
