@@ -181,3 +181,23 @@ def test_with_column_is_with_slots(changes):
         assert (batch.pending, batch.completed, batch.slots_digest) == \
             (reference.pending, reference.completed, reference.slots_digest)
         assert repr(batch) == repr(reference)
+
+
+def test_a_lost_worker_s_successor_is_sent_only_the_requests_without_a_sample():
+    """One worker, a batch partly answered, then the worker lost: its successor is sent
+    exactly the requests of the batch that hold no sample, and the samples stay (launching a
+    whole batch to the one worker is only for a batch with every slot pending)."""
+    state, launches = settled(initial_state(CONFIG), [
+        LearnerStarted(0, 0, version_digest(0)), WorkerConnected("a", 0)])
+    first = next(launch for launch in launches if launch.requests[0].batch == 0)
+    answered = worker_reply(first).completions[:40]
+    state, _ = settled(state, [RequestsCompleted("a", 0, answered)])
+    state, relaunched = settled(state, [WorkerLost("a", 0), WorkerConnected("a", 1)])
+    batch = state.batch(0)
+    assert batch is not None
+    kept = {p for p, slot in enumerate(batch.slots) if type(slot) is Sample}
+    assert kept == {r.prompt * CONFIG.group_size + r.sample for r in answered.request_ids()}
+    sent = [r.prompt * CONFIG.group_size + r.sample
+            for launch in relaunched for r in launch.requests if r.batch == 0]
+    assert sorted(sent) == sorted(set(range(len(batch.slots))) - kept)
+    assert {p for p, slot in enumerate(batch.slots) if type(slot) is Assigned} == set(sent)
