@@ -246,8 +246,10 @@ def tables(report: dict[str, Any]) -> list[tuple[str, list[str], list[list[str]]
                     "core_and_driver_share counts the driver's event path: Driver._apply "
                     "(core step, state digests, journal lines kept in memory, dispatch), "
                     "Driver._accept_frame (decoding worker frames) and the dispatch of "
-                    "commands held for a journal sync. The journal's and metrics' writes and "
-                    "fsyncs run in a thread of the driver, off the event path. A learner "
+                    "commands held for a journal sync, plus the CPU seconds the journal's "
+                    "syncing thread spends making lines' text (a worker's completions arrive "
+                    "as bytes and are encoded there). The journal's and metrics' writes and "
+                    "fsyncs run in that thread, off the event path. A learner "
                     "command's inputs are built, and its reply encoded for the journal, in "
                     "the learner's thread."))
     r = runs.get("default_profiled")
