@@ -896,14 +896,9 @@ def _assign_pending(state: State, commands: list[Command]) -> State:
         if not ready:
             continue
         loads = {w.name: w.assigned for w in ready}
-        only = ready[0].name if len(ready) == 1 else None
         slots = batch.slots
         kinds = None if batch.pending == len(slots) else list(map(type, slots))  # None: all free
-        if kinds is None and only is not None:  # every group goes to the one worker
-            runs = {only: [0, len(slots)]}
-            loads[only] += len(slots)
-        else:
-            runs = _group_runs(slots, kinds, group_size, loads)
+        runs = _group_runs(slots, kinds, group_size, loads)
         requests = schedule.request_ids(config, batch.batch)
         seeds = schedule.batch_seeds(config, batch.batch)
         prompts = schedule.batch_prompt_indices(config, batch.batch)
@@ -929,6 +924,10 @@ def _group_runs(slots: tuple[Slot, ...], kinds: list[type] | None, group_size: i
     """Each prompt group with free slots given to the least-loaded worker of `loads` (counted
     in): each worker's free positions as runs, bounds [start, end, start, end, ...] (a worker
     given consecutive groups gets one run: its columns are then slices of the batch's)."""
+    if kinds is None and len(loads) == 1:  # every slot free, one worker: every group its
+        (name,) = loads
+        loads[name] += len(slots)
+        return {name: [0, len(slots)]}
     runs: dict[str, list[int]] = {}
     # A prompt's group goes to one worker: its samples share the prompt's prefill, and the
     # worker computes them in one fixed-shape call (see runtime.worker on invariance).

@@ -395,9 +395,8 @@ class ObjectiveInputs(NamedTuple):
     """`token_share(n, lengths)`, lengths the valid tokens of each response (each >= 1)."""
 
     def valid(self, values: np.ndarray) -> np.ndarray:
-        """`values` at the valid tokens and 0.0 elsewhere, shaped (n, T) — or `values` as they
-        are, when the batch is dense (an (n, 1) column then stands for its broadcast)."""
-        return values if self.dense else np.where(self.mask, values, 0.0)
+        """`values` at the valid tokens and 0.0 elsewhere (`_valid`)."""
+        return _valid(values, self.mask, self.dense)
 
     def token_mean(self, values: np.ndarray) -> float:
         """The mean of (n, T) `values` over the valid tokens."""
@@ -454,14 +453,18 @@ def _objective_inputs(config: ObjectiveConfig, mask: np.ndarray, advantages: np.
                       reference: np.ndarray | None, lengths: np.ndarray, tokens: int,
                       mean_staleness: float, dense: bool) -> ObjectiveInputs:
     """Checked inputs with the terms that do not depend on the current policy."""
-    def valid(values: np.ndarray) -> np.ndarray:
-        return values if dense else np.where(mask, values, 0.0)
-
-    weight = behavior_weight(config, valid(proximal), valid(behavior)) if (
+    weight = behavior_weight(config, _valid(proximal, mask, dense),
+                             _valid(behavior, mask, dense)) if (
         config.loss == "decoupled_ppo") else None
     return ObjectiveInputs(mask, advantages, current, proximal, behavior, reference, tokens,
                            mean_staleness, dense, weight,
                            token_share(lengths.shape[0], lengths))
+
+
+def _valid(values: np.ndarray, mask: np.ndarray, dense: bool) -> np.ndarray:
+    """`values` at the valid tokens and 0.0 elsewhere, shaped (n, T) — or `values` as they
+    are, when the batch is dense (an (n, 1) column then stands for its broadcast)."""
+    return values if dense else np.where(mask, values, 0.0)
 
 
 _VALIDATED = IdentityMemo(16)

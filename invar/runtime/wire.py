@@ -37,7 +37,7 @@ from invar.runtime.transport import FrameError
 FRAMES_VERSION = 2
 """The layout of a worker's frames (2: completions as binary columns)."""
 
-_COMPLETIONS_HEADER = ("kind", "worker", "incarnation", "n")
+_COMPLETIONS_HEADER = ("worker", "incarnation", "n")
 
 
 def hello(name: str) -> dict[str, Any]:

@@ -11,6 +11,8 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Callable
+from dataclasses import replace
+from typing import Any
 
 from invar.model import (
     LearnerPhase,
@@ -24,16 +26,21 @@ from invar.model.messages import (
     ApplyCotangent,
     Command,
     Commit,
+    Completions,
     Event,
+    ForwardObserved,
     LaunchRequest,
     LearnerStarted,
     LoadWeights,
+    ProbabilitiesReported,
+    RequestsCompleted,
     RunForward,
     ScoreProbabilities,
     WorkerConnected,
     WorkerLost,
     one_per_request,
 )
+from invar.model.ragged import Ragged
 from invar.testing import reply, version_digest
 
 LEARNER_COMMANDS = (ScoreProbabilities, RunForward, ApplyCotangent, Commit)
@@ -174,3 +181,33 @@ class Driver:
 
 def commands_of(commands, kind) -> list:
     return [c for c in commands if isinstance(c, kind)]
+
+
+class AnsweringWith(Driver):
+    """A `Driver` whose components answer with `values`' payloads instead of
+    `invar.testing.reply`'s: per request, `values.length(r)` tokens, `behavior(r)` log-probs
+    and `reward(r)` from the worker, `proximal(r, update)` (and `reference(r)` when the
+    command asks for it) from scoring, `current(r, update, step)` from each forward."""
+
+    values: Any
+
+    def answer(self, command: Command) -> Event | None:
+        event = super().answer(command)
+        v = self.values
+        if isinstance(event, RequestsCompleted):
+            return replace(event, completions=Completions.of(
+                replace(c, tokens=tuple(range(v.length(c.request))),
+                        behavior_logprobs=v.behavior(c.request), reward=v.reward(c.request))
+                for c in event.completions))
+        if isinstance(event, ProbabilitiesReported):
+            assert isinstance(command, ScoreProbabilities)
+            return replace(event, proximal=Ragged.of([v.proximal(r, command.update)
+                                                      for r in command.requests]),
+                           reference=Ragged.of([v.reference(r) for r in command.requests])
+                           if command.reference else None)
+        if isinstance(event, ForwardObserved):
+            assert isinstance(command, RunForward)
+            obs = command.observation
+            return replace(event, current_logprobs=Ragged.of([v.current(r, obs.update, obs.step)
+                                                              for r in command.requests]))
+        return event

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import sys
 import zlib
-from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -22,7 +21,7 @@ from hypothesis import strategies as st
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from invar_model_harness import Driver, commands_of  # noqa: E402
+from invar_model_harness import AnsweringWith, commands_of  # noqa: E402
 
 from invar.model import ObjectiveConfig, RunConfig, run_complete, schedule  # noqa: E402
 from invar.model import messages as m  # noqa: E402
@@ -59,30 +58,18 @@ class _Values:
         rng = self._rng("reward", request)
         return float(rng.integers(0, 2)) if request.prompt % 2 else float(rng.normal())
 
+    def behavior(self, request: schedule.RequestId) -> tuple[float, ...]:
+        return self.row(request, "behavior")
 
-class _Answering(Driver):
-    values: _Values
+    def proximal(self, request: schedule.RequestId, update: int) -> tuple[float, ...]:
+        return self.row(request, "proximal", update)
 
-    def answer(self, command):
-        event = super().answer(command)
-        v = self.values
-        if isinstance(event, m.RequestsCompleted):
-            return replace(event, completions=m.Completions.of(
-                replace(c, tokens=tuple(range(v.length(c.request))),
-                        behavior_logprobs=v.row(c.request, "behavior"),
-                        reward=v.reward(c.request))
-                for c in event.completions))
-        if isinstance(event, m.ProbabilitiesReported):
-            reference = self.config.objective.needs_reference
-            return replace(event, proximal=Ragged.of([v.row(r, "proximal", command.update)
-                                                      for r in command.requests]),
-                           reference=Ragged.of([v.row(r, "reference") for r in command.requests])
-                           if reference else None)
-        if isinstance(event, m.ForwardObserved):
-            update, step_index = command.observation.update, command.observation.step
-            return replace(event, current_logprobs=Ragged.of(
-                [v.row(r, "current", update, step_index) for r in command.requests]))
-        return event
+    def reference(self, request: schedule.RequestId) -> tuple[float, ...]:
+        return self.row(request, "reference")
+
+    def current(self, request: schedule.RequestId, update: int,
+                step_index: int) -> tuple[float, ...]:
+        return self.row(request, "current", update, step_index)
 
 
 def _expected(config: RunConfig, v: _Values, update: int, step_index: int):
@@ -91,10 +78,10 @@ def _expected(config: RunConfig, v: _Values, update: int, step_index: int):
     rewards = np.array([v.reward(r) for r in requests], dtype=np.float64)
     advantages = group_advantages(rewards, config.group_size,
                                   config.objective.normalize_advantages)[plan]
-    current, mask = pad([v.row(requests[i], "current", update, step_index) for i in plan])
-    proximal, _ = pad([v.row(requests[i], "proximal", update) for i in plan])
-    behavior, _ = pad([v.row(requests[i], "behavior") for i in plan])
-    reference = pad([v.row(requests[i], "reference") for i in plan])[0] if (
+    current, mask = pad([v.current(requests[i], update, step_index) for i in plan])
+    proximal, _ = pad([v.proximal(requests[i], update) for i in plan])
+    behavior, _ = pad([v.behavior(requests[i]) for i in plan])
+    reference = pad([v.reference(requests[i]) for i in plan])[0] if (
         config.objective.needs_reference) else None
     staleness = np.full(len(plan), schedule.staleness(config, update), dtype=np.float64)
     with np.errstate(over="ignore"):
@@ -112,7 +99,7 @@ def test_every_cotangent_is_the_objective_of_its_rows_bit_for_bit(loss, kl_coef,
     config = RunConfig(prompts_per_batch=5, group_size=4, max_staleness=1, sync_period=1,
                        optimizer_steps=optimizer_steps, total_updates=2, max_inflight_batches=2,
                        seed=seed, objective=ObjectiveConfig(loss=loss, kl_coef=kl_coef))
-    driver = _Answering(config)
+    driver = AnsweringWith(config)
     driver.values = _Values(seed, uniform)
     for _ in range(20):
         driver.pump()

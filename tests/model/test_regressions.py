@@ -19,7 +19,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from invar_model_harness import Driver, commands_of, small_config  # noqa: E402
+from invar_model_harness import AnsweringWith, Driver, commands_of, small_config  # noqa: E402
 
 from invar.model import (  # noqa: E402
     LearnerPhase,
@@ -502,30 +502,6 @@ def _pos(r) -> int:
     return r.prompt * F6_CONFIG.group_size + r.sample
 
 
-class DistinctValues(Driver):
-    """Components that answer with `values`."""
-
-    values: Values
-
-    def answer(self, command):
-        event = super().answer(command)
-        v = self.values
-        if isinstance(event, m.RequestsCompleted):
-            return replace(event, completions=m.Completions.of(
-                replace(c, tokens=tuple(range(v.length(c.request))),
-                        behavior_logprobs=v.behavior(c.request), reward=v.reward(c.request))
-                for c in event.completions))
-        if isinstance(event, m.ProbabilitiesReported):
-            return replace(event, proximal=Ragged.of([v.proximal(r, command.update)
-                                                      for r in command.requests]),
-                           reference=Ragged.of([v.reference(r) for r in command.requests]))
-        if isinstance(event, m.ForwardObserved):
-            obs = command.observation
-            return replace(event, current_logprobs=Ragged.of([v.current(r, obs.update, obs.step)
-                                                              for r in command.requests]))
-        return event
-
-
 def _expected(v: Values, update: int, step_index: int, miswired: str = ""):
     """The objective of (update, step) from the plan's rows, computed here from the values the
     components reported; `miswired` names a part ("advantages", "proximal", "behavior",
@@ -575,7 +551,7 @@ def test_f6_cotangent_is_the_objective_of_the_plans_rows(uniform):
     prefix = tuple(range(len(plans[0][0])))
     assert all(chunk != prefix for plan in plans for chunk in plan), "pick another seed"
     values = Values(uniform)
-    d = DistinctValues(F6_CONFIG)
+    d = AnsweringWith(F6_CONFIG)
     d.values = values
     finish(d)
     cotangents = commands_of(d.commands, m.ApplyCotangent)
