@@ -183,14 +183,15 @@ def test_with_column_is_with_slots(changes):
         assert repr(batch) == repr(reference)
 
 
-def test_a_lost_worker_s_successor_is_sent_only_the_requests_without_a_sample():
+@pytest.mark.parametrize("answered", [40, 37])  # whole prompt groups; one group in part
+def test_a_lost_worker_s_successor_is_sent_only_the_requests_without_a_sample(answered):
     """One worker, a batch partly answered, then the worker lost: its successor is sent
-    exactly the requests of the batch that hold no sample, and the samples stay (launching a
-    whole batch to the one worker is only for a batch with every slot pending)."""
+    exactly the requests of the batch that hold no sample, each once, and the samples stay
+    (launching a whole batch to the one worker is only for a batch with every slot pending)."""
     state, launches = settled(initial_state(CONFIG), [
         LearnerStarted(0, 0, version_digest(0)), WorkerConnected("a", 0)])
     first = next(launch for launch in launches if launch.requests[0].batch == 0)
-    answered = worker_reply(first).completions[:40]
+    answered = worker_reply(first).completions[:answered]
     state, _ = settled(state, [RequestsCompleted("a", 0, answered)])
     state, relaunched = settled(state, [WorkerLost("a", 0), WorkerConnected("a", 1)])
     batch = state.batch(0)
