@@ -4,11 +4,12 @@
 
 Runs `invar train` in this process (the default run unless `--set` options follow `--`) with
 plain timers (wall and thread CPU time, no profiler) around each piece of the event path that
-`core_and_driver_share` counts: `step` (`shell.deliver`), the state digests, the metrics row,
-the journal append, the dispatch of commands and the decoding of worker frames, and the journal
-line texts its syncing thread makes (counted in the share as CPU seconds). Prints each in
-milliseconds per update beside the run's share, then `step` per event type: in the run, and
-replayed alone afterwards in this process from the run's journal (best of three), side by side.
+`core_and_driver_share` counts: `step` (`shell.deliver`), the metrics row, the journal append,
+the dispatch of commands and the decoding of worker frames, and the journal line texts its
+syncing thread makes, the states' digests included (counted in the share as CPU seconds; the
+digests are also shown alone). Prints each in milliseconds per update beside the run's share,
+then `step` per event type: in the run, and replayed alone afterwards in this process from the
+run's journal (best of three), side by side.
 A profiler would slow the Python pieces far more than the learner's torch kernels and so
 distort the very contention that inflates them; `bench_driver_path.py RUN_DIR` times the other
 pieces replayed alone, on the run's journal.
@@ -98,12 +99,12 @@ def main() -> int:
         run_dir = Path(args.run_dir)
         shutil.rmtree(run_dir, ignore_errors=True)
     _timed(driver, "deliver", "step (shell.deliver)")
-    _timed(driver, "state_digest", "state digests")
+    _timed(journal, "state_digest", "state digests")  # in the syncing thread
     _timed(driver.Driver, "_record", "metrics row")
     _timed(journal.Journal, "append", "journal append")
     _timed(driver.Driver, "_dispatch", "dispatch")
     _timed(driver.Driver, "_decode_frame", "frame decoding")
-    _timed(journal._Line, "text", "journal line texts")  # in the syncing thread
+    _timed(journal._Line, "text", "journal line texts")  # in it too, digests included
     _step_by_event_type()
     extra = [a for a in args.train if a != "--"]
     invar_main(["train", "--set", f"output.run_dir={run_dir}", *extra])

@@ -7,9 +7,10 @@ Each tree runs the default `invar train` (120 updates) in a fresh process with i
 the trees alternating run by run so that a shared machine's load falls on all alike. Printed
 per tree, the mean over its runs of what the run's summary.json records:
 `core_and_driver_share` (wall seconds inside the driver's event path, `Driver._apply` and
-`Driver._accept_frame`: core step, state digests, journal, metrics rows, dispatch, frame
-decoding, over the session's wall seconds), the same in CPU seconds of the driver's thread, and
-both per update.
+`Driver._accept_frame`: core step, journal appends, metrics rows, dispatch, frame decoding; and
+the CPU seconds the journal's syncing thread spends making line texts, state digests included;
+over the session's wall seconds), the same in CPU seconds of the driver's thread, and both per
+update.
 """
 
 from __future__ import annotations

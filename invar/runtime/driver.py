@@ -58,7 +58,7 @@ from invar.model.messages import (
     pack_launches,
 )
 from invar.model.shell import LEARNER, STORE, TIMER, Delivery, Verdict, deliver, route
-from invar.model.state import State, WorkerPhase, completions_of, initial_state, state_digest
+from invar.model.state import State, WorkerPhase, completions_of, initial_state
 from invar.runtime import journal as journal_io
 from invar.runtime.backend import LearnerBackend
 from invar.runtime.config import TrainConfig, task_section, to_dict, worker_names
@@ -176,8 +176,6 @@ class Driver:
         """The newest journal line a finished sync covers."""
         self._releasing = -1
         """The seq of the event whose commands are being dispatched."""
-        self._digest_of: State | None = None
-        self._digest = ""
         self.state: State = initial_state(config.protocol)
 
     # -- lifecycle ---------------------------------------------------------------------------
@@ -336,17 +334,13 @@ class Driver:
     def _accept(self, event: Event, delivery: Delivery, encoded: str | None) -> None:
         """Journal an accepted event (synced when the delivery is durable), then dispatch."""
         before_state, after_state = self.state, delivery.state
-        # The digest of the state before is the one computed after the previous event.
-        if self._digest_of is not before_state:
-            self._digest = state_digest(before_state)
-        before, after = self._digest, state_digest(after_state)
-        self._digest, self._digest_of = after, after_state
         # Metrics rows go first (kept, then written before the journal's lines by `_sync`): a
         # crash right after the journal line must not lose them (a row whose event the
         # journal missed is written again, and replaced, on resume).
         self._record(event, before_state, after_state)
         seq = self.seq
-        self.journal.append(seq, event, before, after, sync=False, encoded=encoded)
+        # The journal digests the states when it writes the line, in the thread that syncs.
+        self.journal.append(seq, event, before_state, after_state, sync=False, encoded=encoded)
         self.seq += 1
         self.stats.events += 1
         self.state = after_state

@@ -6,8 +6,9 @@ memory as they are appended and written out as text, with an fsync, by `sync`: w
 `shell.deliver` says the delivery is durable (before a Commit, Publish or ReleaseVersion goes
 out, and when a commit or a learner start is accepted) and at close. So after a crash the file
 holds at least every event up to the last such point (the protocol re-sends whatever
-followed), and appending costs the event path no system call and no encoding; a torn last
-line is ignored on reading. The driver runs `sync` in a thread while it appends further lines.
+followed), and appending costs the event path no system call, no encoding and no digest (a
+line may be given the states themselves, digested when it is written); a torn last line is
+ignored on reading. The driver runs `sync` in a thread while it appends further lines.
 
 Replaying the journal through `shell.deliver` reproduces the driver's state exactly: that is
 how the driver resumes, and how `invar-check --trace` validates a real run against the model.
@@ -21,6 +22,7 @@ import json
 import os
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -69,7 +71,11 @@ class Journal:
         """Lines appended since the last sync began, in order."""
         self.text_seconds = 0.0
         """CPU seconds `sync` spent making each appended line text (encoding the events that
-        came without it): work its caller moved off its event path, and counts as its own."""
+        came without it, digesting the states given for digests): work its caller moved off
+        its event path, and counts as its own."""
+        self._digested: tuple[State | None, str] = (None, "")
+        """The state whose digest `sync` computed last, and that digest: a line's state before
+        is most often the previous line's state after, and is not digested twice."""
         self._taking = threading.Lock()  # appends against a sync taking the lines
         self._writing = threading.Lock()  # lines reach the file in order, one sync at a time
         if path.exists():
@@ -83,12 +89,14 @@ class Journal:
                 separators=(",", ":")) + "\n")
             self.sync()
 
-    def append(self, seq: int, event: Event, before: str, after: str, sync: bool,
-               encoded: dict[str, Any] | str | None = None) -> None:
-        """`encoded`: the event's encoding when the caller already has it as received, as a
+    def append(self, seq: int, event: Event, before: State | str, after: State | str,
+               sync: bool, encoded: dict[str, Any] | str | None = None) -> None:
+        """`before`, `after`: the states around the event (digested when the line is written:
+        states are immutable values), or their digests.
+        `encoded`: the event's encoding when the caller already has it as received, as a
         dict or as its compact JSON text (written as it is: encoding it again would cost
         more than the core). The line is kept as it is given and written out as text by
-        `sync`, in the thread that syncs: the event path pays no encoding.
+        `sync`, in the thread that syncs: the event path pays no encoding and no digest.
         `sync`: make this line durable before returning."""
         with self._taking:
             self._unwritten.append(_Line(seq, event, before, after, encoded))
@@ -107,7 +115,8 @@ class Journal:
             if lines:
                 # CPU time: this thread also waits for the GIL, which is no one's work.
                 began = time.thread_time()
-                texts = [line if isinstance(line, str) else line.text() for line in lines]
+                texts = [line if isinstance(line, str) else line.text(self._digest)
+                         for line in lines]
                 self.text_seconds += time.thread_time() - began
                 self._file.write("".join(texts))
                 self._file.flush()
@@ -118,18 +127,31 @@ class Journal:
         self.sync()
         self._file.close()
 
+    def _digest(self, state: State | str) -> str:
+        """`state_digest(state)` (a digest given as such is itself), remembering the last one
+        computed (called by `sync` only, under its lock)."""
+        if isinstance(state, str):
+            return state
+        known, digest = self._digested
+        if known is not state:
+            digest = state_digest(state)
+            self._digested = state, digest
+        return digest
+
 
 class _Line(NamedTuple):
     """An appended event, as `Journal.append` was given it (its line's text, once written)."""
 
     seq: int
     event: Event
-    before: str
-    after: str
+    before: State | str
+    after: State | str
     encoded: dict[str, Any] | str | None
 
-    def text(self) -> str:
-        seq, before, after, encoded = self.seq, self.before, self.after, self.encoded
+    def text(self, digest: Callable[[State | str], str]) -> str:
+        """The line, its states digested by `digest`."""
+        seq, encoded = self.seq, self.encoded
+        before, after = digest(self.before), digest(self.after)
         if isinstance(encoded, str):
             if _bare(before) and _bare(after):
                 # What json.dumps gives for the head, spelled out (a digest has nothing to
@@ -153,12 +175,10 @@ def write_events(path: Path, config: RunConfig, events: list[Event]) -> Path:
     tests and benchmarks make a journal from a run played in-process (e.g. `canonical_run`)."""
     writer = Journal(path, config)
     state = initial_state(config)
-    digest = state_digest(state)
     for seq, event in enumerate(events):
         delivery = deliver(state, event)
-        after = state_digest(delivery.state)
-        writer.append(seq, event, digest, after, sync=delivery.durable)
-        state, digest = delivery.state, after
+        writer.append(seq, event, state, delivery.state, sync=delivery.durable)
+        state = delivery.state
     writer.close()
     return path
 

@@ -19,9 +19,9 @@ class Stats:
     malformed_frames: int = 0
     core_seconds: float = 0.0
     """Seconds of the core and the driver's own work: the event loop's, in wall seconds
-    (decoding a worker's frames, `deliver`, digests, journal appends, dispatch), and the
-    journal's making of each line's text, in CPU seconds of the thread that syncs (not the
-    joining, writes and fsyncs, which were never the event path's)."""
+    (decoding a worker's frames, `deliver`, journal appends, dispatch), and the journal's
+    making of each line's text, the states' digests included, in CPU seconds of the thread
+    that syncs (not the joining, writes and fsyncs, which were never the event path's)."""
     core_cpu_seconds: float = 0.0
     """The same as CPU time (the event loop's thread, and the syncing thread's whole sync,
     its writes and fsyncs included): without the waits for the GIL and for the disk."""

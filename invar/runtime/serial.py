@@ -31,7 +31,7 @@ from invar.model.messages import (
     WorkerConnected,
 )
 from invar.model.shell import LEARNER, STORE, TIMER, Verdict, deliver, route
-from invar.model.state import State, completions_of, initial_state, state_digest
+from invar.model.state import State, completions_of, initial_state
 from invar.runtime import journal as journal_io
 from invar.runtime.backend import LearnerBackend
 from invar.runtime.config import TrainConfig, task_section, to_dict, worker_names
@@ -69,7 +69,6 @@ def run_serial(config: TrainConfig, learner: LearnerBackend) -> State:
     stats = Stats()
     workers: dict[str, RolloutWorker] = {}
     state = initial_state(config.protocol)
-    digest = state_digest(state)
     queue: deque[Event] = deque([executor.start(state.learner.attempt + 1)])
     for name in worker_names(config.rollout.workers):
         raw = worker_args(config, name)
@@ -87,9 +86,7 @@ def run_serial(config: TrainConfig, learner: LearnerBackend) -> State:
                 raise RuntimeError(f"serial run refused an event: {delivery.error}")
             state = delivery.state
             if delivery.verdict is Verdict.ACCEPTED:
-                after = state_digest(state)
-                journal.append(stats.events, event, digest, after, sync=delivery.durable)
-                digest = after
+                journal.append(stats.events, event, before_state, state, sync=delivery.durable)
                 stats.events += 1
                 if isinstance(event, VersionEvaluated):
                     metrics.evaluation(event.version, event.reward)

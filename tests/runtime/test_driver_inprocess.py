@@ -366,20 +366,20 @@ def test_the_collector_is_tuned_for_the_run_and_restored_after(tmp_path, rt, mon
 
 
 def test_the_journal_s_encoding_counts_as_the_driver_s_time(tmp_path, rt, monkeypatch):
-    """Events that arrive without their text (completions, as bytes) are encoded by the
-    journal in the thread that syncs: that is still the driver's work, and the core + driver
-    seconds count it (as they did when it was done on the event path)."""
+    """Events that arrive without their text (completions, as bytes) are encoded, and every
+    state digested, by the journal in the thread that syncs: that is still the driver's work,
+    and the core + driver seconds count it (as they did when it was done on the event path)."""
     from invar.runtime import journal as journal_module
 
     line_text = journal_module._Line.text
     slow = 0.005
 
-    def slow_text(line):
+    def slow_text(line, digest):
         import time
         began = time.thread_time()
         while time.thread_time() - began < slow:  # CPU work, as encoding is
             pass
-        return line_text(line)
+        return line_text(line, digest)
 
     monkeypatch.setattr(journal_module._Line, "text", slow_text)
     driver, _ = run(config_for(rt, tmp_path))

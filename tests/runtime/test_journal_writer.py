@@ -113,3 +113,39 @@ def test_the_event_path_appends_without_encoding(tmp_path: Path,
     assert _lines(path)[1] == json.dumps({"seq": 0, "before": "b", "after": "a",
                                           "event": json.loads(dumps(event))},
                                          separators=(",", ":"))
+
+
+def test_states_are_digested_when_their_line_is_written_each_once(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A line given the states around its event (the driver's) digests them when it is
+    written, in the thread that syncs, not when it is appended; a state after that is the next
+    line's state before is digested once; the lines read back as `write_events` writes them."""
+    from invar.model.messages import WorkerConnected
+    from invar.model.shell import deliver
+    from invar.model.state import initial_state, state_digest
+
+    digested_in: list[tuple[str, object]] = []
+
+    def recording_digest(state: object) -> str:
+        digested_in.append((threading.current_thread().name, state))
+        return state_digest(state)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(journal, "state_digest", recording_digest)
+    config = RunConfig()
+    events = [WorkerConnected("worker-0", 0), WorkerConnected("worker-1", 0)]
+    states = [initial_state(config)]
+    for event in events:
+        states.append(deliver(states[-1], event).state)
+    path = tmp_path / "journal.jsonl"
+    writer = journal.Journal(path, config)
+    writer.append(0, events[0], states[0], states[1], sync=False)
+    writer.append(1, events[1], states[1], states[2], sync=False)
+    assert digested_in == []
+    syncing = threading.Thread(target=writer.sync, name="syncing")
+    syncing.start()
+    syncing.join(5)
+    assert digested_in == [("syncing", state) for state in states]
+    writer.close()
+    monkeypatch.setattr(journal, "state_digest", state_digest)
+    expected = journal.write_events(tmp_path / "expected.jsonl", config, events)
+    assert _lines(path) == _lines(expected)
