@@ -674,40 +674,43 @@ def _batch_inputs(config: RunConfig, batch: BatchState,
     the order of the update's plan with the terms that do not depend on the current policy,
     then each step's rows of them (consecutive rows)."""
     completions = completions_of(batch.slots)
-    lengths = completions.tokens.lengths
+    tokens = completions.tokens
     plan = schedule.minibatch_plan(config, batch.batch)
     order = np.fromiter(itertools.chain.from_iterable(plan), dtype=np.int64,
                         count=config.samples_per_batch)
     ends = list(itertools.accumulate(map(len, plan)))
+    # Every log-prob matrix of the batch has the tokens' row lengths (checked): one mask.
+    mask = None if tokens.uniform() else tokens.padded()[1]
 
     def in_plan_order(values: np.ndarray) -> np.ndarray:
         ordered = values.take(order, axis=0)
         ordered.flags.writeable = False
         return ordered
 
-    advantages = group_advantages(completions.rewards, config.group_size,
-                                  config.objective.normalize_advantages)
-    proximal, mask = scores.proximal.padded()
+    def padded(matrix: Matrix) -> np.ndarray:
+        return in_plan_order(matrix.padded_values(mask))
+
+    proximal, behavior = padded(scores.proximal), padded(completions.behavior_logprobs)
+    reference = None if scores.reference is None else padded(scores.reference)
     sizes = [len(positions) for positions in plan]
     step_sizes = np.repeat(np.array(sizes, dtype=np.intp), sizes)
-    if completions.tokens.uniform():
+    if mask is None:
+        lengths = tokens.lengths
         row_lengths: np.ndarray | int = lengths[0]  # every row's
-        valid = None
+        widths = [lengths[0]] * len(plan)
     else:
-        lengths = tuple(map(lengths.__getitem__, order.tolist()))  # in plan order
+        mask = in_plan_order(mask)
+        lengths = tuple(map(tokens.lengths.__getitem__, order.tolist()))  # in plan order
         row_lengths = np.array(lengths, dtype=np.intp)
-        valid = in_plan_order(mask)
-    inputs = objective_inputs(
-        config.objective, in_plan_order(advantages), in_plan_order(proximal),
-        in_plan_order(completions.behavior_logprobs.padded()[0]),
-        None if scores.reference is None else in_plan_order(scores.reference.padded()[0]),
-        valid, token_share(step_sizes, row_lengths),
-        mean_staleness=float(schedule.staleness(config, batch.batch)))
-    step_lengths = [lengths[start:end] for start, end in zip([0, *ends], ends)]
-    return BatchInputs(
-        steps=tuple(inputs.rows(slice(end - len(rows), end), max(rows))
-                    for rows, end in zip(step_lengths, ends)),
-        lengths=tuple(step_lengths))
+        widths = [max(lengths[start:end]) for start, end in zip([0, *ends], ends)]
+    advantages = group_advantages(completions.rewards, config.group_size,
+                                  config.objective.normalize_advantages)
+    inputs = objective_inputs(config.objective, in_plan_order(advantages), proximal, behavior,
+                              reference, mask, token_share(step_sizes, row_lengths),
+                              mean_staleness=float(schedule.staleness(config, batch.batch)))
+    steps = [slice(start, end) for start, end in zip([0, *ends], ends)]
+    return BatchInputs(steps=tuple(map(inputs.rows, steps, widths)),
+                       lengths=tuple(lengths[rows] for rows in steps))
 
 
 def _cotangent(config: RunConfig, inputs: ObjectiveInputs,
@@ -1095,7 +1098,8 @@ def _matrix_problem(name: str, matrix: Matrix | None, lengths: tuple[int, ...]) 
 def _logprobs(values: np.ndarray) -> bool:
     """Every value finite and <= 0: the largest is <= 0 (not NaN, not +inf, not positive) and
     the smallest is not -inf (nor NaN)."""
-    return not len(values) or bool(values.max() <= 0.0 and values.min() > -math.inf)
+    return not len(values) or bool(np.maximum.reduce(values) <= 0.0
+                                   and np.minimum.reduce(values) > -math.inf)
 
 
 def _sample_digests(frame: Completions) -> list[str]:

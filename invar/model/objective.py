@@ -395,8 +395,10 @@ class ObjectiveInputs(NamedTuple):
     def rows(self, rows: slice, width: int) -> ObjectiveInputs:
         """The inputs of the responses `rows` alone, cut to `width` tokens, the longest of them:
         the arrays their log-probs padded on their own give (the core's minibatches)."""
+        whole = width == self.proximal.shape[1]  # then the rows are C-ordered as they lie
+
         def cut(values: np.ndarray) -> np.ndarray:
-            return np.ascontiguousarray(values[rows, :width])
+            return values[rows] if whole else np.ascontiguousarray(values[rows, :width])
 
         mask = None if self.mask is None else cut(self.mask)
         if mask is not None and mask.all():
@@ -407,7 +409,7 @@ class ObjectiveInputs(NamedTuple):
             proximal, cut(self.behavior),
             None if self.reference is None else cut(self.reference),
             cut(self.minus_advantage), weight, cut(self.token_share), mask,
-            *_token_means(weight, mask, proximal.size), self.mean_staleness)
+            *_tokens_and_mean_weight(weight, mask, proximal.size), self.mean_staleness)
 
 
 def objective_inputs(config: ObjectiveConfig, advantages: np.ndarray, proximal: np.ndarray,
@@ -417,21 +419,24 @@ def objective_inputs(config: ObjectiveConfig, advantages: np.ndarray, proximal: 
     """The `ObjectiveInputs` of checked, C-ordered (n, T) log-probs that are 0.0 at the
     invalid positions (`mask`; None when every position is valid), the responses' advantages
     (n,) and their `token_share` (n, 1)."""
-    weight = _per_token(behavior_weight(config, proximal, behavior), mask) if (
+    weight = behavior_weight(config, proximal, behavior) if (
         config.loss == "decoupled_ppo") else None
-    shape = proximal.shape
+    if weight is not None and mask is not None:
+        weight = np.where(mask, weight, 0.0)
+    width = proximal.shape[1]
     return ObjectiveInputs(proximal, behavior, reference,
-                           _per_token(np.broadcast_to(-advantages[:, None], shape), mask),
-                           weight, _per_token(np.broadcast_to(share, shape), mask), mask,
-                           *_token_means(weight, mask, proximal.size), mean_staleness)
+                           _per_token(-advantages[:, None], mask, width), weight,
+                           _per_token(share, mask, width), mask,
+                           *_tokens_and_mean_weight(weight, mask, proximal.size), mean_staleness)
 
 
-def _per_token(values: np.ndarray, mask: np.ndarray | None) -> np.ndarray:
-    """`values` (n, T) as a C-ordered array, 0.0 at the invalid positions."""
-    return np.ascontiguousarray(values) if mask is None else np.where(mask, values, 0.0)
+def _per_token(column: np.ndarray, mask: np.ndarray | None, width: int) -> np.ndarray:
+    """An (n, 1) column's value at each of its response's `width` tokens, 0.0 at the invalid
+    ones."""
+    return column.repeat(width, axis=1) if mask is None else np.where(mask, column, 0.0)
 
 
-def _token_means(weight: np.ndarray | None, mask: np.ndarray | None,
+def _tokens_and_mean_weight(weight: np.ndarray | None, mask: np.ndarray | None,
                  size: int) -> tuple[int, float]:
     """The valid tokens (all `size` of them, when there is no mask) and the mean behaviour
     weight over them."""
