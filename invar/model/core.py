@@ -676,8 +676,7 @@ def _batch_inputs(config: RunConfig, batch: BatchState,
     completions = completions_of(batch.slots)
     tokens = completions.tokens
     plan = schedule.minibatch_plan(config, batch.batch)
-    order = np.fromiter(itertools.chain.from_iterable(plan), dtype=np.int64,
-                        count=config.samples_per_batch)
+    order = schedule.minibatch_order(config, batch.batch)
     ends = list(itertools.accumulate(map(len, plan)))
     # Every log-prob matrix of the batch has the tokens' row lengths (checked): one mask.
     mask = None if tokens.uniform() else tokens.padded()[1]
