@@ -437,7 +437,7 @@ def _per_token(column: np.ndarray, mask: np.ndarray | None, width: int) -> np.nd
 
 
 def _tokens_and_mean_weight(weight: np.ndarray | None, mask: np.ndarray | None,
-                 size: int) -> tuple[int, float]:
+                            size: int) -> tuple[int, float]:
     """The valid tokens (all `size` of them, when there is no mask) and the mean behaviour
     weight over them."""
     tokens = size if mask is None else int(np.count_nonzero(mask))
