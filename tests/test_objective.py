@@ -708,21 +708,25 @@ def test_checks_together_refuse_and_compute_exactly_as_one_at_a_time(arguments):
     assert together == one_at_a_time
 
 
-def test_a_core_minibatch_is_checked_together_and_dense():
-    """The core's minibatches (float64 arrays of the mask's shape, every token valid) take the
-    path of the checks together, without masking; a ragged one with masking."""
+def test_a_dense_batch_is_checked_together_and_kept_as_it_is():
+    """Float64 arrays of the mask's shape, every token valid, pass the checks together and go
+    to the objective as they are, with no mask; a ragged batch with its mask, its invalid
+    positions set to 0."""
     rng = np.random.default_rng(0)
     dense = dict(config=ObjectiveConfig(), advantages=rng.normal(size=3),
                  current=-rng.random((3, 4)), proximal=-rng.random((3, 4)),
                  behavior=-rng.random((3, 4)), mask=np.ones((3, 4), dtype=bool),
                  reference=None, staleness=np.ones(3))
-    checked = objective_module._dense_inputs(**dense)
-    assert checked is not None and checked.dense and checked.tokens == 12
-    assert checked.mean_staleness == 1.0
-    ragged = dict(dense, mask=np.arange(4) < np.array([4, 1, 2])[:, None])
-    checked = objective_module._dense_inputs(**ragged)
-    assert checked is not None and not checked.dense and checked.tokens == 7
-    assert checked.token_share.ravel().tolist() == [1 / 12, 1 / 3, 1 / 6]
+    checked, current = objective_module._dense_inputs(**dense)
+    assert checked.mask is None and checked.tokens == 12 and current is dense["current"]
+    assert checked.proximal is dense["proximal"] and checked.mean_staleness == 1.0
+    mask = np.arange(4) < np.array([4, 1, 2])[:, None]
+    checked, current = objective_module._dense_inputs(**dict(dense, mask=mask))
+    assert checked.mask is mask and checked.tokens == 7
+    assert checked.token_share[:, 0].tolist() == [1 / 12, 1 / 3, 1 / 6]
+    for values in (current, checked.proximal, checked.token_share, checked.minus_advantage,
+                   checked.weight):
+        assert (values[~mask] == 0.0).all()
 
 
 def test_fortran_ordered_inputs_are_summed_as_masking_would():
@@ -733,8 +737,9 @@ def test_fortran_ordered_inputs_are_summed_as_masking_would():
                      advantages=np.array([-536953235.3602852, 5811181.041963532]),
                      current=zeros, proximal=zeros, behavior=zeros,
                      mask=np.ones((2, 3), dtype=bool))
-    checked = objective_module._dense_inputs(**arguments, reference=None, staleness=None)
-    assert checked is not None and not checked.dense
+    checked, current = objective_module._dense_inputs(**arguments, reference=None,
+                                                      staleness=None)
+    assert current.flags.c_contiguous and checked.behavior.flags.c_contiguous
     loss = objective(**arguments)[0].loss
     assert loss == objective(**dict(arguments, current=np.zeros((2, 3)), proximal=np.zeros(
         (2, 3)), behavior=np.zeros((2, 3))))[0].loss == 265571027.1591608

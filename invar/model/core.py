@@ -63,9 +63,9 @@ from invar.model.messages import (
 )
 from invar.model.objective import (
     ObjectiveInputs,
-    behavior_weight,
     checked_objective,
     group_advantages,
+    objective_inputs,
     token_share,
 )
 from invar.model.ragged import FLOAT, Ragged
@@ -497,11 +497,11 @@ def _on_forward_observed(state: State, event: ForwardObserved) -> Handled:
                              f"{learner.step} starts from {learner.step_digest}")
     assert learner.scores is not None
     inputs = learner.scores.inputs
-    rows = inputs.steps[learner.step]
-    problem = _matrix_problem("current_logprobs", event.current_logprobs, inputs.lengths[rows])
+    problem = _matrix_problem("current_logprobs", event.current_logprobs,
+                              inputs.lengths[learner.step])
     if problem:
         return ProtocolError(state, event, Reason.MALFORMED_PAYLOAD, problem)
-    command = _cotangent(state.config, inputs, rows, event)
+    command = _cotangent(state.config, inputs.steps[learner.step], event)
     learner = evolve(learner, phase=LearnerPhase.APPLYING, cotangent=command,
                      forward_digest=command.forward_digest)
     return evolve(state, learner=learner), [command]
@@ -670,71 +670,59 @@ def _commit_command(update: int, learner: LearnerState) -> Commit:
 
 def _batch_inputs(config: RunConfig, batch: BatchState,
                   scores: ProbabilitiesReported) -> BatchInputs:
-    """The batch's objective inputs, gathered once in the order of the update's plan: each
-    step's rows are then a slice (a view), not a gather per array and step; and the terms
-    that do not depend on the current policy, computed once for all the steps."""
+    """The objective inputs of each step of the batch's update: the batch's, gathered once in
+    the order of the update's plan with the terms that do not depend on the current policy,
+    then each step's rows of them (consecutive rows)."""
     completions = completions_of(batch.slots)
-    lengths = completions.tokens.lengths
+    tokens = completions.tokens
     plan = schedule.minibatch_plan(config, batch.batch)
-    order = np.fromiter(itertools.chain.from_iterable(plan), dtype=np.int64,
-                        count=config.samples_per_batch)
+    order = schedule.minibatch_order(config, batch.batch)
     ends = list(itertools.accumulate(map(len, plan)))
+    # Every log-prob matrix of the batch has the tokens' row lengths (checked): one mask.
+    mask = None if tokens.uniform() else tokens.padded()[1]
 
     def in_plan_order(values: np.ndarray) -> np.ndarray:
         ordered = values.take(order, axis=0)
         ordered.flags.writeable = False
         return ordered
 
-    advantages = group_advantages(completions.rewards, config.group_size,
-                                  config.objective.normalize_advantages)
-    proximal = in_plan_order(scores.proximal.padded()[0])
-    behavior = in_plan_order(completions.behavior_logprobs.padded()[0])
-    weight = behavior_weight(config.objective, proximal, behavior) if (
-        config.objective.loss == "decoupled_ppo") else None
+    def padded(matrix: Matrix) -> np.ndarray:
+        return in_plan_order(matrix.padded_values(mask))
+
+    proximal, behavior = padded(scores.proximal), padded(completions.behavior_logprobs)
+    reference = None if scores.reference is None else padded(scores.reference)
     sizes = [len(positions) for positions in plan]
     step_sizes = np.repeat(np.array(sizes, dtype=np.intp), sizes)
-    if completions.tokens.uniform():
+    if mask is None:
+        lengths = tokens.lengths
         row_lengths: np.ndarray | int = lengths[0]  # every row's
+        widths = [lengths[0]] * len(plan)
     else:
-        lengths = tuple(map(lengths.__getitem__, order.tolist()))  # in plan order
+        mask = in_plan_order(mask)
+        lengths = tuple(map(tokens.lengths.__getitem__, order.tolist()))  # in plan order
         row_lengths = np.array(lengths, dtype=np.intp)
-    return BatchInputs(
-        steps=tuple(slice(start, end) for start, end in zip([0, *ends], ends)),
-        lengths=lengths,
-        advantages=in_plan_order(advantages),
-        staleness=float(schedule.staleness(config, batch.batch)),
-        behavior=behavior,
-        proximal=proximal,
-        reference=None if scores.reference is None else in_plan_order(
-            scores.reference.padded()[0]),
-        weight=weight,
-        token_share=token_share(step_sizes, row_lengths))
+        widths = [max(lengths[start:end]) for start, end in zip([0, *ends], ends)]
+    advantages = group_advantages(completions.rewards, config.group_size,
+                                  config.objective.normalize_advantages)
+    inputs = objective_inputs(config.objective, in_plan_order(advantages), proximal, behavior,
+                              reference, mask, token_share(step_sizes, row_lengths),
+                              mean_staleness=float(schedule.staleness(config, batch.batch)))
+    steps = [slice(start, end) for start, end in zip([0, *ends], ends)]
+    return BatchInputs(steps=tuple(map(inputs.rows, steps, widths)),
+                       lengths=tuple(lengths[rows] for rows in steps))
 
 
-def _cotangent(config: RunConfig, inputs: BatchInputs, rows: slice,
+def _cotangent(config: RunConfig, inputs: ObjectiveInputs,
                event: ForwardObserved) -> ApplyCotangent:
     """Objective terms and dL/d(current log-prob) of one minibatch (see objective.py), from
-    log-probs checked as they came (`_matrix_problem`) and the batch's inputs checked when it
-    was scored."""
-    current, mask = event.current_logprobs.padded()
-    # The minibatch's rows of the batch's arrays, as wide as its longest response: exactly
-    # what padding its own rows would give.
-    width = current.shape[1]
-    proximal, behavior = inputs.proximal[rows, :width], inputs.behavior[rows, :width]
-    reference = None if inputs.reference is None else inputs.reference[rows, :width]
-    tokens = len(event.current_logprobs.values)
-    matrices = (current, proximal, behavior) if reference is None else (
-        current, proximal, behavior, reference)
-    minibatch = ObjectiveInputs(
-        mask, inputs.advantages[rows], current, proximal, behavior, reference, tokens,
-        mean_staleness=inputs.staleness,
-        dense=tokens == current.size and all(m.flags.c_contiguous for m in matrices),
-        weight=None if inputs.weight is None else inputs.weight[rows, :width],
-        token_share=inputs.token_share[rows])
-    terms, cotangent = checked_objective(config.objective, minibatch)
+    log-probs checked as they came (`_matrix_problem`) and the step's inputs built when the
+    batch was scored."""
+    logprobs = event.current_logprobs
+    current = logprobs.padded_values(inputs.mask)
+    terms, cotangent = checked_objective(config.objective, inputs, current)
     return ApplyCotangent(event.observation, event.attempt, event.pre_step_digest,
-                          matrix_digest(event.current_logprobs),
-                          event.current_logprobs.unpadded(cotangent), terms)
+                          matrix_digest(logprobs), logprobs.unpadded(cotangent, inputs.mask),
+                          terms)
 
 
 def _observation_status(state: State, observation: ObservationId, attempt: int) -> str:
@@ -1109,7 +1097,8 @@ def _matrix_problem(name: str, matrix: Matrix | None, lengths: tuple[int, ...]) 
 def _logprobs(values: np.ndarray) -> bool:
     """Every value finite and <= 0: the largest is <= 0 (not NaN, not +inf, not positive) and
     the smallest is not -inf (nor NaN)."""
-    return not len(values) or bool(values.max() <= 0.0 and values.min() > -math.inf)
+    return not len(values) or bool(np.maximum.reduce(values) <= 0.0
+                                   and np.minimum.reduce(values) > -math.inf)
 
 
 def _sample_digests(frame: Completions) -> list[str]:

@@ -277,8 +277,9 @@ def objective(
     cotangent, shaped (n, T) and exactly 0 where the mask is False: back-propagating
     sum(current * cotangent) through the model gives the gradient of L.
     """
-    return checked_objective(config, _checked_inputs(config, advantages, current, proximal,
-                                                     behavior, mask, reference, staleness))
+    inputs, current = _checked_inputs(config, advantages, current, proximal, behavior, mask,
+                                      reference, staleness)
+    return checked_objective(config, inputs, current)
 
 
 def behavior_weight(config: ObjectiveConfig, proximal: np.ndarray,
@@ -299,69 +300,65 @@ def token_share(responses: int | np.ndarray, lengths: np.ndarray | int) -> np.nd
     return 1.0 / tokens[:, None]
 
 
-def checked_objective(config: ObjectiveConfig,
-                      inputs: ObjectiveInputs) -> tuple[ObjectiveTerms, np.ndarray]:
-    """`objective` of inputs already checked (`ObjectiveInputs`)."""
-    valid, tokens = inputs.valid, inputs.tokens
-
-    # Ignored positions become 0, so exp() of padding can neither overflow nor spread NaN.
-    c = valid(inputs.current)
-    p = valid(inputs.proximal)
-    b = valid(inputs.behavior)
-    minus_A = -inputs.advantages[:, None]
+def checked_objective(config: ObjectiveConfig, inputs: ObjectiveInputs,
+                      current: np.ndarray) -> tuple[ObjectiveTerms, np.ndarray]:
+    """`objective` of inputs already checked (`ObjectiveInputs`) and the current log-probs c,
+    an (n, T) float64 array that is 0.0 at the invalid positions, as the inputs are: so is
+    every term below (a token that is not there has ratio 1, advantage 0 and share 0), and
+    nothing is masked but the ratios' mean."""
+    minus_A = inputs.minus_advantage
 
     if config.loss == "unclipped_is":
-        ratio = np.exp(c - b)
+        ratio = np.exp(current - inputs.behavior)
         token_loss = minus_A * ratio
         token_grad = token_loss  # d(-A exp(c - b)) / dc = -A exp(c - b)
-        weight = None
-        clipped_active = None
+        clipped_tokens = 0
     else:
         # plain PPO: the behaviour policy is the trust-region centre; decoupled: the proximal
         # one, and w (`behavior_weight`) corrects the proximal/behaviour mismatch.
-        anchor = b if config.loss == "behavior_ppo" else p
-        weight = inputs.weight
-        ratio = np.exp(c - anchor)
-        low, high = 1.0 - config.clip_low, 1.0 + config.clip_high
-        clipped_ratio = ratio.clip(low, high)
+        anchor = inputs.behavior if config.loss == "behavior_ppo" else inputs.proximal
+        ratio = np.exp(current - anchor)
+        # ratio.clip(low, high) (ratio is never NaN), without the Python wrapper of `clip`.
+        clipped_ratio = np.minimum(np.maximum(ratio, 1.0 - config.clip_low),
+                                   1.0 + config.clip_high)
         unclipped = minus_A * ratio
         clipped = minus_A * clipped_ratio
         token_loss = np.maximum(unclipped, clipped)
 
-        # d unclipped / dc = -A r;  d clipped / dc = -A r on [low, high] (where the clip leaves
-        # r as it is: r is never NaN), else 0 (torch.clamp).
-        d_unclipped = unclipped
-        d_clipped = np.where(clipped_ratio == ratio, unclipped, 0.0)
         # torch.maximum: the gradient goes to the larger argument, split evenly on a tie.
-        tie = unclipped == clipped
-        clipped_active = clipped > unclipped
-        share_unclipped = np.where(tie, 0.5, unclipped > clipped)
-        share_clipped = np.where(tie, 0.5, clipped_active)
-        token_grad = share_unclipped * d_unclipped + share_clipped * d_clipped
-        if weight is not None:
-            token_loss = weight * token_loss
-            token_grad = weight * token_grad
+        share_unclipped = np.where(unclipped == clipped, 0.5, unclipped > clipped)
+        # d unclipped / dc = -A r;  d clipped / dc = -A r where the clip leaves r as it is
+        # (torch.clamp: on [low, high]), else 0. Where it leaves r, clipped == unclipped: a
+        # tie, whose two halves are equal; elsewhere the clipped branch adds 0.
+        unclipped_part = share_unclipped * unclipped
+        token_grad = unclipped_part + np.where(clipped_ratio == ratio, unclipped_part, 0.0)
+        clipped_tokens = int(np.count_nonzero(clipped > unclipped))
+        if inputs.weight is not None:
+            token_loss = inputs.weight * token_loss
+            token_grad = inputs.weight * token_grad
 
+    tokens = inputs.tokens
     if inputs.reference is not None:  # checked: present iff config.needs_reference
-        log_ref_ratio = valid(inputs.reference) - c
-        token_kl = np.exp(log_ref_ratio) - log_ref_ratio - 1.0  # k3: >= 0 at every token
+        log_ref_ratio = inputs.reference - current
+        ref_ratio = np.exp(log_ref_ratio)
+        token_kl = ref_ratio - log_ref_ratio - 1.0  # k3: >= 0 at every token
         token_loss = token_loss + config.kl_coef * token_kl
-        token_grad = token_grad + config.kl_coef * (1.0 - np.exp(log_ref_ratio))
-        kl = inputs.token_mean(token_kl)
+        token_grad = token_grad + config.kl_coef * (1.0 - ref_ratio)
+        kl = float(np.add.reduce(token_kl, axis=None) / tokens)
     else:
         kl = 0.0
 
     # L = 1/n sum_i 1/|o_i| sum_t l_t: each token weighs 1 / (n |o_i|).
-    share = valid(inputs.token_share)
-    loss = float(np.add.reduce(share * valid(token_loss), axis=None))
-    cotangent = valid(share * token_grad)
+    share = inputs.token_share
+    loss = float(np.add.reduce(share * token_loss, axis=None))
+    cotangent = share * token_grad
 
+    valid_ratio = ratio if inputs.mask is None else np.where(inputs.mask, ratio, 0.0)
     terms = ObjectiveTerms(
         loss=loss,
-        clip_fraction=0.0 if clipped_active is None else int(np.count_nonzero(
-            clipped_active if inputs.dense else clipped_active & inputs.mask)) / tokens,
-        mean_ratio=inputs.token_mean(ratio),
-        mean_behavior_weight=1.0 if weight is None else inputs.token_mean(weight),
+        clip_fraction=clipped_tokens / tokens,
+        mean_ratio=float(np.add.reduce(valid_ratio, axis=None) / tokens),
+        mean_behavior_weight=inputs.mean_behavior_weight,
         kl=kl,
         mean_staleness=inputs.mean_staleness,
         tokens=tokens,
@@ -370,37 +367,82 @@ def checked_objective(config: ObjectiveConfig,
 
 
 class ObjectiveInputs(NamedTuple):
-    """`objective`'s inputs once checked: float64 arrays of the mask's shape, the facts about
-    its valid tokens that the objective reads, and the terms that do not depend on the current
-    policy (the minibatches of an update may share them: the core computes them for the whole
-    batch when it is scored, and checks each forward's log-probs as they come)."""
+    """`objective`'s inputs other than the current policy, once checked, with the terms that do
+    not depend on it, each computed once (the minibatches of an update share them: the core
+    builds every step's inputs when the batch is scored, and checks each forward's log-probs
+    as they come). Every array is (n, T) float64, C-ordered (the sums then add in the order
+    masking gives), and 0.0 at the invalid positions."""
 
-    mask: np.ndarray
-    advantages: np.ndarray
-    current: np.ndarray
     proximal: np.ndarray
     behavior: np.ndarray
     reference: np.ndarray | None
     """None without the KL penalty."""
+    minus_advantage: np.ndarray
+    """-A_i at each token of response i."""
+    weight: np.ndarray | None
+    """`behavior_weight` of the proximal and behaviour log-probs ("decoupled_ppo"; None for
+    the other losses, whose weight is 1)."""
+    token_share: np.ndarray
+    """`token_share` of each token's response, 1 / (n |o_i|), |o_i| its valid tokens."""
+    mask: np.ndarray | None
+    """The valid tokens; None when every token is valid."""
     tokens: int
     """Valid tokens in all."""
+    mean_behavior_weight: float
+    """The mean of `weight` over the valid tokens (1.0 without one)."""
     mean_staleness: float
-    dense: bool
-    """Every token valid and every (n, T) input in C order: masking changes nothing, and the
-    arrays computed from the inputs have the layout (hence the sums) masking would give."""
-    weight: np.ndarray | None
-    """`behavior_weight` of the valid proximal and behaviour log-probs ("decoupled_ppo"; None
-    for the other losses, whose weight is 1)."""
-    token_share: np.ndarray
-    """`token_share(n, lengths)`, lengths the valid tokens of each response (each >= 1)."""
 
-    def valid(self, values: np.ndarray) -> np.ndarray:
-        """`values` at the valid tokens and 0.0 elsewhere (`_valid`)."""
-        return _valid(values, self.mask, self.dense)
+    def rows(self, rows: slice, width: int) -> ObjectiveInputs:
+        """The inputs of the responses `rows` alone, cut to `width` tokens, the longest of them:
+        the arrays their log-probs padded on their own give (the core's minibatches)."""
+        whole = width == self.proximal.shape[1]  # then the rows are C-ordered as they lie
 
-    def token_mean(self, values: np.ndarray) -> float:
-        """The mean of (n, T) `values` over the valid tokens."""
-        return float(np.add.reduce(self.valid(values), axis=None) / self.tokens)
+        def cut(values: np.ndarray) -> np.ndarray:
+            return values[rows] if whole else np.ascontiguousarray(values[rows, :width])
+
+        mask = None if self.mask is None else cut(self.mask)
+        if mask is not None and mask.all():
+            mask = None
+        weight = None if self.weight is None else cut(self.weight)
+        proximal = cut(self.proximal)
+        return ObjectiveInputs(
+            proximal, cut(self.behavior),
+            None if self.reference is None else cut(self.reference),
+            cut(self.minus_advantage), weight, cut(self.token_share), mask,
+            *_tokens_and_mean_weight(weight, mask, proximal.size), self.mean_staleness)
+
+
+def objective_inputs(config: ObjectiveConfig, advantages: np.ndarray, proximal: np.ndarray,
+                     behavior: np.ndarray, reference: np.ndarray | None,
+                     mask: np.ndarray | None, share: np.ndarray, mean_staleness: float
+                     ) -> ObjectiveInputs:
+    """The `ObjectiveInputs` of checked, C-ordered (n, T) log-probs that are 0.0 at the
+    invalid positions (`mask`; None when every position is valid), the responses' advantages
+    (n,) and their `token_share` (n, 1)."""
+    weight = behavior_weight(config, proximal, behavior) if (
+        config.loss == "decoupled_ppo") else None
+    if weight is not None and mask is not None:
+        weight = np.where(mask, weight, 0.0)
+    width = proximal.shape[1]
+    return ObjectiveInputs(proximal, behavior, reference,
+                           _per_token(-advantages[:, None], mask, width), weight,
+                           _per_token(share, mask, width), mask,
+                           *_tokens_and_mean_weight(weight, mask, proximal.size), mean_staleness)
+
+
+def _per_token(column: np.ndarray, mask: np.ndarray | None, width: int) -> np.ndarray:
+    """An (n, 1) column's value at each of its response's `width` tokens, 0.0 at the invalid
+    ones."""
+    return column.repeat(width, axis=1) if mask is None else np.where(mask, column, 0.0)
+
+
+def _tokens_and_mean_weight(weight: np.ndarray | None, mask: np.ndarray | None,
+                            size: int) -> tuple[int, float]:
+    """The valid tokens (all `size` of them, when there is no mask) and the mean behaviour
+    weight over them."""
+    tokens = size if mask is None else int(np.count_nonzero(mask))
+    mean_weight = 1.0 if weight is None else float(np.add.reduce(weight, axis=None) / tokens)
+    return tokens, mean_weight
 
 
 def _checked_inputs(
@@ -412,9 +454,10 @@ def _checked_inputs(
     mask: np.ndarray,
     reference: np.ndarray | None,
     staleness: np.ndarray | None,
-) -> ObjectiveInputs:
-    """`objective`'s inputs, each refused by name when it is not a float64 array of the mask's
-    shape, finite at the valid positions: kept apart so that the objective reads as the math.
+) -> tuple[ObjectiveInputs, np.ndarray]:
+    """`objective`'s inputs and current log-probs, each refused by name when it is not a
+    float64 array of the mask's shape, finite at the valid positions: kept apart so that the
+    objective reads as the math.
 
     Inputs that are already such arrays pass in a few passes over all of them together
     (`_dense_inputs`); anything else, and any fault, goes through the checks one input at a
@@ -443,28 +486,25 @@ def _checked_inputs(
         if np.any(staleness < 0):
             raise ValueError("staleness: must be >= 0")
         mean_staleness = float(staleness.mean())
-    lengths = mask.sum(axis=1)
     return _objective_inputs(config, mask, advantages, current, proximal, behavior, reference,
-                             lengths, int(lengths.sum()), mean_staleness, dense=False)
+                             mask.sum(axis=1), mean_staleness, dense=False)
 
 
 def _objective_inputs(config: ObjectiveConfig, mask: np.ndarray, advantages: np.ndarray,
                       current: np.ndarray, proximal: np.ndarray, behavior: np.ndarray,
-                      reference: np.ndarray | None, lengths: np.ndarray, tokens: int,
-                      mean_staleness: float, dense: bool) -> ObjectiveInputs:
-    """Checked inputs with the terms that do not depend on the current policy."""
-    weight = behavior_weight(config, _valid(proximal, mask, dense),
-                             _valid(behavior, mask, dense)) if (
-        config.loss == "decoupled_ppo") else None
-    return ObjectiveInputs(mask, advantages, current, proximal, behavior, reference, tokens,
-                           mean_staleness, dense, weight,
-                           token_share(lengths.shape[0], lengths))
-
-
-def _valid(values: np.ndarray, mask: np.ndarray, dense: bool) -> np.ndarray:
-    """`values` at the valid tokens and 0.0 elsewhere, shaped (n, T) — or `values` as they
-    are, when the batch is dense (an (n, 1) column then stands for its broadcast)."""
-    return values if dense else np.where(mask, values, 0.0)
+                      reference: np.ndarray | None, lengths: np.ndarray, mean_staleness: float,
+                      dense: bool) -> tuple[ObjectiveInputs, np.ndarray]:
+    """Checked inputs as `objective_inputs` takes them: a dense batch (every token valid,
+    every array C-ordered) as it is, any other with its invalid positions set to 0.0."""
+    valid: np.ndarray | None = None
+    if not dense:
+        current, proximal, behavior = (np.where(mask, values, 0.0)
+                                       for values in (current, proximal, behavior))
+        if reference is not None:
+            reference = np.where(mask, reference, 0.0)
+        valid = None if lengths.sum() == mask.size else mask
+    return objective_inputs(config, advantages, proximal, behavior, reference, valid,
+                            token_share(lengths.shape[0], lengths), mean_staleness), current
 
 
 _VALIDATED = IdentityMemo(16)
@@ -480,10 +520,10 @@ def _dense_inputs(
     mask: np.ndarray,
     reference: np.ndarray | None,
     staleness: np.ndarray | None,
-) -> ObjectiveInputs | None:
+) -> tuple[ObjectiveInputs, np.ndarray] | None:
     """The checked inputs when each is already a float64 array of its shape and each is
-    finite where it counts (the core's minibatches); None when that is not so plainly true,
-    for the one-at-a-time checks to decide. Accepts only what they accept, with equal arrays.
+    finite where it counts; None when that is not so plainly true, for the one-at-a-time
+    checks to decide. Accepts only what they accept, with equal arrays.
 
     Finiteness is one sum per array: a finite sum has no NaN and no infinity among its terms
     (a sum that overflows merely sends finite inputs to the one-at-a-time checks)."""
@@ -526,7 +566,7 @@ def _dense_inputs(
         return None
     dense = every and all(values.flags.c_contiguous for values in (mask, *matrices))
     return _objective_inputs(config, mask, advantages, current, proximal, behavior, reference,
-                             lengths, count, mean_staleness, dense)
+                             lengths, mean_staleness, dense)
 
 
 _FLOAT = np.dtype(np.float64)

@@ -109,10 +109,11 @@ class Ragged:
         flat.flags.writeable = False
         return cls(flat, lengths.tolist())
 
-    def unpadded(self, values: np.ndarray) -> Ragged:
+    def unpadded(self, values: np.ndarray, mask: np.ndarray | None = None) -> Ragged:
         """The rows of `values`, an (n, T) float64 array shaped as `padded()` pads this one, cut
         to this one's row lengths: what `from_padded(values, mask)` gives with the mask of
-        `padded()`, without counting the mask or checking the lengths again."""
+        `padded()` (or `mask`, that mask when the caller holds it), without counting the mask
+        or checking the lengths again."""
         values = np.asarray(values, dtype=FLOAT)
         lengths = self.lengths
         uniform = self.uniform()
@@ -123,7 +124,8 @@ class Ragged:
         if uniform:
             flat = values.reshape(-1).copy()
         else:
-            flat = values[np.arange(width) < np.asarray(lengths)[:, None]]
+            flat = values[np.arange(width) < np.asarray(lengths)[:, None] if mask is None
+                          else mask]
         flat.flags.writeable = False
         rows = object.__new__(Ragged)
         for name, value in (("values", flat), ("lengths", lengths), ("_starts", self._starts),
@@ -187,6 +189,15 @@ class Ragged:
         values = np.zeros(mask.shape, dtype=self.values.dtype)
         values[mask] = self.values
         return values, mask
+
+    def padded_values(self, mask: np.ndarray | None) -> np.ndarray:
+        """`padded()[0]`, given `padded()[1]` (None when every row has one length): the
+        caller's mask, counted once for the many matrices of these row lengths."""
+        if mask is None:
+            return self.values.reshape(len(self.lengths), -1)
+        values = np.zeros(mask.shape, dtype=self.values.dtype)
+        values[mask] = self.values
+        return values
 
     def take(self, rows: Sequence[int] | np.ndarray) -> Ragged:
         """The rows at `rows`, in that order: one gather (of the table's rows, when every row

@@ -203,12 +203,27 @@ def minibatch_plan(config: RunConfig, update: int) -> tuple[tuple[int, ...], ...
     near-equal contiguous chunks; each chunk is kept in id order. Redoing an update reuses
     this plan.
     """
-    n = config.samples_per_batch
-    keys = seed_words(config.seed, "plan", update, count=n)
+    positions = minibatch_order(config, update).tolist()
+    return tuple(tuple(positions[start:end]) for start, end in _step_bounds(config))
+
+
+@lru_cache(maxsize=256)
+def minibatch_order(config: RunConfig, update: int) -> np.ndarray:
+    """`minibatch_plan(update)`'s positions, one step's after the other, as one read-only int64
+    array: a batch's arrays gathered in this order hold each step's rows consecutively."""
+    keys = seed_words(config.seed, "plan", update, count=config.samples_per_batch)
     order = np.argsort(keys, kind="stable")
-    k = config.optimizer_steps
+    for start, end in _step_bounds(config):
+        order[start:end].sort()  # each chunk in id order
+    order.flags.writeable = False
+    return order
+
+
+def _step_bounds(config: RunConfig) -> list[tuple[int, int]]:
+    """Where each of the K steps' chunks of the plan starts and ends: near-equal cuts."""
+    n, k = config.samples_per_batch, config.optimizer_steps
     cuts = [round(j * n / k) for j in range(k + 1)]
-    return tuple(tuple(np.sort(order[cuts[j]:cuts[j + 1]]).tolist()) for j in range(k))
+    return list(zip(cuts, cuts[1:]))
 
 
 @lru_cache(maxsize=256)

@@ -28,6 +28,7 @@ from invar.model.completions import Completions
 from invar.model.config import RunConfig
 from invar.model.memo import IdentityMemo, cached_repr
 from invar.model.messages import ApplyCotangent, Matrix, ObservationId
+from invar.model.objective import ObjectiveInputs
 from invar.model.schedule import RequestId
 
 Record = TypeVar("Record")
@@ -488,31 +489,18 @@ class Scores:
     proximal: Matrix = field(compare=False, repr=False)
     reference: Matrix | None = field(compare=False, repr=False)
     inputs: BatchInputs = field(compare=False, repr=False)
-    """The batch's objective inputs as arrays, built once per update: each minibatch takes
-    its rows."""
+    """The objective inputs of each step, built once per update."""
 
 
 class BatchInputs(NamedTuple):
-    """Per-sample objective inputs of a whole batch, rows in the order of the update's
-    minibatch plan (step 0's positions, then step 1's...), so that each step's rows are one
-    slice, `steps[k]` (read-only arrays; log-probs padded with 0.0 to the batch's longest
-    response)."""
+    """The objective inputs of each optimizer step of an update, built once when the batch is
+    scored (from its rewards and log-probs, final by then): a forward's log-probs are all the
+    step still needs."""
 
-    steps: tuple[slice, ...]
-    """Optimizer step k's rows."""
-    lengths: tuple[int, ...]
-    """Each row's token count."""
-    advantages: np.ndarray
-    """(n,): from the batch's rewards, which are final once the batch is scored."""
-    staleness: float
-    """The batch's staleness: each sample's, so the mean of each minibatch's (diagnostics)."""
-    behavior: np.ndarray
-    proximal: np.ndarray
-    reference: np.ndarray | None
-    weight: np.ndarray | None
-    """`objective.behavior_weight` of the whole batch (None: the loss has none)."""
-    token_share: np.ndarray
-    """(n, 1): `objective.token_share` of each row, n its step's size."""
+    steps: tuple[ObjectiveInputs, ...]
+    """Optimizer step k's minibatch: the rows of `minibatch_plan(update)[k]`, in that order."""
+    lengths: tuple[tuple[int, ...], ...]
+    """Each step's rows' token counts, which its forward's log-probs must have."""
 
 
 class Positions(tuple[int, ...]):

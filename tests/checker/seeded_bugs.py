@@ -159,7 +159,7 @@ def _cotangent_for_another_step(mp: Any) -> None:
             # The bug: the binding check (observation id and pre-step digest) is skipped: any
             # forward of this attempt is taken as the current step's.
             inputs = learner.scores.inputs
-            command = core._cotangent(state.config, inputs, inputs.steps[learner.step], event)
+            command = core._cotangent(state.config, inputs.steps[learner.step], event)
             learner = evolve(learner, phase=LearnerPhase.APPLYING, cotangent=command,
                              forward_digest=command.forward_digest)
             return evolve(state, learner=learner), [command]

@@ -153,6 +153,20 @@ def test_unpadded_is_from_padded_with_the_rows_mask(rows: tuple[tuple[float, ...
     assert unpadded == Ragged.from_padded(-values, mask)
 
 
+@given(float_rows.filter(lambda rows: rows and min(map(len, rows)) > 0))
+def test_with_the_mask_given_padding_and_unpadding_give_the_same_bits(
+        rows: tuple[tuple[float, ...], ...]) -> None:
+    """`padded_values` and `unpadded` handed `padded()`'s mask (None when every row has one
+    length, as the core's minibatch inputs hold it) give what they give computing it."""
+    ragged = Ragged.of(rows)
+    values, mask = ragged.padded()
+    given_mask = None if ragged.uniform() else mask
+    table = ragged.padded_values(given_mask)
+    assert table.shape == values.shape and table.tobytes() == values.tobytes()
+    computed = -values
+    assert ragged.unpadded(computed, given_mask) == ragged.unpadded(computed)
+
+
 def test_unpadded_refuses_an_array_of_another_shape() -> None:
     ragged = Ragged.of(((1.0, 2.0), (3.0,)))
     with pytest.raises(ValueError, match=r"^values: expected shape \(2, 2\)"):
