@@ -13,6 +13,7 @@ timer), so the same state always leads to the same commands whatever the history
 
 from __future__ import annotations
 
+import collections
 import functools
 import hashlib
 import itertools
@@ -279,9 +280,10 @@ def _on_requests_completed(state: State, event: RequestsCompleted) -> Handled:
     if state.worker(event.worker) is None:
         return ProtocolError(state, event, Reason.UNKNOWN_WORKER,
                              f"worker {event.worker!r} never connected")
-    digests = _sample_digests(frame)
+    raw_digests = _sample_digests(frame)
+    digests = list(map(bytes.hex, raw_digests))
     if len(frame) >= BULK_FROM:
-        filled = _filled_in_bulk(state, frame, digests)
+        filled = _filled_in_bulk(state, frame, digests, raw_digests)
         if filled is not None:
             return filled
     g = state.config.group_size
@@ -315,10 +317,12 @@ def _on_requests_completed(state: State, event: RequestsCompleted) -> Handled:
     return _free(state, freed), []
 
 
-def _filled_in_bulk(state: State, frame: Completions, digests: list[str]) -> Handled | None:
+def _filled_in_bulk(state: State, frame: Completions, digests: list[str],
+                    raw_digests: list[bytes]) -> Handled | None:
     """`_on_requests_completed` of a large frame whose completions fill distinct slots that
     hold no sample yet (a worker's reply to one launch), a batch at a time: None for any
-    other frame (a repeat), which is then taken completion by completion."""
+    other frame (a repeat), which is then taken completion by completion. `digests` are the
+    completions' digests, `raw_digests` their bytes."""
     requests = frame.requests
     positions = requests[:, 1] * state.config.group_size + requests[:, 2]
     indices = requests[:, 0]
@@ -330,6 +334,7 @@ def _filled_in_bulk(state: State, frame: Completions, digests: list[str]) -> Han
     filled: list[BatchState] = []
     freed: Counter[str] = Counter()
     consumed = 0
+    packed: np.ndarray | None = None  # the digests' bytes, an (n, 12) array once needed
     for index, rows in rows_of_batches:
         batch = state.batch(index)
         if batch is None:
@@ -352,8 +357,11 @@ def _filled_in_bulk(state: State, frame: Completions, digests: list[str]) -> Han
                 return None
             freed.update(map(_WORKER, filter(None, old)))  # the assigned (None: pending)
         rows_list = range(len(frame)) if rows is None else rows.tolist()
+        if packed is None:
+            packed = np.frombuffer(b"".join(raw_digests), np.uint8).reshape(len(frame), 12)
         filled.append(batch.with_column(batch_positions,
-                                        samples_of(frame, rows_list, digests, versions)))
+                                        samples_of(frame, rows_list, digests, versions),
+                                        packed if rows is None else packed[rows]))
     if not filled:
         return _NoOp(duplicates=consumed)  # every batch was consumed: the ledger holds them
     state = _count(state, _NoOp(duplicates=consumed))
@@ -1112,41 +1120,43 @@ def _logprobs(values: np.ndarray) -> bool:
     return not len(values) or bool(values.max() <= 0.0 and values.min() > -math.inf)
 
 
-def _sample_digests(frame: Completions) -> list[str]:
-    """Each completion's digest: blake2b_96 over its tokens as little-endian int64, its
-    log-probs as float64 and its reward as float64, hashed from the frame's columns where they
-    lie (token and log-prob rows of one length: checked). A large frame of one length
-    (fixed-shape generation) is one table, a row of bytes per completion."""
+def _sample_digests(frame: Completions) -> list[bytes]:
+    """Each completion's digest, as its 12 bytes (a sample's `digest` is their hex; the batch
+    digest's terms are taken from the bytes): blake2b_96 over its tokens as little-endian
+    int64, its log-probs as float64 and its reward as float64, hashed from the frame's columns
+    where they lie (token and log-prob rows of one length: checked). A large frame of one
+    length (fixed-shape generation) is one table, a bytes object per row, hashed in C-level
+    passes: a Python-level step per completion would cost as much as its hash."""
     tokens, logprobs, rewards = frame.tokens, frame.behavior_logprobs, frame.rewards
     n = len(frame)
     if n >= _COLUMNS_FROM and tokens.uniform():
         width = tokens.lengths[0]
         table = np.concatenate([tokens.values.reshape(n, width).view(np.uint8),
                                 logprobs.values.reshape(n, width).view(np.uint8),
-                                rewards.reshape(n, 1).view(np.uint8)], axis=1).tobytes()
-        size = len(table) // n
-        digests = []
-        for start in range(0, len(table), size):
-            h = _BLAKE2B_96.copy()  # cheaper than a constructor call with its keyword
-            h.update(table[start:start + size])
-            digests.append(h.hexdigest())
-        return digests
+                                rewards.reshape(n, 1).view(np.uint8)], axis=1)
+        # Rows as opaque (void) items: `tolist` gives each as bytes, trailing zeros kept.
+        rows = table.view(np.dtype((np.void, table.shape[1]))).ravel().tolist()
+        hashes = list(map(_COPY, itertools.repeat(_BLAKE2B_96, n)))
+        collections.deque(map(_UPDATE, hashes, rows), 0)
+        return list(map(_DIGEST_BYTES, hashes))
     token_bytes = np.ascontiguousarray(tokens.values).data.cast("B")
     logprob_bytes = np.ascontiguousarray(logprobs.values).data.cast("B")
     reward_bytes = rewards.tobytes()
     digests, start = [], 0
     for i, length in enumerate(tokens.lengths):
         end = start + 8 * length
-        h = _BLAKE2B_96.copy()
+        h = _BLAKE2B_96.copy()  # cheaper than a constructor call with its keyword
         h.update(token_bytes[start:end])
         h.update(logprob_bytes[start:end])
         h.update(reward_bytes[8 * i:8 * i + 8])
-        digests.append(h.hexdigest())
+        digests.append(h.digest())
         start = end
     return digests
 
 
 _BLAKE2B_96 = hashlib.blake2b(digest_size=12)
+_COPY, _UPDATE, _DIGEST_BYTES = (getattr(type(_BLAKE2B_96), name)
+                                 for name in ("copy", "update", "digest"))
 _COLUMNS_FROM = 16
 """Completions in a frame from which passes over its columns pay for their fixed cost (a few
 µs each): a smaller frame is looked at completion by completion."""
