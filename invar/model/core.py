@@ -345,7 +345,7 @@ def _filled_in_bulk(state: State, frame: Completions, digests: list[str],
         batch_positions = (positions if rows is None else positions[rows]).tolist()
         if len(set(batch_positions)) != len(batch_positions):
             return None
-        old = list(map(batch.slots.__getitem__, batch_positions))
+        old = _slots_at(batch.slots, batch_positions)
         assignee = old[0]
         if old.count(assignee) == len(old):  # one launch's slots (identical: no comparison)
             if isinstance(assignee, Sample):
@@ -368,6 +368,14 @@ def _filled_in_bulk(state: State, frame: Completions, digests: list[str],
     for batch in filled:
         state = _put_batch(state, batch)
     return _free(state, freed), []
+
+
+def _slots_at(slots: tuple[Slot, ...], positions: list[int]) -> tuple[Slot, ...]:
+    """The slots at `positions`, in one C-level call (`itemgetter` of one position gives the
+    slot itself, not a tuple)."""
+    if len(positions) == 1:
+        return (slots[positions[0]],)
+    return operator.itemgetter(*positions)(slots)  # type: ignore[no-any-return]
 
 
 _WORKER, _VERSION, _DIGEST = (operator.attrgetter(name) for name in ("worker", "version",
@@ -1070,16 +1078,24 @@ def _frame_plausible(config: RunConfig, admitted: int, frame: Completions) -> bo
     """`_completions_error` of a whole frame at once, in a few passes over its columns: True
     only if no completion has a problem (False: look at each, to name the one at fault)."""
     requests = frame.requests
-    bounds = (admitted, config.prompts_per_batch, config.group_size)
-    if requests.min() < 0 or (requests.max(axis=0) >= bounds).any():
+    # Whole-array passes: a reduction along the short axis of (n, 3) costs more than these.
+    if requests.min() < 0 or (requests >= (admitted, config.prompts_per_batch,
+                                           config.group_size)).any():
         return False
-    batches, row_batch = np.unique(requests[:, 0], return_inverse=True)
-    expected = np.array([schedule.gen_version(config, b) for b in batches.tolist()],
-                        dtype=np.int64)
-    if not np.array_equal(frame.versions, expected[row_batch]):
-        return False
+    indices = requests[:, 0]
+    first = int(indices.min())
+    if first == indices.max():  # one batch (a reply to one launch): one version
+        if not (frame.versions == schedule.gen_version(config, first)).all():
+            return False
+    else:
+        batches, row_batch = np.unique(indices, return_inverse=True)
+        expected = np.array([schedule.gen_version(config, b) for b in batches.tolist()],
+                            dtype=np.int64)
+        if not np.array_equal(frame.versions, expected[row_batch]):
+            return False
     tokens, logprobs = frame.tokens, frame.behavior_logprobs
-    if min(tokens.lengths) == 0 or tokens.lengths != logprobs.lengths:
+    lengths = tokens.lengths
+    if lengths != logprobs.lengths or (lengths[0] if tokens.uniform() else min(lengths)) == 0:
         return False
     if tokens.values.min() < 0:
         return False

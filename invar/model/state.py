@@ -204,16 +204,17 @@ def samples_of(frame: Completions, rows: Sequence[int], digests: Sequence[str],
     if type(rows) is not range or rows != range(len(digests)):
         digests = list(map(digests.__getitem__, rows))
         versions = list(map(versions.__getitem__, rows))
-    return list(map(_SAMPLE_FROM_FIELDS, zip(digests, versions, itertools.repeat(frame), rows)))
+    return list(map(_TUPLE_NEW, itertools.repeat(Sample, len(rows)),
+                    zip(digests, versions, itertools.repeat(frame), rows)))
 
 
 def sample_of(frame: Completions, row: int, digest: str, version: int) -> Sample:
     """`Sample(digest, version, frame, row)` without the named tuple's Python-level `__new__`
     (a small frame's completions, one at a time)."""
-    return _SAMPLE_FROM_FIELDS((digest, version, frame, row))
+    return _TUPLE_NEW(Sample, (digest, version, frame, row))
 
 
-_SAMPLE_FROM_FIELDS = functools.partial(tuple.__new__, Sample)
+_TUPLE_NEW = tuple.__new__
 
 
 Slot = None | Assigned | Sample
@@ -294,9 +295,9 @@ class BatchState:
         hundreds of slots a reply frame fills or a launch assigns. The counters follow counts of
         kinds, the digest the XOR of each side's terms, computed per kind in a few array passes
         (a handful of slots goes through `with_slots`: numpy's fixed cost would not pay).
-        `digests`: when `slots` are all samples, their digests' bytes (`bytes.fromhex` of each
-        `digest`) as an (n, 12) uint8 array, as the reply frame's were computed: their terms
-        are then taken over arrays."""
+        `digests`: given only when `slots` are all samples, their digests' bytes
+        (`bytes.fromhex` of each `digest`) as an (n, 12) uint8 array, as the reply frame's were
+        computed: their terms are then taken over arrays."""
         if len(positions) < BULK_FROM:
             return self.with_slots(dict(zip(positions, slots)))
         current = self.slots
@@ -380,8 +381,10 @@ def _summary(positions: list[int] | None, slots: Sequence[Slot], size: int,
     """How many of `slots` are pending, how many are samples, and the XOR of their terms
     (`_slot_hash(p, s)` over `zip(positions, slots)`; positions None: every one in order):
     in bulk when the slots are all pending, all one assignee, or all samples whose digests'
-    bytes are given (`BatchState.with_column`)."""
+    bytes are given (`BatchState.with_column`: only then)."""
     n, first = len(slots), slots[0]
+    if digests is not None:
+        return 0, n, _sample_terms(positions, digests, size)
     # Counting the first slot among identical slots calls no comparison; samples are not
     # counted so (each is another object: their dataclass __eq__ would run).
     if type(first) is not Sample and slots.count(first) == n:
@@ -396,8 +399,6 @@ def _summary(positions: list[int] | None, slots: Sequence[Slot], size: int,
         return 0, 0, _lanes_xor(_assigned_lanes(worker, incarnation, size), positions)
     kinds = list(map(type, slots))
     samples = kinds.count(Sample)
-    if samples == n and digests is not None:
-        return 0, n, _sample_terms(positions, digests, size)
     terms = functools.reduce(operator.xor, map(_slot_hash, positions or range(size), slots), 0)
     return kinds.count(NoneType), samples, terms
 
