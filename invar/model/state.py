@@ -158,30 +158,34 @@ class Assigned:
     incarnation: int
 
 
-class Sample(NamedTuple):
-    """A completed request: row `row` of the reply frame it came in (the frame's arrays, shared
-    by its samples, not copied out). Only the digest of its content takes part in equality and
-    hashing (a sample equals no other kind of value). A named tuple, with no memo of its repr
-    or hash (both are of one short string): a reply makes hundreds at once, each made from
-    its fields in one C-level call, and its fields are read as fast as an object's slots."""
-
+class _SampleFields(NamedTuple):
     digest: str
     version: int
-    """The version the worker reported sampling with (recorded in the ledger)."""
     frame: Completions
     row: int
 
-    def __eq__(self, other: object) -> bool:
-        return type(other) is Sample and self.digest == other.digest
+
+@dataclass(frozen=True, init=False)
+class Sample(_SampleFields):  # type: ignore[misc]  # a NamedTuple under a dataclass
+    """A completed request: row `row` of the reply frame it came in (the frame's arrays, shared
+    by its samples, not copied out). Only the digest of its content takes part in equality and
+    hashing, as the dataclass says (the model checker reads it so, and hashes a state by
+    value); with no memo of its repr or hash (both are of one short string).
+
+    A named tuple underneath: a reply makes hundreds at once, each made from its fields in one
+    C-level call (`samples_of`), with no dict, its fields read as fast as slots."""
+
+    __slots__ = ()
+    digest: str
+    version: int = field(compare=False, repr=False)
+    """The version the worker reported sampling with (recorded in the ledger)."""
+    frame: Completions = field(compare=False, repr=False)
+    row: int = field(compare=False, repr=False)
 
     def __ne__(self, other: object) -> bool:
-        return not self == other
-
-    def __hash__(self) -> int:
-        return hash((self.digest,))
-
-    def __repr__(self) -> str:
-        return f"Sample(digest={self.digest!r})"
+        # The tuple's own would compare every field: the dataclass's equality, negated.
+        equal = self.__eq__(other)
+        return equal if equal is NotImplemented else not equal
 
     @property
     def tokens(self) -> tuple[int, ...]:

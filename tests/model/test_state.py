@@ -108,7 +108,7 @@ def test_sample_payload_is_excluded_from_equality():
     elsewhere = Completions.of((Completion(RequestId(0, 0, 0), 0, (7,), (-1.0,), 1.0),
                                 Completion(RequestId(0, 0, 0), 0, (9, 9, 9),
                                            (-3.0, -3.0, -3.0), -42.0)))
-    other = sample._replace(frame=elsewhere, row=1)
+    other = replace(sample, frame=elsewhere, row=1)
     assert other == sample and hash(other) == hash(sample)
     assert (other.tokens, other.behavior_logprobs, other.reward) == (
         (9, 9, 9), (-3.0, -3.0, -3.0), -42.0)
@@ -118,7 +118,7 @@ def test_sample_payload_is_excluded_from_equality():
     assert twin == state and hash(twin) == hash(state)
     assert state_digest(twin) == state_digest(state)
     # ... but the sample's digest is compared.
-    forged = sample._replace(digest="0" * len(sample.digest))
+    forged = replace(sample, digest="0" * len(sample.digest))
     slots = batch.slots[:position] + (forged,) + batch.slots[position + 1:]
     assert replace(state, batches=(replace(batch, slots=slots),) + state.batches[1:]) != state
 
