@@ -29,6 +29,7 @@ import numpy as np
 from invar.model import schedule
 from invar.model.config import RunConfig
 from invar.model.errors import ProtocolError, Reason
+from invar.model.memo import IdentityMemo
 from invar.model.messages import (
     ApplyCotangent,
     Checkpoint,
@@ -817,15 +818,43 @@ def _score_command(state: State) -> ScoreProbabilities:
 
 
 def _reconcile(state: State, commands: list[Command]) -> tuple[State, tuple[Command, ...]]:
-    """Every pass that follows from the state, in order; each appends what it decides."""
-    state = _admit_batches(state)
-    state = _schedule_loads(state, commands)
-    state = _assign_pending(state, commands)
-    state = _start_next_update(state, commands)
-    state = _publish_next_version(state, commands)
-    state = _release_unneeded_versions(state, commands)
+    """Every pass that follows from the state, in order; each appends what it decides.
+
+    The passes over the rollout side (admission, loads, launches, publication, release) are
+    skipped where they are known to decide nothing (`_SETTLED`): after a learner's event, most
+    often (its scores, forwards and steps change nothing they read)."""
+    settled = _rollout_settled(state)
+    before = state
+    if not settled:
+        state = _admit_batches(state)
+        state = _schedule_loads(state, commands)
+        state = _assign_pending(state, commands)
+    state = _start_next_update(state, commands)  # changes only the learner, which they do not read
+    if not settled:
+        state = _publish_next_version(state, commands)
+        state = _release_unneeded_versions(state, commands)
+        # Admission, loads and launches decided nothing (each would have changed the batches
+        # or the workers): then no pass has anything left to do here. Publication and release
+        # read nothing the others write, and neither finds more after acting once (one
+        # publication at a time; a release looks at every retained version).
+        if state.batches is before.batches and state.workers is before.workers:
+            _SETTLED.put(state.batches, state.workers, (state.admitted, state.publishing),
+                         (state.config, state.commit_digests, state.published, state.retained))
     state = _arm_timer(state, commands)
     return state, tuple(commands)
+
+
+_SETTLED = IdentityMemo(16)
+"""Rollout sides on which the rollout passes of `_reconcile` decide nothing: (batches, workers,
+(admitted, publishing)) -> (config, commit_digests, published, retained), every object by
+identity. The passes are pure functions of exactly these fields, so on any state holding the
+same objects they decide nothing. A few are kept: they hold their batches' reply frames."""
+
+
+def _rollout_settled(state: State) -> bool:
+    known = _SETTLED.get(state.batches, state.workers, (state.admitted, state.publishing))
+    return (known is not None and known[0] is state.config and known[1] is state.commit_digests
+            and known[2] is state.published and known[3] is state.retained)
 
 
 def _admit_batches(state: State) -> State:
