@@ -13,6 +13,7 @@ timer), so the same state always leads to the same commands whatever the history
 
 from __future__ import annotations
 
+import collections
 import functools
 import hashlib
 import itertools
@@ -28,6 +29,7 @@ import numpy as np
 from invar.model import schedule
 from invar.model.config import RunConfig
 from invar.model.errors import ProtocolError, Reason
+from invar.model.memo import IdentityMemo
 from invar.model.messages import (
     ApplyCotangent,
     Checkpoint,
@@ -279,9 +281,10 @@ def _on_requests_completed(state: State, event: RequestsCompleted) -> Handled:
     if state.worker(event.worker) is None:
         return ProtocolError(state, event, Reason.UNKNOWN_WORKER,
                              f"worker {event.worker!r} never connected")
-    digests = _sample_digests(frame)
+    raw_digests = _sample_digests(frame)
+    digests = list(map(bytes.hex, raw_digests))
     if len(frame) >= BULK_FROM:
-        filled = _filled_in_bulk(state, frame, digests)
+        filled = _filled_in_bulk(state, frame, digests, raw_digests)
         if filled is not None:
             return filled
     g = state.config.group_size
@@ -315,10 +318,12 @@ def _on_requests_completed(state: State, event: RequestsCompleted) -> Handled:
     return _free(state, freed), []
 
 
-def _filled_in_bulk(state: State, frame: Completions, digests: list[str]) -> Handled | None:
+def _filled_in_bulk(state: State, frame: Completions, digests: list[str],
+                    raw_digests: list[bytes]) -> Handled | None:
     """`_on_requests_completed` of a large frame whose completions fill distinct slots that
     hold no sample yet (a worker's reply to one launch), a batch at a time: None for any
-    other frame (a repeat), which is then taken completion by completion."""
+    other frame (a repeat), which is then taken completion by completion. `digests` are the
+    completions' digests, `raw_digests` their bytes."""
     requests = frame.requests
     positions = requests[:, 1] * state.config.group_size + requests[:, 2]
     indices = requests[:, 0]
@@ -330,6 +335,7 @@ def _filled_in_bulk(state: State, frame: Completions, digests: list[str]) -> Han
     filled: list[BatchState] = []
     freed: Counter[str] = Counter()
     consumed = 0
+    packed: np.ndarray | None = None  # the digests' bytes, an (n, 12) array once needed
     for index, rows in rows_of_batches:
         batch = state.batch(index)
         if batch is None:
@@ -340,7 +346,7 @@ def _filled_in_bulk(state: State, frame: Completions, digests: list[str]) -> Han
         batch_positions = (positions if rows is None else positions[rows]).tolist()
         if len(set(batch_positions)) != len(batch_positions):
             return None
-        old = list(map(batch.slots.__getitem__, batch_positions))
+        old = _slots_at(batch.slots, batch_positions)
         assignee = old[0]
         if old.count(assignee) == len(old):  # one launch's slots (identical: no comparison)
             if isinstance(assignee, Sample):
@@ -352,14 +358,25 @@ def _filled_in_bulk(state: State, frame: Completions, digests: list[str]) -> Han
                 return None
             freed.update(map(_WORKER, filter(None, old)))  # the assigned (None: pending)
         rows_list = range(len(frame)) if rows is None else rows.tolist()
+        if packed is None:
+            packed = np.frombuffer(b"".join(raw_digests), np.uint8).reshape(len(frame), 12)
         filled.append(batch.with_column(batch_positions,
-                                        samples_of(frame, rows_list, digests, versions)))
+                                        samples_of(frame, rows_list, digests, versions),
+                                        packed if rows is None else packed[rows]))
     if not filled:
         return _NoOp(duplicates=consumed)  # every batch was consumed: the ledger holds them
     state = _count(state, _NoOp(duplicates=consumed))
     for batch in filled:
         state = _put_batch(state, batch)
     return _free(state, freed), []
+
+
+def _slots_at(slots: tuple[Slot, ...], positions: list[int]) -> tuple[Slot, ...]:
+    """The slots at `positions`, in one C-level call (`itemgetter` of one position gives the
+    slot itself, not a tuple)."""
+    if len(positions) == 1:
+        return (slots[positions[0]],)
+    return operator.itemgetter(*positions)(slots)  # type: ignore[no-any-return]
 
 
 _WORKER, _VERSION, _DIGEST = (operator.attrgetter(name) for name in ("worker", "version",
@@ -789,15 +806,43 @@ def _score_command(state: State) -> ScoreProbabilities:
 
 
 def _reconcile(state: State, commands: list[Command]) -> tuple[State, tuple[Command, ...]]:
-    """Every pass that follows from the state, in order; each appends what it decides."""
-    state = _admit_batches(state)
-    state = _schedule_loads(state, commands)
-    state = _assign_pending(state, commands)
-    state = _start_next_update(state, commands)
-    state = _publish_next_version(state, commands)
-    state = _release_unneeded_versions(state, commands)
+    """Every pass that follows from the state, in order; each appends what it decides.
+
+    The passes over the rollout side (admission, loads, launches, publication, release) are
+    skipped where they are known to decide nothing (`_SETTLED`): after a learner's event, most
+    often (its scores, forwards and steps change nothing they read)."""
+    settled = _rollout_settled(state)
+    before = state
+    if not settled:
+        state = _admit_batches(state)
+        state = _schedule_loads(state, commands)
+        state = _assign_pending(state, commands)
+    state = _start_next_update(state, commands)  # changes only the learner, which they do not read
+    if not settled:
+        state = _publish_next_version(state, commands)
+        state = _release_unneeded_versions(state, commands)
+        # Admission, loads and launches decided nothing (each would have changed the batches
+        # or the workers): then no pass has anything left to do here. Publication and release
+        # read nothing the others write, and neither finds more after acting once (one
+        # publication at a time; a release looks at every retained version).
+        if state.batches is before.batches and state.workers is before.workers:
+            _SETTLED.put(state.batches, state.workers, (state.admitted, state.publishing),
+                         (state.config, state.commit_digests, state.published, state.retained))
     state = _arm_timer(state, commands)
     return state, tuple(commands)
+
+
+_SETTLED = IdentityMemo(16)
+"""Rollout sides on which the rollout passes of `_reconcile` decide nothing: (batches, workers,
+(admitted, publishing)) -> (config, commit_digests, published, retained), every object by
+identity. The passes are pure functions of exactly these fields, so on any state holding the
+same objects they decide nothing. A few are kept: they hold their batches' reply frames."""
+
+
+def _rollout_settled(state: State) -> bool:
+    known = _SETTLED.get(state.batches, state.workers, (state.admitted, state.publishing))
+    return (known is not None and known[0] is state.config and known[1] is state.commit_digests
+            and known[2] is state.published and known[3] is state.retained)
 
 
 def _admit_batches(state: State) -> State:
@@ -1050,16 +1095,24 @@ def _frame_plausible(config: RunConfig, admitted: int, frame: Completions) -> bo
     """`_completions_error` of a whole frame at once, in a few passes over its columns: True
     only if no completion has a problem (False: look at each, to name the one at fault)."""
     requests = frame.requests
-    bounds = (admitted, config.prompts_per_batch, config.group_size)
-    if requests.min() < 0 or (requests.max(axis=0) >= bounds).any():
+    # Whole-array passes: a reduction along the short axis of (n, 3) costs more than these.
+    if requests.min() < 0 or (requests >= (admitted, config.prompts_per_batch,
+                                           config.group_size)).any():
         return False
-    batches, row_batch = np.unique(requests[:, 0], return_inverse=True)
-    expected = np.array([schedule.gen_version(config, b) for b in batches.tolist()],
-                        dtype=np.int64)
-    if not np.array_equal(frame.versions, expected[row_batch]):
-        return False
+    indices = requests[:, 0]
+    first = int(indices.min())
+    if first == indices.max():  # one batch (a reply to one launch): one version
+        if not (frame.versions == schedule.gen_version(config, first)).all():
+            return False
+    else:
+        batches, row_batch = np.unique(indices, return_inverse=True)
+        expected = np.array([schedule.gen_version(config, b) for b in batches.tolist()],
+                            dtype=np.int64)
+        if not np.array_equal(frame.versions, expected[row_batch]):
+            return False
     tokens, logprobs = frame.tokens, frame.behavior_logprobs
-    if min(tokens.lengths) == 0 or tokens.lengths != logprobs.lengths:
+    lengths = tokens.lengths
+    if lengths != logprobs.lengths or (lengths[0] if tokens.uniform() else min(lengths)) == 0:
         return False
     if tokens.values.min() < 0:
         return False
@@ -1101,41 +1154,43 @@ def _logprobs(values: np.ndarray) -> bool:
                                    and np.minimum.reduce(values) > -math.inf)
 
 
-def _sample_digests(frame: Completions) -> list[str]:
-    """Each completion's digest: blake2b_96 over its tokens as little-endian int64, its
-    log-probs as float64 and its reward as float64, hashed from the frame's columns where they
-    lie (token and log-prob rows of one length: checked). A large frame of one length
-    (fixed-shape generation) is one table, a row of bytes per completion."""
+def _sample_digests(frame: Completions) -> list[bytes]:
+    """Each completion's digest, as its 12 bytes (a sample's `digest` is their hex; the batch
+    digest's terms are taken from the bytes): blake2b_96 over its tokens as little-endian
+    int64, its log-probs as float64 and its reward as float64, hashed from the frame's columns
+    where they lie (token and log-prob rows of one length: checked). A large frame of one
+    length (fixed-shape generation) is one table, a bytes object per row, hashed in C-level
+    passes: a Python-level step per completion would cost as much as its hash."""
     tokens, logprobs, rewards = frame.tokens, frame.behavior_logprobs, frame.rewards
     n = len(frame)
     if n >= _COLUMNS_FROM and tokens.uniform():
         width = tokens.lengths[0]
         table = np.concatenate([tokens.values.reshape(n, width).view(np.uint8),
                                 logprobs.values.reshape(n, width).view(np.uint8),
-                                rewards.reshape(n, 1).view(np.uint8)], axis=1).tobytes()
-        size = len(table) // n
-        digests = []
-        for start in range(0, len(table), size):
-            h = _BLAKE2B_96.copy()  # cheaper than a constructor call with its keyword
-            h.update(table[start:start + size])
-            digests.append(h.hexdigest())
-        return digests
+                                rewards.reshape(n, 1).view(np.uint8)], axis=1)
+        # Rows as opaque (void) items: `tolist` gives each as bytes, trailing zeros kept.
+        rows = table.view(np.dtype((np.void, table.shape[1]))).ravel().tolist()
+        hashes = list(map(_COPY, itertools.repeat(_BLAKE2B_96, n)))
+        collections.deque(map(_UPDATE, hashes, rows), 0)
+        return list(map(_DIGEST_BYTES, hashes))
     token_bytes = np.ascontiguousarray(tokens.values).data.cast("B")
     logprob_bytes = np.ascontiguousarray(logprobs.values).data.cast("B")
     reward_bytes = rewards.tobytes()
     digests, start = [], 0
     for i, length in enumerate(tokens.lengths):
         end = start + 8 * length
-        h = _BLAKE2B_96.copy()
+        h = _BLAKE2B_96.copy()  # cheaper than a constructor call with its keyword
         h.update(token_bytes[start:end])
         h.update(logprob_bytes[start:end])
         h.update(reward_bytes[8 * i:8 * i + 8])
-        digests.append(h.hexdigest())
+        digests.append(h.digest())
         start = end
     return digests
 
 
 _BLAKE2B_96 = hashlib.blake2b(digest_size=12)
+_COPY, _UPDATE, _DIGEST_BYTES = (getattr(type(_BLAKE2B_96), name)
+                                 for name in ("copy", "update", "digest"))
 _COLUMNS_FROM = 16
 """Completions in a frame from which passes over its columns pay for their fixed cost (a few
 µs each): a smaller frame is looked at completion by completion."""

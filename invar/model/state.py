@@ -7,7 +7,6 @@ cheaply; everything that decides the protocol's future is compared.
 
 from __future__ import annotations
 
-import collections
 import enum
 import functools
 import hashlib
@@ -160,18 +159,34 @@ class Assigned:
     incarnation: int
 
 
-@dataclass(frozen=True, slots=True)
-class Sample:
+class _SampleFields(NamedTuple):
+    digest: str
+    version: int
+    frame: Completions
+    row: int
+
+
+@dataclass(frozen=True, init=False)
+class Sample(_SampleFields):  # type: ignore[misc]  # a NamedTuple under a dataclass
     """A completed request: row `row` of the reply frame it came in (the frame's arrays, shared
     by its samples, not copied out). Only the digest of its content takes part in equality and
-    hashing. Slotted, with no memo of its repr or hash (both are of one short string): a reply
-    makes hundreds at once, each then one object without a dict."""
+    hashing, as the dataclass says (the model checker reads it so, and hashes a state by
+    value); with no memo of its repr or hash (both are of one short string).
 
+    A named tuple underneath: a reply makes hundreds at once, each made from its fields in one
+    C-level call (`samples_of`), with no dict, its fields read as fast as slots."""
+
+    __slots__ = ()
     digest: str
     version: int = field(compare=False, repr=False)
     """The version the worker reported sampling with (recorded in the ledger)."""
     frame: Completions = field(compare=False, repr=False)
     row: int = field(compare=False, repr=False)
+
+    def __ne__(self, other: object) -> bool:
+        # The tuple's own would compare every field: the dataclass's equality, negated.
+        equal = self.__eq__(other)
+        return equal if equal is NotImplemented else not equal
 
     @property
     def tokens(self) -> tuple[int, ...]:
@@ -189,34 +204,22 @@ class Sample:
 def samples_of(frame: Completions, rows: Sequence[int], digests: Sequence[str],
                versions: Sequence[int]) -> list[Sample]:
     """The samples of `rows` of `frame` (`digests[row]`, `versions[row]` theirs), made without
-    `__init__`'s call and a Python-level step per sample (hundreds come per reply): the objects
-    made in one C-level pass, each field stored in another."""
-    made = list(map(_new, itertools.repeat(Sample, len(rows))))
+    a Python-level step per sample (hundreds come per reply): each made from its fields' tuple
+    in one C-level call."""
     if type(rows) is not range or rows != range(len(digests)):
         digests = list(map(digests.__getitem__, rows))
         versions = list(map(versions.__getitem__, rows))
-    for store, values in zip(_SAMPLE_STORES, (digests, versions, itertools.repeat(frame), rows)):
-        collections.deque(map(store, made, values), 0)
-    return made
+    return list(map(_TUPLE_NEW, itertools.repeat(Sample, len(rows)),
+                    zip(digests, versions, itertools.repeat(frame), rows)))
 
 
 def sample_of(frame: Completions, row: int, digest: str, version: int) -> Sample:
-    """`Sample(digest, version, frame, row)` without `__init__`'s `object.__setattr__` per
-    field (a small frame's completions, one at a time)."""
-    made = _new(Sample)
-    store_digest, store_version, store_frame, store_row = _SAMPLE_STORES
-    store_digest(made, digest)
-    store_version(made, version)
-    store_frame(made, frame)
-    store_row(made, row)
-    return made
+    """`Sample(digest, version, frame, row)` without the named tuple's Python-level `__new__`
+    (a small frame's completions, one at a time)."""
+    return _TUPLE_NEW(Sample, (digest, version, frame, row))
 
 
-_SAMPLE_STORES = tuple(getattr(Sample, name).__set__ for name in ("digest", "version", "frame",
-                                                                   "row"))
-"""Each field's slot setter, in `samples_of`'s order."""
-
-_new = object.__new__
+_TUPLE_NEW = tuple.__new__
 
 
 Slot = None | Assigned | Sample
@@ -291,11 +294,15 @@ class BatchState:
                 digest ^= _assigned_hash(position, new.worker, new.incarnation)
         return BatchState(self.batch, tuple(slots), pending, completed, digest)
 
-    def with_column(self, positions: list[int], slots: Sequence[Slot]) -> BatchState:
+    def with_column(self, positions: list[int], slots: Sequence[Slot],
+                    digests: np.ndarray | None = None) -> BatchState:
         """`with_slots(dict(zip(positions, slots)))` for distinct `positions`, in bulk: for the
         hundreds of slots a reply frame fills or a launch assigns. The counters follow counts of
         kinds, the digest the XOR of each side's terms, computed per kind in a few array passes
-        (a handful of slots goes through `with_slots`: numpy's fixed cost would not pay)."""
+        (a handful of slots goes through `with_slots`: numpy's fixed cost would not pay).
+        `digests`: given only when `slots` are all samples, their digests' bytes
+        (`bytes.fromhex` of each `digest`) as an (n, 12) uint8 array, as the reply frame's were
+        computed: their terms are then taken over arrays."""
         if len(positions) < BULK_FROM:
             return self.with_slots(dict(zip(positions, slots)))
         current = self.slots
@@ -310,7 +317,7 @@ class BatchState:
                 changed[position] = slot
             updated = tuple(changed)
         old_pending, old_completed, old_terms = _summary(chosen, olds, size)
-        new_pending, new_completed, new_terms = _summary(chosen, slots, size)
+        new_pending, new_completed, new_terms = _summary(chosen, slots, size, digests)
         pending = self.pending - old_pending + new_pending
         completed = self.completed - old_completed + new_completed
         digest = self.slots_digest ^ old_terms ^ new_terms
@@ -374,12 +381,15 @@ def _slot_hash(position: int, slot: Slot) -> int:
 # halves. Each gives exactly `_slot_hash`'s values (tests/model/test_fast_paths.py).
 
 
-def _summary(positions: list[int] | None, slots: Sequence[Slot],
-             size: int) -> tuple[int, int, int]:
+def _summary(positions: list[int] | None, slots: Sequence[Slot], size: int,
+             digests: np.ndarray | None = None) -> tuple[int, int, int]:
     """How many of `slots` are pending, how many are samples, and the XOR of their terms
     (`_slot_hash(p, s)` over `zip(positions, slots)`; positions None: every one in order):
-    in bulk when the slots are all pending, all one assignee or all samples."""
+    in bulk when the slots are all pending, all one assignee, or all samples whose digests'
+    bytes are given (`BatchState.with_column`: only then)."""
     n, first = len(slots), slots[0]
+    if digests is not None:
+        return 0, n, _sample_terms(positions, digests, size)
     # Counting the first slot among identical slots calls no comparison; samples are not
     # counted so (each is another object: their dataclass __eq__ would run).
     if type(first) is not Sample and slots.count(first) == n:
@@ -394,29 +404,15 @@ def _summary(positions: list[int] | None, slots: Sequence[Slot],
         return 0, 0, _lanes_xor(_assigned_lanes(worker, incarnation, size), positions)
     kinds = list(map(type, slots))
     samples = kinds.count(Sample)
-    if samples == n:
-        terms = _sample_terms(positions, slots, size)  # type: ignore[arg-type]
-        if terms is not None:
-            return 0, n, terms
     terms = functools.reduce(operator.xor, map(_slot_hash, positions or range(size), slots), 0)
     return kinds.count(NoneType), samples, terms
 
 
-def _sample_terms(positions: list[int] | None, samples: Sequence[Sample], size: int) -> int | None:
-    """The XOR of the samples' terms, or None if a digest is not 24 hex digits (as the core's
-    always are; any other string is hashed one at a time, as `int(digest, 16)` reads it)."""
-    digests = list(map(_DIGEST, samples))
-    if set(map(len, digests)) != {24}:
-        return None
-    try:
-        packed = bytes.fromhex("".join(digests))
-    except ValueError:
-        return None
-    if len(packed) != 12 * len(digests):  # fromhex skips whitespace
-        return None
+def _sample_terms(positions: list[int] | None, digests: np.ndarray, size: int) -> int:
+    """The XOR of `_sample_hash(p, d.hex())` over positions and digests' bytes (n, 12)."""
     # digest << 32 as 16 big-endian bytes: the digest's 12, then 4 zero bytes.
     shifted = np.zeros((len(digests), 16), np.uint8)
-    shifted[:, :12] = np.frombuffer(packed, np.uint8).reshape(-1, 12)
+    shifted[:, :12] = digests
     value = shifted.view(">u8").astype(np.uint64)
     pending_high, pending_low = _pending_lanes(size)
     if positions is not None:

@@ -8,14 +8,19 @@ reachable (so no bound is vacuous). The bounds themselves run as the gate (`.ci/
 from __future__ import annotations
 
 import tomllib
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
-from checker.fingerprint import hashes_by_value
+from checker.fingerprint import canonical, hashes_by_value
 from checker.invar_model import Bounds, InvarModel, load_bounds
 from checker.model import PropertyKind
+from invar.model import RunConfig, initial_state
+from invar.model.shell import deliver
+from invar.model.state import Sample
 from invar.model.world import run_fifo
+from invar.testing import canonical_run
 
 GATE = Path(__file__).resolve().parents[2] / "spec" / "gate"
 BOUNDS = {path.stem: load_bounds(path) for path in sorted(GATE.glob("*.toml"))}
@@ -89,3 +94,23 @@ def test_gate_states_hash_by_value_so_the_search_uses_fast_fingerprints(name: st
     finished = start._replace(world=run_fifo(start.world))
     assert finished.world.core.ledger and finished.world.core.published
     assert hashes_by_value(model.fingerprint_key(finished)) is None
+
+
+def test_a_core_holding_samples_hashes_by_value_and_fingerprints_by_digest() -> None:
+    """A sample (a named tuple under a frozen dataclass: made in bulk in C) hashes, compares and
+    is fingerprinted as the dataclass says, by its digest alone: the finished worlds above hold
+    no sample (every batch consumed), so a core in the middle of a run is checked here."""
+    config = RunConfig(prompts_per_batch=2, group_size=2, total_updates=2)
+    state = initial_state(config)
+    for event in canonical_run(config).events:
+        state = deliver(state, event).state
+        if any(type(slot) is Sample for batch in state.batches for slot in batch.slots):
+            break
+    sample = next(s for b in state.batches for s in b.slots if type(s) is Sample)
+    assert hashes_by_value(state) is None
+    moved = replace(sample, version=sample.version + 1, row=sample.row + 1)
+    assert (moved == sample, moved != sample, hash(moved)) == (True, False, hash(sample))
+    assert canonical(moved) == canonical(sample) == ("dc", "invar.model.state.Sample",
+                                                     sample.digest)
+    forged = replace(sample, digest="0" * 24)
+    assert (forged == sample, forged != sample) == (False, True)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -128,12 +129,11 @@ def test_a_launch_reply_is_filled_in_bulk_and_a_repeat_is_not(scenarios):
     state, (first, *_) = scenarios[False]
     frame = worker_reply(first)
     assert len(frame.completions) >= BULK_FROM
-    digests = core._sample_digests(frame.completions)
-    assert core._filled_in_bulk(state, frame.completions, digests) is not None
-    repeated = replace(frame, completions=Completions.of(
-        [*frame.completions, frame.completions[0]]))
-    assert core._filled_in_bulk(state, repeated.completions,
-                                core._sample_digests(repeated.completions)) is None
+    for completions, bulk in ((frame.completions, True), (Completions.of(
+            [*frame.completions, frame.completions[0]]), False)):  # repeats a sample
+        raw = core._sample_digests(completions)
+        digests = [d.hex() for d in raw]
+        assert (core._filled_in_bulk(state, completions, digests, raw) is not None) == bulk
 
 
 SIZE = 2 * BULK_FROM
@@ -170,12 +170,25 @@ def columns(draw):
     return positions, [draw(slot_values) for _ in positions]
 
 
+def digest_bytes(slots):
+    """The samples' digests as `with_column` takes them from a reply frame (None: not all are
+    samples with a 24-digit hex digest)."""
+    if not all(isinstance(s, Sample) and len(s.digest) == 24 for s in slots):
+        return None
+    try:
+        return np.frombuffer(b"".join(bytes.fromhex(s.digest) for s in slots),
+                             np.uint8).reshape(-1, 12)
+    except ValueError:
+        return None
+
+
 @settings(max_examples=150, deadline=None)
-@given(st.lists(columns(), min_size=1, max_size=4))
-def test_with_column_is_with_slots(changes):
+@given(st.lists(columns(), min_size=1, max_size=4), st.booleans())
+def test_with_column_is_with_slots(changes, with_digests):
     batch = reference = BatchState.admitted(0, SIZE)
     for positions, slots in changes:
-        batch = batch.with_column(positions, slots)
+        digests = digest_bytes(slots) if with_digests else None
+        batch = batch.with_column(positions, slots, digests)
         reference = reference.with_slots(dict(zip(positions, slots)))
         assert batch == reference and batch.slots == reference.slots
         assert (batch.pending, batch.completed, batch.slots_digest) == \

@@ -24,8 +24,9 @@ import io
 import pickle
 import random
 from collections import Counter
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, fields, replace
 from typing import Any
+from unittest import mock
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -34,21 +35,35 @@ from hypothesis import strategies as st
 from invar.model import (
     ObjectiveConfig,
     RunConfig,
+    core,
     logical_projection,
     outstanding_commands,
     run_complete,
+    schedule,
     transition_violations,
     violations,
 )
 from invar.model import world as w
 from invar.model.messages import (
+    LaunchRequests,
     LearnerStarted,
+    LoadWeights,
     RequestsCompleted,
     TimerFired,
     WorkerConnected,
     WorkerLost,
 )
 from invar.model.shell import Delivery, Verdict, deliver
+from invar.model.state import (
+    BatchState,
+    History,
+    Sample,
+    WorkerPhase,
+    WorkerState,
+    evolve,
+    initial_state,
+    state_digest,
+)
 from invar.model.world import CORE, World
 from invar.testing import canonical_run
 
@@ -443,6 +458,95 @@ def test_canonical_run_keeps_every_invariant(name):
         logical_projection(run.world.core)
     assert logical_projection(w.run_fifo(w.new_world(config, workers)).core) == \
         logical_projection(run.world.core)
+
+
+class SettledCheckedRun(Run):
+    """A run whose core steps are each also taken with `core._SETTLED` forgotten: every
+    rollout pass of the reconcile then runs, and the answer must be the one the skipping gave;
+    `skipped` counts the steps that did skip them."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.skipped = 0
+
+    def _core_step(self, event: Any, act) -> None:
+        before = self.world.core
+        settled = core._rollout_settled
+        seen: list[bool] = []
+        with mock.patch.object(core, "_rollout_settled",
+                               lambda state: seen.append(settled(state)) or seen[-1]):
+            fast = deliver(before, event)
+        core._SETTLED.entries.clear()
+        full = deliver(before, event)
+        assert same_delivery(fast, full) and state_digest(fast.state) == \
+            state_digest(full.state), f"skipping the settled passes changed {event}"
+        self.skipped += any(seen)
+        super()._core_step(event, act)
+
+
+@pytest.mark.parametrize("name", list(CONFIGS))
+@settings(max_examples=15, deadline=None,
+          suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+@given(data=st.data())
+def test_skipping_a_settled_rollout_side_is_the_full_reconcile(name, data):
+    """The reconcile's fast path (`core._SETTLED`: the rollout passes skipped on a rollout side
+    they were seen to leave alone) gives exactly what running every pass gives, on every step
+    of runs with faults; and it is taken (most of the learner's events take it)."""
+    config, workers = CONFIGS[name]
+    run = SettledCheckedRun(config, workers)
+    play(run, Choices(data), Budget())
+    assert run.skipped >= config.total_updates * config.optimizer_steps
+
+
+def test_a_rollout_side_is_settled_only_for_the_very_objects_it_was_seen_with():
+    """`core._SETTLED` answers for the objects the rollout passes were seen to leave alone:
+    a state that differs from a settled one in any field those passes read, even by an equal
+    copy, is not taken as settled; one that differs elsewhere (the learner) is."""
+    config, workers = CONFIGS["S2 P2 K2 eval2 ckpt3 2w"]
+    state = None
+    for event in canonical_run(config, workers).events:
+        state = deliver(state or initial_state(config), event).state
+        if core._rollout_settled(state) and state.retained and state.batches:
+            break
+    assert state is not None and core._rollout_settled(state)
+    copies = {
+        "config": replace(state.config),
+        "admitted": state.admitted + 1,
+        "batches": tuple(list(state.batches)),
+        "workers": tuple(list(state.workers)),
+        "commit_digests": History(tuple(state.commit_digests), state.commit_digests.chain),
+        "published": History(tuple(state.published), state.published.chain),
+        "publishing": state.committed,
+        "retained": tuple(list(state.retained)),
+    }
+    for name, value in copies.items():
+        assert value is not getattr(state, name)
+        assert not core._rollout_settled(evolve(state, **{name: value})), name
+    assert core._rollout_settled(evolve(state, learner=evolve(state.learner, step=1)))
+
+
+def test_a_rollout_side_is_not_settled_by_a_reconcile_that_launched():
+    """Loads are decided before launches: a launch can leave a worker free whose version no
+    longer has pending requests, which the next reconcile points at another version. So a
+    reconcile that launched does not mark its state settled (the next one runs every pass)."""
+    config, workers = CONFIGS["S1 P1 K3 2w"]  # batches 1 (version 0) and 2 (version 1)
+    state = initial_state(config)
+    for event in canonical_run(config, workers).events:
+        state = deliver(state, event).state
+        if state.committed == 1 and state.admitted == 3:
+            break
+    assert [schedule.gen_version(config, b.batch) for b in state.batches] == [0, 1]
+    done = Sample("0" * 24, 0, None, 0)  # type: ignore[arg-type]
+    first = BatchState.admitted(1, config.samples_per_batch).with_slots({0: done, 1: done})
+    second = BatchState.admitted(2, config.samples_per_batch)
+    ready = tuple(WorkerState(name, 0, WorkerPhase.READY, 0, 1, 0) for name in workers)
+    state = evolve(state, batches=(first, second), workers=ready)
+    state, launched = core._reconcile(state, [])
+    assert [type(c) for c in launched if isinstance(c, (LaunchRequests, LoadWeights))] == \
+        [LaunchRequests]  # one prompt group left: one worker launched, the other still free
+    _, then = core._reconcile(evolve(state, learner=evolve(state.learner, step=1)), [])
+    assert [(c.worker, c.version) for c in then if isinstance(c, LoadWeights)] == \
+        [(workers[1], 1)]
 
 
 def test_seeded_sweep_exercises_every_fault():
