@@ -193,6 +193,16 @@ def test_minibatch_plan_is_a_near_equal_partition(config, update):
         assert list(part) == sorted(part), "each minibatch in id order"
 
 
+def test_the_plan_order_is_shared_read_only():
+    """`minibatch_order` is cached and shared by every scoring of its update: a caller that
+    could write to it would change every later plan of that update."""
+    config = RunConfig()
+    order = schedule.minibatch_order(config, 3)
+    with pytest.raises(ValueError, match="read-only"):
+        order[0] = order[1]
+    assert [p for step in minibatch_plan(config, 3) for p in step] == order.tolist()
+
+
 @settings(max_examples=60, deadline=None)
 @given(config=valid_configs(), other=valid_configs(), update=st.integers(0, 50))
 def test_minibatch_plan_depends_only_on_seed_and_update(config, other, update):

@@ -99,8 +99,14 @@ def test_every_cotangent_is_the_objective_of_its_rows_bit_for_bit(loss, kl_coef,
     config = RunConfig(prompts_per_batch=5, group_size=4, max_staleness=1, sync_period=1,
                        optimizer_steps=optimizer_steps, total_updates=2, max_inflight_batches=2,
                        seed=seed, objective=ObjectiveConfig(loss=loss, kl_coef=kl_coef))
+    _assert_cotangents_are_the_objective(config, _Values(seed, uniform))
+
+
+def _assert_cotangents_are_the_objective(config: RunConfig, values: _Values) -> None:
+    """Run `config` to completion, answering with `values`; every cotangent is `objective()`
+    of its step's rows, to the bit."""
     driver = AnsweringWith(config)
-    driver.values = _Values(seed, uniform)
+    driver.values = values
     for _ in range(20):
         driver.pump()
         if run_complete(driver.state):
@@ -108,9 +114,29 @@ def test_every_cotangent_is_the_objective_of_its_rows_bit_for_bit(loss, kl_coef,
         driver.apply(m.TimerFired())
     cotangents = commands_of(driver.commands, m.ApplyCotangent)
     assert run_complete(driver.state)
-    assert len(cotangents) == config.total_updates * optimizer_steps
+    assert len(cotangents) == config.total_updates * config.optimizer_steps
     for command in cotangents:
-        terms, cotangent = _expected(config, driver.values, command.observation.update,
+        terms, cotangent = _expected(config, values, command.observation.update,
                                      command.observation.step)
         assert repr(command.terms) == repr(terms)  # -0.0 and 0.0 told apart
         assert command.cotangent.values.tobytes() == cotangent
+
+
+class _FirstRowLongest(_Values):
+    """Ragged rows whose first in each step's plan order is the only longest of its step: the
+    width a step's inputs are cut to must count that row too."""
+
+    def __init__(self, seed: int, config: RunConfig) -> None:
+        super().__init__(seed, uniform=False)
+        self.firsts = {schedule.request_ids(config, update)[step[0]]
+                       for update in range(config.total_updates)
+                       for step in schedule.minibatch_plan(config, update)}
+
+    def length(self, request: schedule.RequestId) -> int:
+        return 6 if request in self.firsts else super().length(request)
+
+
+def test_a_step_whose_first_row_is_its_longest_is_cut_to_that_row():
+    config = RunConfig(prompts_per_batch=5, group_size=4, max_staleness=1, sync_period=1,
+                       optimizer_steps=3, total_updates=2, max_inflight_batches=2, seed=7)
+    _assert_cotangents_are_the_objective(config, _FirstRowLongest(7, config))
