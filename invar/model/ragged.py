@@ -186,9 +186,7 @@ class Ragged:
             shape = (n, self.lengths[0])
             return self.values.reshape(shape), np.ones(shape, dtype=bool)
         mask = np.arange(max(self.lengths, default=0)) < np.asarray(self.lengths)[:, None]
-        values = np.zeros(mask.shape, dtype=self.values.dtype)
-        values[mask] = self.values
-        return values, mask
+        return self.padded_values(mask), mask
 
     def padded_values(self, mask: np.ndarray | None) -> np.ndarray:
         """`padded()[0]`, given `padded()[1]` (None when every row has one length): the
