@@ -136,6 +136,21 @@ def test_a_launch_reply_is_filled_in_bulk_and_a_repeat_is_not(scenarios):
         assert (core._filled_in_bulk(state, completions, digests, raw) is not None) == bulk
 
 
+def test_a_bulk_frame_with_one_completion_of_another_batch(scenarios, monkeypatch):
+    """A large frame whose rows of one batch number exactly one (a launch's reply and one
+    completion of the other batch): that batch's one slot is read and filled as slot by slot
+    would."""
+    state, (first, second, *_) = scenarios[False]
+    rows = [*worker_reply(first).completions, worker_reply(second).completions[0]]
+    assert {row.request.batch for row in rows[:-1]} != {rows[-1].request.batch}
+    frame = RequestsCompleted("a", 0, Completions.of(rows))
+    expected = one_by_one(state, frame, monkeypatch)
+    new, commands = step(state, frame)
+    assert new == expected[0] and state_digest(new) == state_digest(expected[0])
+    assert commands == expected[1]
+    assert [b.slots for b in new.batches] == [b.slots for b in expected[0].batches]
+
+
 SIZE = 2 * BULK_FROM
 
 
