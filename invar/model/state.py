@@ -7,6 +7,7 @@ cheaply; everything that decides the protocol's future is compared.
 
 from __future__ import annotations
 
+import dataclasses
 import enum
 import functools
 import hashlib
@@ -32,6 +33,7 @@ from invar.model.schedule import RequestId
 
 Record = TypeVar("Record")
 RecordType = TypeVar("RecordType", bound=type)
+Phase = TypeVar("Phase", bound=enum.Enum)
 
 
 def evolve(obj: Record, **changes: Any) -> Record:
@@ -88,26 +90,47 @@ def _chained(chain: str, items: Iterable[object]) -> str:
 
 def history_text(items: tuple[str, ...] | tuple[int, ...]) -> str:
     """How a state's repr shows a history: its length and chain (a plain tuple's chain is
-    computed from its items: equal contents, one text)."""
-    chain = items.chain if isinstance(items, History) else _chained("", items)
-    return f"<{len(items)} items, chain {chain or '-'}>"
+    computed from its items: equal contents, one text). A `History` keeps its text: every
+    state that holds it shows the same."""
+    if isinstance(items, History):
+        text: str | None = items.__dict__.get("_text")
+        if text is None:
+            text = items.__dict__["_text"] = f"<{len(items)} items, chain {items.chain or '-'}>"
+        return text
+    return f"<{len(items)} items, chain {_chained('', items) or '-'}>"
 
 
 _HISTORIES = ("commit_digests", "published", "evaluated", "checkpointed")
 
 
 def _histories_shortened(cls: RecordType) -> RecordType:
-    """`State`'s repr with each history as `history_text` (its fields are `repr=False`)."""
-    generated: Any = getattr(cls.__repr__, "__wrapped__", cls.__repr__)  # as in cached_repr
-
-    def __repr__(self: Any) -> str:
-        shown = ", ".join(f"{name}={history_text(getattr(self, name))}" for name in _HISTORIES)
-        return f"{generated(self)[:-1]}, {shown})"
-
-    cls.__repr__ = __repr__  # type: ignore[method-assign,assignment]
+    """`State`'s repr: the dataclass repr of its shown fields, then each history as
+    `history_text` (their fields are `repr=False`). Made as the dataclass makes its own, one
+    f-string over the fields (a state is digested after every event, through its repr)."""
+    shown = [f"{f.name}={{self.{f.name}!r}}" for f in dataclasses.fields(cls) if f.repr]
+    shown += [f"{name}={{history_text(self.{name})}}" for name in _HISTORIES]
+    source = f'def __repr__(self):\n    return f"{cls.__qualname__}({", ".join(shown)})"\n'
+    namespace: dict[str, Any] = {"history_text": history_text}
+    exec(source, namespace)  # noqa: S102 -- code made from the class's own field names
+    cls.__repr__ = namespace["__repr__"]  # type: ignore[method-assign]
     return cls
 
 
+def _member_reprs_kept(cls: type[Phase]) -> type[Phase]:
+    """An enum whose members' reprs are computed once (`Enum.__repr__` is Python code that
+    formats them anew on every call; a state's repr shows a phase after every event)."""
+    for member in cls:
+        member.__dict__["_text"] = enum.Enum.__repr__(member)
+
+    def __repr__(self: enum.Enum) -> str:
+        text: str = self.__dict__["_text"]
+        return text
+
+    cls.__repr__ = __repr__  # type: ignore[assignment,method-assign]
+    return cls
+
+
+@_member_reprs_kept
 class LearnerPhase(enum.Enum):
     OFFLINE = "offline"
     """Never started: waiting for LearnerStarted."""
@@ -125,6 +148,7 @@ class LearnerPhase(enum.Enum):
     """All updates committed."""
 
 
+@_member_reprs_kept
 class WorkerPhase(enum.Enum):
     IDLE = "idle"
     """Connected, nothing loaded."""

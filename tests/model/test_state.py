@@ -3,6 +3,7 @@ numeric payloads (tokens, log-probabilities, rewards, cotangents) take no part i
 
 from __future__ import annotations
 
+import enum
 import gc
 import hashlib
 import os
@@ -150,6 +151,21 @@ def test_a_states_repr_does_not_grow_with_its_histories():
     assert len(long.commit_digests) == 13 and len(long.published) > len(short.published)
     assert "commit_digests=<13 items, chain " in repr(long)
     assert len(repr(long)) - len(repr(short)) < 16  # a few more digits, no more
+
+
+def test_a_state_repr_is_its_shown_fields_then_its_histories():
+    """The repr that state digests hash, spelled out from the dataclass's fields: the ones it
+    shows, in order, as the dataclass repr shows them, then each history's text; a phase as
+    `Enum.__repr__` shows it (both are made once per class, not per call)."""
+    for state in states_of_a_run()[::7]:
+        shown = [f"{f.name}={getattr(state, f.name)!r}" for f in fields(state) if f.repr]
+        histories = [f"{name}={history_text(getattr(state, name))}" for name in
+                     ("commit_digests", "published", "evaluated", "checkpointed")]
+        assert repr(state) == f"State({', '.join(shown + histories)})"
+        assert repr(state.learner.phase) == enum.Enum.__repr__(state.learner.phase)
+        assert all(repr(w.phase) == enum.Enum.__repr__(w.phase) for w in state.workers)
+    grown = History((1, 2)) + (3,)
+    assert history_text(grown) == history_text(grown) == f"<3 items, chain {grown.chain}>"
 
 
 @given(st.lists(st.integers(min_value=-2**70, max_value=2**70) | st.text(max_size=8),
