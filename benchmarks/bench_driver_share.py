@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import statistics
 import subprocess
@@ -55,6 +56,9 @@ def main() -> int:
               f"{'CPU ms/update':>15}")
         for label, summaries in rows.items():
             def mean(key: str, summaries: list[dict[str, float]] = summaries) -> float:
+                # A tree older than the CPU figures (77d59c3, issue 11's "today") lacks them.
+                if any(key not in s for s in summaries):
+                    return math.nan
                 return statistics.fmean(s[key] for s in summaries)
             updates = mean("session_updates")
             print(f"{label:<12}{mean('wall_seconds'):>8.1f}"
