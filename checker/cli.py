@@ -81,6 +81,9 @@ def main(argv: list[str] | None = None) -> int:
                         help="disable partial-order reduction")
     parser.add_argument("--livelock", action="store_true",
                         help="check that a completed state stays reachable (records the graph)")
+    parser.add_argument("--no-livelock", action="store_true",
+                        help="skip the livelock check a spec's [check] asks for (a search "
+                             "recording the graph runs in one process)")
     parser.add_argument("--checkpoint", metavar="FILE", help="write BFS checkpoints here")
     parser.add_argument("--resume", metavar="FILE", help="resume BFS from a checkpoint")
     parser.add_argument("--quiet", action="store_true", help="no progress lines")
@@ -121,11 +124,13 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     model = InvarModel(bounds, symmetry=options["symmetry"] and not args.no_symmetry,
                        reduction=options["reduction"] and not args.no_reduction)
-    livelock = args.livelock or options["livelock"] or bool(args.dot or args.graphml)
+    livelock = (args.livelock or (options["livelock"] and not args.no_livelock)
+                or bool(args.dot or args.graphml))
+    processes = _one_process_if(livelock, args.processes or options["processes"], console,
+                                "the livelock check records the graph; --no-livelock skips it")
     checker: Checker[Any, Any] = Checker(
         model, max_states=args.max_states or options["max_states"], max_depth=args.max_depth,
-        processes=1 if livelock else (args.processes or options["processes"]),
-        check_livelock=livelock,
+        processes=processes, check_livelock=livelock,
         finish_when="any_failure" if args.fail_fast else "all_decided",
         progress=None if args.quiet else ProgressPrinter(console), progress_interval=2.0,
         checkpoint_path=args.checkpoint, checkpoint_interval=60.0 if args.checkpoint else None,
@@ -144,6 +149,15 @@ def main(argv: list[str] | None = None) -> int:
                                                          violated[0].trace, model))
         console.print(f"regression test written to {args.regression}")
     return _exit_status(result, console)
+
+
+def _one_process_if(graph: bool, processes: int, console: Console, why: str) -> int:
+    """The processes a BFS gets: one when it records the graph (the livelock check and the
+    graph files need it whole, in one process), said aloud when more were asked for."""
+    if graph and processes > 1:
+        console.print(f"[yellow]one process, not {processes}[/yellow]: {why}")
+        return 1
+    return processes
 
 
 def _search(checker: Checker[Any, Any], args: argparse.Namespace) -> Any:
@@ -220,6 +234,7 @@ def _any_model(args: argparse.Namespace, console: Console) -> int:
     invar_only = [flag for flag, given in (("SPEC", args.spec), ("--regression", args.regression),
                                            ("--no-symmetry", args.no_symmetry),
                                            ("--no-reduction", args.no_reduction),
+                                           ("--no-livelock", args.no_livelock),
                                            ("--jobs", args.jobs is not None)) if given]
     if invar_only:
         print(f"invar-check: {', '.join(invar_only)} apply to the Invar model, not to --model",
@@ -233,10 +248,12 @@ def _any_model(args: argparse.Namespace, console: Console) -> int:
     # A graph export records the graph; unlike the Invar model's (whose runs complete), a
     # model need not have final states, so the livelock check stays the --livelock flag's.
     graph = args.livelock or bool(args.dot or args.graphml)
+    processes = _one_process_if(graph, args.processes or 1, console,
+                                "--livelock, --dot and --graphml record the graph")
     try:
         checker: Checker[Any, Any] = Checker(
             model, max_states=args.max_states, max_depth=args.max_depth,
-            processes=1 if graph else (args.processes or 1), check_livelock=args.livelock,
+            processes=processes, check_livelock=args.livelock,
             record_graph=graph,
             finish_when="any_failure" if args.fail_fast else "all_decided",
             progress=None if args.quiet else ProgressPrinter(console), progress_interval=2.0,

@@ -61,7 +61,10 @@ def test_search_options_apply(tmp_path: Path, capsys: pytest.CaptureFixture[str]
     dot, graphml = tmp_path / "g.dot", tmp_path / "g.graphml"
     args = ["--model", READABLE, "--arg", "rms=2", "--quiet",
             "--dot", str(dot), "--graphml", str(graphml)]
-    assert main(args) == 0
+    assert main([*args, "--processes", "2"]) == 0
+    text = capsys.readouterr().out
+    assert "one process, not 2: --livelock, --dot and --graphml record the graph" in text
+    assert "bfs (1 process)" in text
     assert dot.read_text().startswith("digraph states {")
     assert nx.read_graphml(graphml).number_of_nodes() == 56
 
@@ -121,6 +124,7 @@ def test_a_users_own_model_in_the_current_folder(tmp_path: Path, monkeypatch: py
         (["--model", READABLE, "--arg", "colour=3"], "unexpected keyword argument 'colour'"),
         (["--model", READABLE, "spec/gate"], "SPEC apply to the Invar model"),
         (["--model", READABLE, "--regression", "x.py"], "--regression apply to the Invar model"),
+        (["--model", READABLE, "--no-livelock"], "--no-livelock apply to the Invar model"),
         (["--arg", "rms=3"], "--arg goes with --model"),
         (["--model", READABLE, "--fingerprints", "fast", "--checkpoint", "c.ckpt"],
          "need fingerprints='stable'"),
