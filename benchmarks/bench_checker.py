@@ -4,6 +4,7 @@
     .venv/bin/python benchmarks/bench_checker.py --processes 1 2  # and with 2 worker processes
     .venv/bin/python benchmarks/bench_checker.py --stable         # and the readable one as before
     .venv/bin/python benchmarks/bench_checker.py --profile        # engine share under cProfile
+    .venv/bin/python benchmarks/bench_checker.py --decompose      # the engine's part by pieces
 
 Two models of the same spec (TLA+ ``TwoPhase``; R=7: 296,448 distinct states, 2,744,706
 generated, depth 22 = TLC's 23, pinned by the tests and checked equal here):
@@ -118,6 +119,65 @@ def profile_share(rms: int) -> int:
     return 0
 
 
+def decompose(rms: int, repeat: int) -> int:
+    """What the engine adds to the readable model's own successors, piece by piece: loops over
+    the reachable states, each adding one piece of a BFS to the one before (fingerprint,
+    visited lookup, keeping each new state as the next level's, freed level by level as the
+    engine frees expanded chunks), best of `repeat`, interleaved, the collector quiet."""
+    model = TwoPhaseReadable(rms)
+    states = reachable_states(model)
+    succ = successors_of(model)
+
+    def successors() -> None:
+        for s in states:
+            for _a, _t in succ(s):
+                pass
+
+    def hashed() -> None:
+        for s in states:
+            for _a, t in succ(s):
+                hash(t)
+
+    def looked_up() -> None:
+        visited: dict[int, int] = {}
+        for s in states:
+            for _a, t in succ(s):
+                g = hash(t)
+                if g in visited:
+                    continue
+                visited[g] = 0
+
+    def kept() -> None:
+        visited: dict[int, int] = {}
+        level: list[tuple[Any, int]] = []
+        for i, s in enumerate(states):
+            if i % 4096 == 0:
+                level = []  # a chunk's new states, freed with the next (as the engine does)
+            for _a, t in succ(s):
+                g = hash(t)
+                if g in visited:
+                    continue
+                visited[g] = 0
+                level.append((t, g))
+
+    loops = [("the model's successors", successors), ("+ hash(t)", hashed),
+             ("+ the visited dict", looked_up), ("+ keeping new states", kept)]
+    best = {name: float("inf") for name, _ in loops}
+    with _quiet_gc():
+        for _ in range(repeat):
+            for name, loop in loops:
+                t0 = time.process_time()
+                loop()
+                best[name] = min(best[name], time.process_time() - t0)
+    print(f"readable 2PC, R={rms}: CPU s, best of {repeat}")
+    before = None
+    for name, seconds in best.items():
+        extra = "" if before is None else f"  (+{seconds - before:.2f})"
+        print(f"  {name:<24} {seconds:6.2f}{extra}")
+        before = seconds
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--rms", type=int, default=7, help="resource managers (default 7)")
@@ -132,9 +192,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--profile", action="store_true",
                         help="instead: profile the readable model in one process (cProfile), "
                              "and its engine share")
+    parser.add_argument("--decompose", action="store_true",
+                        help="instead: the engine's part on the readable model, piece by piece")
     args = parser.parse_args(argv)
     if args.profile:
         return profile_share(args.rms)
+    if args.decompose:
+        return decompose(args.rms, max(args.repeat, 1))
     ncpu = os.cpu_count() or 1
     print(f"two-phase commit, R={args.rms}; {ncpu} CPUs; "
           f"load average before: {os.getloadavg()[0]:.2f}")
