@@ -126,11 +126,9 @@ def main(argv: list[str] | None = None) -> int:
                        reduction=options["reduction"] and not args.no_reduction)
     livelock = (args.livelock or (options["livelock"] and not args.no_livelock)
                 or bool(args.dot or args.graphml))
-    processes = _one_process_if(livelock, args.processes or options["processes"], console,
-                                "the livelock check records the graph; --no-livelock skips it")
     checker: Checker[Any, Any] = Checker(
         model, max_states=args.max_states or options["max_states"], max_depth=args.max_depth,
-        processes=processes, check_livelock=livelock,
+        processes=args.processes or options["processes"], check_livelock=livelock,
         finish_when="any_failure" if args.fail_fast else "all_decided",
         progress=None if args.quiet else ProgressPrinter(console), progress_interval=2.0,
         checkpoint_path=args.checkpoint, checkpoint_interval=60.0 if args.checkpoint else None,
@@ -149,15 +147,6 @@ def main(argv: list[str] | None = None) -> int:
                                                          violated[0].trace, model))
         console.print(f"regression test written to {args.regression}")
     return _exit_status(result, console)
-
-
-def _one_process_if(graph: bool, processes: int, console: Console, why: str) -> int:
-    """The processes a BFS gets: one when it records the graph (the livelock check and the
-    graph files need it whole, in one process), said aloud when more were asked for."""
-    if graph and processes > 1:
-        console.print(f"[yellow]one process, not {processes}[/yellow]: {why}")
-        return 1
-    return processes
 
 
 def _search(checker: Checker[Any, Any], args: argparse.Namespace) -> Any:
@@ -248,12 +237,10 @@ def _any_model(args: argparse.Namespace, console: Console) -> int:
     # A graph export records the graph; unlike the Invar model's (whose runs complete), a
     # model need not have final states, so the livelock check stays the --livelock flag's.
     graph = args.livelock or bool(args.dot or args.graphml)
-    processes = _one_process_if(graph, args.processes or 1, console,
-                                "--livelock, --dot and --graphml record the graph")
     try:
         checker: Checker[Any, Any] = Checker(
             model, max_states=args.max_states, max_depth=args.max_depth,
-            processes=processes, check_livelock=args.livelock,
+            processes=args.processes or 1, check_livelock=args.livelock,
             record_graph=graph,
             finish_when="any_failure" if args.fail_fast else "all_decided",
             progress=None if args.quiet else ProgressPrinter(console), progress_interval=2.0,

@@ -228,7 +228,9 @@ class Checker(Generic[S, A]):
                 return self._run(lambda ctx: run_parallel_bfs(self, ctx))
             notes = ["parallel search needs the 'fork' start method; ran in one process"]
         elif self.processes > 1:
-            notes = ["record_graph/check_livelock run in one process"]
+            why = ("the livelock check records the graph" if self.check_livelock
+                   else "the recorded graph is held whole")
+            notes = [f"one process, not {self.processes}: {why}"]
 
         def sequential(ctx: ModelContext) -> Outcome:
             outcome = run_sequential_bfs(self, ctx)

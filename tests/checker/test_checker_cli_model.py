@@ -63,7 +63,7 @@ def test_search_options_apply(tmp_path: Path, capsys: pytest.CaptureFixture[str]
             "--dot", str(dot), "--graphml", str(graphml)]
     assert main([*args, "--processes", "2"]) == 0
     text = capsys.readouterr().out
-    assert "one process, not 2: --livelock, --dot and --graphml record the graph" in text
+    assert "one process, not 2: the recorded graph is held whole" in text
     assert "bfs (1 process)" in text
     assert dot.read_text().startswith("digraph states {")
     assert nx.read_graphml(graphml).number_of_nodes() == 56
