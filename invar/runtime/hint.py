@@ -2,9 +2,11 @@
 
 A synchronous update takes about R + T (rollout R: generating a batch; learning T: scoring and
 the optimizer steps); when the two overlap (protocol.max_staleness >= 1, on separate cores or
-devices) an update takes about max(R, T). So overlap can buy at most (R + T) / max(R, T): 2x
-when R = T, next to nothing when one phase dominates. What this runtime reaches of that bound,
-and what staleness costs in extra updates, is measured in reports/use-contract/RESULTS.md.
+devices) an update takes about max(R, T). So overlap can buy at most (R + T) / max(R, T) in
+updates/s: 2x when R = T, next to nothing when one phase dominates. That is an upper bound for
+R and T as measured, not a prediction: it leaves out what staleness costs in extra updates to
+reach the same reward, and what overlapped phases cost each other on shared hardware (README,
+"When to use asynchronous training"; reports/use-contract/RESULTS.md).
 
 `invar train` measures R and T on the run's own first updates (the per-update timing the
 driver writes into metrics.jsonl) and prints `hint_line` once.
@@ -76,15 +78,17 @@ def measure(rows: Sequence[Mapping[str, Any]], samples_per_batch: int, workers: 
 
 
 def hint_line(times: PhaseTimes, staleness: int) -> str:
-    """The one line `invar train` prints: measured R, T and the predicted async gain."""
+    """The one line `invar train` prints: measured R, T and the upper bound on what overlap
+    can buy in updates/s (not a prediction of time to a reward)."""
     measured = f"rollout R {times.rollout:.3f} s/batch, learning T {times.learning:.3f} s/update"
     if staleness == 0:
-        advice = (f"overlapping them (protocol.max_staleness >= 1, rollout and learner on "
-                  f"separate cores) could speed updates up by at most (R+T)/max(R,T) = "
-                  f"{times.gain:.2f}x")
+        bound = ("overlapping them (protocol.max_staleness >= 1, rollout and learner on "
+                 "separate cores) can raise updates/s")
     else:
         # Overlapped phases slow each other on shared hardware: these are not the sync R and T.
-        advice = (f"measured while overlapping (S = {staleness}); the most overlap can buy is "
-                  f"(R+T)/max(R,T) = {times.gain:.2f}x over the synchronous loop")
-    return (f"hint: {measured} over {times.updates} updates; {advice} "
-            "(see reports/use-contract/RESULTS.md)")
+        bound = (f"measured while overlapping (S = {staleness}): over the synchronous loop, "
+                 "overlap can raise updates/s")
+    return (f"hint: {measured} over {times.updates} updates; {bound} by at most "
+            f"(R+T)/max(R,T) = {times.gain:.2f}x, an upper bound and not a prediction: it "
+            "leaves out the cost of staleness in extra updates to the same reward (README, "
+            "'When to use asynchronous training')")

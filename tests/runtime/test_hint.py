@@ -55,6 +55,17 @@ def test_the_line_names_R_T_and_the_gain_and_says_when_it_was_measured_overlappe
     assert "measured while overlapping (S = 1)" in overlapped and "1.57x" in overlapped
 
 
+@pytest.mark.parametrize("staleness", [0, 1, 2])
+def test_the_line_calls_the_gain_an_upper_bound_on_updates_per_second_before_staleness(
+        staleness):
+    # The first use-contract study measured S = 1's updates/s, not its time to a reward: the
+    # line may promise neither a speed-up to quality nor a share of the bound.
+    line = hint_line(PhaseTimes(rollout=0.12, learning=0.21, updates=5), staleness)
+    assert "updates/s" in line and "upper bound" in line and "not a prediction" in line
+    assert "cost of staleness in extra updates" in line
+    assert "could speed" not in line and "0.76" not in line
+
+
 def test_the_metrics_log_prints_the_hint_once(tmp_path, rt, capsys):
     from invar.runtime.metrics import MetricsLog
     log = MetricsLog(tmp_path, rt.tiny_config(tmp_path), tensorboard=False)
@@ -78,5 +89,5 @@ def test_invar_train_prints_the_hint_after_its_first_updates(tmp_path, rt):
     assert done.returncode == 0, done.stderr
     hints = [line for line in done.stderr.splitlines() if line.startswith("hint:")]
     assert len(hints) == 1, done.stderr
-    assert "could speed updates up by at most (R+T)/max(R,T)" in hints[0]
+    assert "can raise updates/s by at most (R+T)/max(R,T)" in hints[0]
     assert f"done: {HINT_AFTER + 1} updates in" in done.stdout
