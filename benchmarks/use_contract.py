@@ -8,6 +8,7 @@ stopped), then writes RESULTS.md, results.json and the plots from the recorded r
 
     .venv/bin/python benchmarks/use_contract.py                # run what is missing, report
     .venv/bin/python benchmarks/use_contract.py --report-only  # regenerate from runs.jsonl
+    .venv/bin/python benchmarks/use_contract.py --report-only --out DIR  # ... into DIR
 """
 
 from __future__ import annotations
@@ -229,6 +230,9 @@ def main() -> int:
                         help="which parts to run: main, sweep (comma-separated)")
     parser.add_argument("--stop-at", default="14:55",
                         help="UTC HH:MM after which no further run starts ('' for none)")
+    parser.add_argument("--out", type=Path, default=OUT,
+                        help="folder for RESULTS.md, results.json and the plots (default: "
+                             "reports/use-contract; the runs are always recorded there)")
     args = parser.parse_args()
     args.only = {part.strip() for part in args.only.split(",") if part.strip()}
     if args.only - {"main", "sweep"}:
@@ -241,8 +245,10 @@ def main() -> int:
         # The report in a fresh interpreter: a study runs for most of an hour, and the report
         # code it ends with is the code on disk then.
         import subprocess
-        return subprocess.run([sys.executable, __file__, "--report-only"]).returncode
-    write_results(load_records(), OUT, console)
+        return subprocess.run([sys.executable, __file__, "--report-only", "--out",
+                               str(args.out)]).returncode
+    args.out.mkdir(parents=True, exist_ok=True)
+    write_results(load_records(), args.out, console)
     return 0
 
 
@@ -350,40 +356,62 @@ def compare(figs: dict[tuple[str, int], dict[str, Any]], x: str, y: str, budget:
     return out
 
 
+def steady_window(record: dict[str, Any] | None) -> dict[str, Any] | None:
+    """A sweep run's steady-state figures, or None where it has none: not run, or stopped by
+    its wall budget at or before update SWEEP_WINDOW (amendment 1's window, from that update to
+    the last, is then empty; the runner had left it unset and async_measure.steady measured
+    from update 0, start-up included)."""
+    steady = record.get("steady") if record else None
+    if not steady or steady["window"][0] < SWEEP_WINDOW:
+        return None
+    return steady
+
+
+def _median_range(values: list[float]) -> tuple[float | None, tuple[float, float] | None]:
+    if not values:
+        return None, None
+    return statistics.median(values), (min(values), max(values))
+
+
 def sweep_analysis(records: dict[str, dict[str, Any]]) -> dict[str, Any]:
     """Per sweep point: R, T and R/T (pinned S=0), the bound (R+T)/max(R,T), the speedups of
-    pinned S=1 over pinned S=0 and over colocated S=0 (per repeat, paired), their medians and
-    ranges; and the crossovers in R/T where a speedup's median crosses 1."""
+    pinned S=1 over pinned S=0 and over colocated S=0 (per repeat, paired; each only where
+    both of its runs have a steady window), their medians and ranges; and the crossovers in
+    R/T where a speedup's median crosses 1."""
     points: dict[str, Any] = {}
     for point in SWEEP_POINTS:
         reps = []
         for repeat in range(1, SWEEP_REPEATS + 1):
             got = {c: records.get(f"sweep-{point}-{c}.r{repeat}") for c in SWEEP_CONFIGS}
-            if any(r is None or not r.get("steady") for r in got.values()):
+            s0, s1, col = (steady_window(got[c]) for c in ("pin-S0", "pin-S1", "col-S0"))
+            if s0 is None or s1 is None:
                 continue
-            s0, s1, col = (got[c]["steady"] for c in ("pin-S0", "pin-S1", "col-S0"))
+            steady = {"pin-S0": s0, "pin-S1": s1, "col-S0": col}
             reps.append({"repeat": repeat, "R": s0["R"], "T": s0["T"], "ideal": s0["ideal"],
                          "speedup_pinned": s0["period"] / s1["period"],
-                         "speedup_colocated": col["period"] / s1["period"],
-                         "cpu_per_update": {c: got[c]["steady"]["cpu_per_update"]
-                                            for c in SWEEP_CONFIGS},
-                         "other_cores": max(got[c]["other_cores"] for c in SWEEP_CONFIGS)})
+                         "speedup_colocated": col["period"] / s1["period"] if col else None,
+                         "cpu_per_update": {c: w["cpu_per_update"] if w else None
+                                            for c, w in steady.items()},
+                         "other_cores": max(got[c]["other_cores"] for c in steady if steady[c]),
+                         "other_cores_pinned": max(got[c]["other_cores"]
+                                                   for c in ("pin-S0", "pin-S1"))})
         if not reps:
             continue
         med = {k: statistics.median(r[k] for r in reps)
-               for k in ("R", "T", "ideal", "speedup_pinned", "speedup_colocated")}
+               for k in ("R", "T", "ideal", "speedup_pinned")}
+        colocated = [r["speedup_colocated"] for r in reps if r["speedup_colocated"] is not None]
+        med["speedup_colocated"], range_colocated = _median_range(colocated)
         points[point] = {
             **med, "R_over_T": med["R"] / med["T"], "repeats": reps,
             "share_of_ideal": statistics.median(r["speedup_pinned"] / r["ideal"] for r in reps),
-            "range_pinned": (min(r["speedup_pinned"] for r in reps),
-                             max(r["speedup_pinned"] for r in reps)),
-            "range_colocated": (min(r["speedup_colocated"] for r in reps),
-                                max(r["speedup_colocated"] for r in reps))}
+            "range_pinned": _median_range([r["speedup_pinned"] for r in reps])[1],
+            "range_colocated": range_colocated, "repeats_colocated": len(colocated)}
     ordered = sorted(points.items(), key=lambda kv: kv[1]["R_over_T"])
     crossings: dict[str, list[float]] = {}
     for key in ("speedup_pinned", "speedup_colocated"):
         crossings[key] = []
-        for (_, a), (_, b) in zip(ordered, ordered[1:]):
+        measured = [p for _, p in ordered if p[key] is not None]
+        for a, b in zip(measured, measured[1:]):
             if (a[key] - 1) * (b[key] - 1) < 0:  # log-linear interpolation in R/T
                 la, lb = math.log(a["R_over_T"]), math.log(b["R_over_T"])
                 t = (1 - a[key]) / (b[key] - a[key])
@@ -495,28 +523,6 @@ def heldout_at(record: dict[str, Any], wall: float) -> float | None:
     return known[-1] if known else None
 
 
-def pinned_sweep_repeats(records: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
-    """Per sweep repeat whose pinned S = 0 and S = 1 runs both have a steady window: S = 1's
-    speed-up in updates/s, R/T and the share of (R+T)/max(R,T) reached (R, T from S = 0), CPU
-    s/update S = 1 ÷ S = 0, and the pair's other work (the larger of the two)."""
-    repeats = []
-    for point in SWEEP_POINTS:
-        for repeat in range(1, SWEEP_REPEATS + 1):
-            s0, s1 = (records.get(f"sweep-{point}-{config}.r{repeat}")
-                      for config in ("pin-S0", "pin-S1"))
-            if not (s0 and s1 and s0.get("steady") and s1.get("steady")):
-                continue
-            a, b = s0["steady"], s1["steady"]
-            speedup = a["period"] / b["period"]
-            repeats.append({
-                "point": point, "repeat": repeat, "speedup": speedup,
-                "R_over_T": a["R"] / a["T"], "share_of_ideal": speedup / a["ideal"],
-                "cpu_ratio": (b["cpu_per_update"] / a["cpu_per_update"]
-                              if a["cpu_per_update"] and b["cpu_per_update"] else None),
-                "other_cores": max(s0["other_cores"], s1["other_cores"])})
-    return repeats
-
-
 def reanalysis(records: dict[str, dict[str, Any]], result: dict[str, Any]) -> dict[str, Any]:
     """The addendum's figures (issue 33), from the records and the registered analysis."""
     import numpy as np
@@ -544,13 +550,14 @@ def reanalysis(records: dict[str, dict[str, Any]], result: dict[str, Any]) -> di
             "diff_at_common": (at_common[0] - at_common[1]
                                if None not in at_common else None)})
     common = [t["diff_at_common"] for t in timing if t["diff_at_common"] is not None]
-    repeats = pinned_sweep_repeats(records)
-    cpu = [r["cpu_ratio"] for r in repeats if r["cpu_ratio"] is not None]
+    repeats = [r for p in result["sweep"]["points"].values() for r in p["repeats"]]
+    cpu = [r["cpu_per_update"]["pin-S1"] / r["cpu_per_update"]["pin-S0"] for r in repeats
+           if r["cpu_per_update"]["pin-S0"] and r["cpu_per_update"]["pin-S1"]]
 
     def spread(values: list[float]) -> tuple[float, float, float] | None:
         return (statistics.median(values), min(values), max(values)) if values else None
-    shares = [r["share_of_ideal"] for r in repeats]
-    others = [r["other_cores"] for r in repeats]
+    shares = [r["speedup_pinned"] / r["ideal"] for r in repeats]
+    others = [r["other_cores_pinned"] for r in repeats]
     colocated_sweep = [r for r in records.values()
                        if r["kind"] == "sweep" and r["config"] == "col-S0"]
     return {
@@ -562,17 +569,20 @@ def reanalysis(records: dict[str, dict[str, Any]], result: dict[str, Any]) -> di
         "final_diff_at_common": statistics.median(common) if common else None,
         "T_by_point": {name: p["T"] for name, p in result["sweep"]["points"].items()},
         "pinned_repeats": len(repeats),
-        "pinned_faster": sum(r["speedup"] > 1 for r in repeats),
-        "pinned_speedup": spread([r["speedup"] for r in repeats]),
+        "pinned_faster": sum(r["speedup_pinned"] > 1 for r in repeats),
+        "pinned_speedup": spread([r["speedup_pinned"] for r in repeats]),
         "pinned_cpu_ratio": spread(cpu),
         "pinned_cpu_repeats": len(cpu),
-        "R_over_T": spread([r["R_over_T"] for r in repeats]),
+        "R_over_T": spread([r["R"] / r["T"] for r in repeats]),
         "share_of_ideal": spread(shares),
         "share_other_work_r": (float(np.corrcoef(shares, others)[0, 1])
                                if len(repeats) > 2 else None),
         "colocated_sweep_runs": len(colocated_sweep),
+        "colocated_repeats": sum(r["speedup_colocated"] is not None for r in repeats),
+        "colocated_single": sorted(name for name, p in result["sweep"]["points"].items()
+                                   if p["repeats_colocated"] == 1),
         "start_up_windows": sorted(r["id"] for r in colocated_sweep
-                                   if r["steady"] and r["steady"]["window"][0] < SWEEP_WINDOW),
+                                   if r["steady"] and steady_window(r) is None),
         "history": [{"commit": commit, "utc": utc, "what": what,
                      "runs_started_before": sum(r["started_utc"] < utc
                                                 for r in records.values())}
@@ -707,8 +717,10 @@ def plots(out: Path, records: dict[str, dict[str, Any]], result: dict[str, Any]
                                     "S=1 pinned ÷ S=0 colocated (2+2 threads)")):
             for _name, p in points.items():
                 for r in p["repeats"]:
-                    axis.plot(r["R"] / r["T"], r[key], ".", color=colour, alpha=0.4)
-            xs = sorted(points.values(), key=lambda p: p["R_over_T"])
+                    if r[key] is not None:
+                        axis.plot(r["R"] / r["T"], r[key], ".", color=colour, alpha=0.4)
+            xs = sorted((p for p in points.values() if p[key] is not None),
+                        key=lambda p: p["R_over_T"])
             axis.plot([p["R_over_T"] for p in xs], [p[key] for p in xs], "o-", color=colour,
                       label=label)
         for name, p in points.items():
@@ -834,8 +846,13 @@ def addendum_lines(again: dict[str, Any], result: dict[str, Any]) -> list[str]:
         f"sweep runs were stopped by the 30 s budget at or before update {SWEEP_WINDOW}, so "
         f"amendment 1's window (update {SWEEP_WINDOW} to the last) was empty; the runner left "
         "it unset and the steady-state code then measured from update 0, start-up included: "
-        + ", ".join(f"`{i}`" for i in again["start_up_windows"]) + ". Their colocated "
-        "speed-ups in the R/T table include start-up.",
+        + ", ".join(f"`{i}`" for i in again["start_up_windows"]) + ". The report as first "
+        "committed (42fd818) counted their colocated speed-ups, start-up included; the analysis "
+        "now leaves them out (`steady_window`), so the colocated column of the R/T table rests "
+        f"on {again['colocated_repeats']} of {again['colocated_sweep_runs']} repeats"
+        + (" (one at " + ", ".join(again["colocated_single"]) + ": the colocated crossovers "
+           "above interpolate between such points)" if again["colocated_single"] else "")
+        + ".",
         f"- The f-model crossover above was added after the data ({when('42fd818')}).",
         "",
     ]
@@ -856,7 +873,8 @@ def write_results(records: dict[str, dict[str, Any]], out: Path, console: Any) -
     cells, comparisons, sweep = result["cells"], result["comparisons"], result["sweep"]
     lines = [
         "# The use contract: when is asynchronous training worth it? (results)", "",
-        f"Generated by `.venv/bin/python benchmarks/use_contract.py --report-only` from "
+        "Generated by `.venv/bin/python benchmarks/use_contract.py --report-only"
+        + ("" if out.resolve() == OUT.resolve() else f" --out {out}") + "` from "
         f"`reports/use-contract/runs.jsonl` (the recorded runs; without `--report-only` the "
         f"command also runs whatever of the pre-registered plan is missing) on "
         f"{result['generated_utc']} UTC. Plan: [PREREGISTRATION.md](PREREGISTRATION.md). "
@@ -945,8 +963,8 @@ def write_results(records: dict[str, dict[str, Any]], out: Path, console: Any) -
     if points:
         lines += [
             "| point | R s/batch | T s/update | R/T | ideal (R+T)/max(R,T) | S=1 ÷ S=0 pinned "
-            "[range] | share of ideal | S=1 pinned ÷ S=0 colocated [range] | repeats | other "
-            "work, cores (max) |",
+            "[range] | share of ideal | S=1 pinned ÷ S=0 colocated [range] | repeats, pinned "
+            "/ colocated | other work, cores (max) |",
             "|---|---|---|---|---|---|---|---|---|---|",
         ]
         for name, p in sorted(points.items(), key=lambda kv: kv[1]["R_over_T"]):
@@ -954,16 +972,20 @@ def write_results(records: dict[str, dict[str, Any]], out: Path, console: Any) -
                 f"| {name} | {p['R']:.3f} | {p['T']:.3f} | {p['R_over_T']:.2f} | "
                 f"{p['ideal']:.2f} | {p['speedup_pinned']:.2f} [{p['range_pinned'][0]:.2f}, "
                 f"{p['range_pinned'][1]:.2f}] | {100 * p['share_of_ideal']:.0f} % | "
-                f"{p['speedup_colocated']:.2f} [{p['range_colocated'][0]:.2f}, "
-                f"{p['range_colocated'][1]:.2f}] | {len(p['repeats'])} | "
+                + (f"{p['speedup_colocated']:.2f} [{p['range_colocated'][0]:.2f}, "
+                   f"{p['range_colocated'][1]:.2f}]" if p["range_colocated"] else "–")
+                + f" | {len(p['repeats'])} / {p['repeats_colocated']} | "
                 f"{max(r['other_cores'] for r in p['repeats']):.2f} |")
         share = sweep["share_of_ideal"]
         cross = sweep["crossings"]
         u = result["update_inflation"]
         lines += [
-            "", "Steady window updates 5…24 of 25; speed-ups pair the three configurations of "
-            "one repeat; with 3 repeats the interval is the range. Points: k1…k8 = reverse 8 "
-            "with K = 1…8 optimizer steps; len16 = reverse 16 with K = 1.", "",
+            "", f"Steady window from update {SWEEP_WINDOW} to update {SWEEP_UPDATES - 1}, or to "
+            "the last update of a run stopped by its wall budget (amendment 1); a run stopped at "
+            f"or before update {SWEEP_WINDOW} has no window, and its repeat no speed-up against "
+            "it. Speed-ups pair the configurations of one repeat; the interval is the range of "
+            "the repeats. Points: k1…k8 = reverse 8 with K = 1…8 optimizer steps; len16 = "
+            "reverse 16 with K = 1.", "",
             "![speed-up against R/T](crossover.png)", "",
             f"- Share of the ideal (R+T)/max(R,T) this runtime reached, pinned S = 1 over "
             f"pinned S = 0, all points and repeats: f = {_ci(share)}.",
@@ -1010,8 +1032,9 @@ def write_results(records: dict[str, dict[str, Any]], out: Path, console: Any) -
     lines += ["## Reproduce", "",
               "- Everything (runs what is missing, then this report): "
               "`.venv/bin/python benchmarks/use_contract.py`",
-              "- This report, the JSON and every figure from the recorded runs: "
-              "`.venv/bin/python benchmarks/use_contract.py --report-only`",
+              "- This report, the JSON and every figure from the recorded runs, here or into "
+              "another folder (nothing runs): "
+              "`.venv/bin/python benchmarks/use_contract.py --report-only [--out DIR]`",
               "- Quality, throughput and cost of any run directories: "
               "`invar report RUN_DIR... --out DIR`", ""]
     (out / "RESULTS.md").write_text("\n".join(lines))
