@@ -567,7 +567,6 @@ def reanalysis(records: dict[str, dict[str, Any]], result: dict[str, Any]) -> di
         "comparisons_with_both_censored_pair": both_censored,
         "final_timing": timing,
         "final_diff_at_common": statistics.median(common) if common else None,
-        "T_by_point": {name: p["T"] for name, p in result["sweep"]["points"].items()},
         "pinned_repeats": len(repeats),
         "pinned_faster": sum(r["speedup_pinned"] > 1 for r in repeats),
         "pinned_speedup": spread([r["speedup_pinned"] for r in repeats]),
@@ -770,7 +769,7 @@ def addendum_lines(again: dict[str, Any], result: dict[str, Any]) -> list[str]:
         h = history[commit]
         return f"{commit} at {h['utc'][11:16]} UTC, {h['runs_started_before']} runs started before"
     speed, cpu, spanned = again["pinned_speedup"], again["pinned_cpu_ratio"], again["R_over_T"]
-    share, T = again["share_of_ideal"], again["T_by_point"]
+    share, points = again["share_of_ideal"], result["sweep"]["points"]
     low = 1 / result["sweep"]["share_of_ideal"][0] - 1  # the f-model's crossover, as above
     p1 = next(c for c in result["comparisons"] if (c["x"], c["y"]) == ("A-pin-S1", "A-pin-S0"))
     lines = [
@@ -810,18 +809,20 @@ def addendum_lines(again: dict[str, Any], result: dict[str, Any]) -> list[str]:
         f"{_num(again['final_diff_at_common'], '+.3f')}, not {p1['final_diff'][0]:+.3f}.",
         "- **The R/T sweep could not move R/T.** `protocol.optimizer_steps` (K) splits one "
         "fixed batch into K minibatches, so the learner passes over the same samples once "
-        f"whatever K, and T does not grow with K (median T {T['k1']:.3f} s at K = 1, "
-        f"{T['k8']:.3f} s at K = 8); the narrow spread is that, not the machine's load as said "
-        "above.",
+        f"whatever K, and T does not grow with K (median T {points['k1']['T']:.3f} s at K = 1, "
+        f"{points['k8']['T']:.3f} s at K = 8), while longer responses lengthen both phases "
+        f"(len16: R {points['len16']['R']:.3f} s, T {points['len16']['T']:.3f} s against "
+        f"{points['k1']['R']:.3f} s, {points['k1']['T']:.3f} s at k1); the narrow spread is "
+        "that, not the machine's load as said above.",
         f"- **The crossover 'R/T between about {low:.2f} and {1 / low:.1f}' is the f-model's, "
         f"not a measurement.** It was added after the last run ({when('42fd818')}; the last "
         f"run started {again['last_run_utc'][11:19]} UTC); the pinned repeats spanned R/T "
         f"{spanned[1]:.2f}–{spanned[2]:.2f} only. And f is no constant of the runtime: across "
         f"the {again['pinned_repeats']} pinned repeats the share of (R+T)/max(R,T) reached "
-        f"ranged {share[1]:.2f}–{share[2]:.2f} and fell with the pair's other work (Pearson "
-        f"r = {again['share_other_work_r']:.2f}).",
-        f"- The update inflation u above comes from {result['update_inflation_pairs']} seed "
-        "pair(s), the only ones where both runs reached 0.8.",
+        f"ranged {share[1]:.2f}–{share[2]:.2f} and fell with the machine's other work (the "
+        f"larger of the pair's, in cores; Pearson r = {again['share_other_work_r']:.2f}).",
+        f"- The update inflation u above comes from the {result['update_inflation_pairs']} "
+        "seed pair(s) where both runs reached 0.8.",
         "", "### What does hold", "",
         f"- Pinned to separate cores, S = 1 made more updates/s than S = 0 in "
         f"{again['pinned_faster']} of {again['pinned_repeats']} sweep repeats (speed-up median "
@@ -850,8 +851,9 @@ def addendum_lines(again: dict[str, Any], result: dict[str, Any]) -> list[str]:
         "committed (42fd818) counted their colocated speed-ups, start-up included; the analysis "
         "now leaves them out (`steady_window`), so the colocated column of the R/T table rests "
         f"on {again['colocated_repeats']} of {again['colocated_sweep_runs']} repeats"
-        + (" (one at " + ", ".join(again["colocated_single"]) + ": the colocated crossovers "
-           "above interpolate between such points)" if again["colocated_single"] else "")
+        + (" (one repeat each at " + ", ".join(again["colocated_single"]) + "; the colocated "
+           "crossovers above interpolate between such points)" if again["colocated_single"]
+           else "")
         + ".",
         f"- The f-model crossover above was added after the data ({when('42fd818')}).",
         "",

@@ -72,6 +72,18 @@ def test_the_readme_drops_the_claims_the_study_did_not_support():
         assert claim not in section, claim
     assert "S = 1 with rollout and learner unpinned" in section
     assert "did not test that configuration" in section
+    # ... which is `invar train`'s default, not any arm of the study.
+    from invar.runtime.config import load_config
+    default = load_config()
+    assert default.protocol.max_staleness == 1
+    assert default.rollout.cpus == default.learner.cpus == ()
+    assert "with one learner thread instead of the default two" in section
+    assert (default.rollout.threads, default.learner.threads) == (1, 2)
+    unpinned_async = [c for c in uc.CELLS if c.sets()["rollout.cpus"] == []
+                      and c.sets()["protocol.max_staleness"] == 1]
+    assert [(c.name, c.sets()["rollout.threads"], c.sets()["learner.threads"])
+            for c in unpinned_async] == [("A-col-S1", 1, 1)]
+    assert [y for _, x, y, _ in uc.COMPARISONS if x == "A-col-S1"] == ["A-col-S0"]
 
 
 def test_the_committed_report_is_what_the_analysis_makes_of_the_recorded_runs(tmp_path):
