@@ -1,4 +1,4 @@
-"""Will asynchronous training pay on this setup? R, T and the most overlap can buy.
+"""R, T and the most overlapping them can buy in updates/s: an upper bound, not a prediction.
 
 A synchronous update takes about R + T (rollout R: generating a batch; learning T: scoring and
 the optimizer steps); when the two overlap (protocol.max_staleness >= 1, on separate cores or
