@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import importlib.util
 import math
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -89,7 +90,7 @@ def test_the_readme_drops_the_claims_the_study_did_not_support():
 def _committed_utc(commit: str) -> str | None:
     done = subprocess.run(["git", "log", "-1", "--format=%cd", "--date=format-local:%Y-%m-%d "
                            "%H:%M:%S", commit], cwd=ROOT, capture_output=True, text=True,
-                          env={"TZ": "UTC", "PATH": "/usr/bin:/bin"})
+                          env={**os.environ, "TZ": "UTC"})
     return done.stdout.strip() if done.returncode == 0 else None
 
 
