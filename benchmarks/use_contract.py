@@ -367,10 +367,9 @@ def steady_window(record: dict[str, Any] | None) -> dict[str, Any] | None:
     return steady
 
 
-def _median_range(values: list[float]) -> tuple[float | None, tuple[float, float] | None]:
-    if not values:
-        return None, None
-    return statistics.median(values), (min(values), max(values))
+def _spread(values: list[float]) -> tuple[float, float, float] | None:
+    """(median, min, max); None for no values."""
+    return (statistics.median(values), min(values), max(values)) if values else None
 
 
 def sweep_analysis(records: dict[str, dict[str, Any]]) -> dict[str, Any]:
@@ -400,12 +399,15 @@ def sweep_analysis(records: dict[str, dict[str, Any]]) -> dict[str, Any]:
         med = {k: statistics.median(r[k] for r in reps)
                for k in ("R", "T", "ideal", "speedup_pinned")}
         colocated = [r["speedup_colocated"] for r in reps if r["speedup_colocated"] is not None]
-        med["speedup_colocated"], range_colocated = _median_range(colocated)
+        colocated_spread = _spread(colocated)
+        med["speedup_colocated"] = colocated_spread[0] if colocated_spread else None
         points[point] = {
             **med, "R_over_T": med["R"] / med["T"], "repeats": reps,
             "share_of_ideal": statistics.median(r["speedup_pinned"] / r["ideal"] for r in reps),
-            "range_pinned": _median_range([r["speedup_pinned"] for r in reps])[1],
-            "range_colocated": range_colocated, "repeats_colocated": len(colocated)}
+            "range_pinned": (min(r["speedup_pinned"] for r in reps),
+                             max(r["speedup_pinned"] for r in reps)),
+            "range_colocated": colocated_spread[1:] if colocated_spread else None,
+            "repeats_colocated": len(colocated)}
     ordered = sorted(points.items(), key=lambda kv: kv[1]["R_over_T"])
     crossings: dict[str, list[float]] = {}
     for key in ("speedup_pinned", "speedup_colocated"):
@@ -553,9 +555,6 @@ def reanalysis(records: dict[str, dict[str, Any]], result: dict[str, Any]) -> di
     repeats = [r for p in result["sweep"]["points"].values() for r in p["repeats"]]
     cpu = [r["cpu_per_update"]["pin-S1"] / r["cpu_per_update"]["pin-S0"] for r in repeats
            if r["cpu_per_update"]["pin-S0"] and r["cpu_per_update"]["pin-S1"]]
-
-    def spread(values: list[float]) -> tuple[float, float, float] | None:
-        return (statistics.median(values), min(values), max(values)) if values else None
     shares = [r["speedup_pinned"] / r["ideal"] for r in repeats]
     others = [r["other_cores_pinned"] for r in repeats]
     colocated_sweep = [r for r in records.values()
@@ -569,11 +568,11 @@ def reanalysis(records: dict[str, dict[str, Any]], result: dict[str, Any]) -> di
         "final_diff_at_common": statistics.median(common) if common else None,
         "pinned_repeats": len(repeats),
         "pinned_faster": sum(r["speedup_pinned"] > 1 for r in repeats),
-        "pinned_speedup": spread([r["speedup_pinned"] for r in repeats]),
-        "pinned_cpu_ratio": spread(cpu),
+        "pinned_speedup": _spread([r["speedup_pinned"] for r in repeats]),
+        "pinned_cpu_ratio": _spread(cpu),
         "pinned_cpu_repeats": len(cpu),
-        "R_over_T": spread([r["R"] / r["T"] for r in repeats]),
-        "share_of_ideal": spread(shares),
+        "R_over_T": _spread([r["R"] / r["T"] for r in repeats]),
+        "share_of_ideal": _spread(shares),
         "share_other_work_r": (float(np.corrcoef(shares, others)[0, 1])
                                if len(repeats) > 2 else None),
         "colocated_sweep_runs": len(colocated_sweep),
