@@ -17,6 +17,8 @@ from typing import Any, Protocol
 
 import numpy as np
 
+from invar.runtime.padding import Prompts, Sequences
+
 
 class LearnerBackend(Protocol):
     """A learner the core drives: restored from its newest commit, stepped only by
@@ -26,13 +28,13 @@ class LearnerBackend(Protocol):
         """Restore the newest commit (or write commit 0): (committed version, state digest)."""
         ...
 
-    def score(self, sequences: np.ndarray, response_start: int, need_reference: bool
+    def score(self, sequences: np.ndarray | Sequences, response_start: int, need_reference: bool
               ) -> tuple[np.ndarray, np.ndarray | None]:
         """Float64 log-probs [n, R] of the responses: proximal, and reference if asked."""
         ...
 
-    def forward(self, update: int, step: int, observation: int, sequences: np.ndarray,
-                response_start: int) -> tuple[str, np.ndarray]:
+    def forward(self, update: int, step: int, observation: int,
+                sequences: np.ndarray | Sequences, response_start: int) -> tuple[str, np.ndarray]:
         """(pre-step digest, current log-probs); the step waits for its bound cotangent."""
         ...
 
@@ -54,7 +56,7 @@ class LearnerBackend(Protocol):
         """Committed `version` for workers: (weights blob, weights digest, state digest)."""
         ...
 
-    def evaluate_greedy(self, task: Any, prompts: np.ndarray) -> float:
+    def evaluate_greedy(self, task: Any, prompts: np.ndarray | Prompts) -> float:
         """Mean reward of greedy answers to `prompts` under the current weights."""
         ...
 
@@ -110,13 +112,25 @@ def checked_cotangent(pending: Binding | None, offered: Binding, current_digest:
     return cotangent
 
 
-def checked_sequences(sequences: np.ndarray, response_start: int) -> np.ndarray:
-    """`sequences` as a 2-D integer array with a response starting inside it."""
-    sequences = np.asarray(sequences)
-    if sequences.ndim != 2 or not np.issubdtype(sequences.dtype, np.integer):
+def checked_sequences(sequences: np.ndarray | Sequences, response_start: int) -> Sequences:
+    """`sequences` (a `Sequences`, or a 2-D integer array whose rows are all whole) with a
+    response starting inside it; ValueError names what is wrong."""
+    if not isinstance(sequences, Sequences):
+        sequences = Sequences(np.asarray(sequences), response_start)
+    tokens = sequences.tokens
+    if tokens.ndim != 2 or not np.issubdtype(tokens.dtype, np.integer):
         raise ValueError(
-            f"sequences must be a 2-D integer array, got {sequences.dtype} {sequences.shape}"
+            f"sequences must be a 2-D integer array, got {tokens.dtype} {tokens.shape}"
         )
-    if not 1 <= response_start < sequences.shape[1]:
-        raise ValueError(f"response_start {response_start} is outside 1..{sequences.shape[1] - 1}")
+    if response_start != sequences.response_start:
+        raise ValueError(f"response_start {response_start}, the sequences start responses at "
+                         f"{sequences.response_start}")
+    if not 1 <= response_start < tokens.shape[1]:
+        raise ValueError(f"response_start {response_start} is outside 1..{tokens.shape[1] - 1}")
+    width = tokens.shape[1] - response_start
+    for name, lengths, most in (("prompt_lengths", sequences.prompt_lengths, response_start),
+                                ("response_lengths", sequences.response_lengths, width)):
+        if lengths is not None and (lengths.shape != (len(tokens),) or lengths.min() < 1
+                                    or lengths.max() > most):
+            raise ValueError(f"{name} must be {len(tokens)} lengths in 1..{most}")
     return sequences

@@ -39,6 +39,7 @@ import torch
 from torch import Tensor, nn
 
 from invar.model.errors import ConfigError
+from invar.runtime.gguf import is_gguf, load_state_dict, prepared
 from invar.runtime.task import BOS, SEP, VOCAB_SIZE
 
 SYMBOL_TEXTS = (*(str(digit) for digit in range(10)), "<bos>", "=")
@@ -87,7 +88,8 @@ class ModelSpec:
     """The model's token id of each digit-task token, by task id; empty when the task speaks
     the model's own ids (its whole vocabulary)."""
     weights_dir: str = ""
-    """Where the initial weights are (`policy.path`); empty: random from the seed."""
+    """Where the initial weights are (`policy.path`: a model directory or a GGUF file); empty:
+    random from the seed."""
 
     def to_dict(self) -> dict[str, Any]:
         return {**asdict(self), "symbol_ids": list(self.symbol_ids)}
@@ -141,7 +143,11 @@ def resolve(path: str, config: dict[str, Any], task_vocabulary: int | None = Non
     model's); else the task speaks the model's own ids 0..task_vocabulary-1, and a config's
     vocab_size defaults to it."""
     transformers = import_transformers()
-    if path:
+    if path and is_gguf(path):
+        spec = _resolve_directory(transformers, prepared(path), task_vocabulary,
+                                  weights=str(Path(path).expanduser()))
+        field = "policy.path"
+    elif path:
         spec = _resolve_directory(transformers, Path(path).expanduser(), task_vocabulary)
         field = "policy.path"
     else:
@@ -157,11 +163,14 @@ def resolve(path: str, config: dict[str, Any], task_vocabulary: int | None = Non
     return spec
 
 
-def _resolve_directory(transformers: Any, directory: Path, task_vocabulary: int | None
-                       ) -> ModelSpec:
+def _resolve_directory(transformers: Any, directory: Path, task_vocabulary: int | None,
+                       weights: str = "") -> ModelSpec:
+    """The spec of a model directory; `weights`: a GGUF file that holds the weights instead
+    (the directory, `gguf.prepared`, then has only the config and tokenizer)."""
     if not directory.is_dir():
-        raise ConfigError(("policy.path",), f"{str(directory)!r} is not a directory")
-    if not any(any(directory.glob(pattern)) for pattern in WEIGHT_PATTERNS):
+        raise ConfigError(("policy.path",), f"{str(directory)!r} is neither a model directory "
+                                            "nor a .gguf file")
+    if not weights and not any(any(directory.glob(pattern)) for pattern in WEIGHT_PATTERNS):
         raise ConfigError(("policy.path",), f"no model weights (*.safetensors or "
                                             f"pytorch_model.bin) in {directory}")
     try:
@@ -179,7 +188,7 @@ def _resolve_directory(transformers: Any, directory: Path, task_vocabulary: int 
         raise ConfigError(("policy.path",), f"the tokenizer in {directory} cannot be loaded: "
                                             f"{first_line}") from None
     symbols = symbol_ids(tokenizer, "policy.path") if task_vocabulary is None else ()
-    return ModelSpec(_plain(config), symbols, str(directory))
+    return ModelSpec(_plain(config), symbols, weights or str(directory))
 
 
 def _resolve_config(transformers: Any, given: dict[str, Any], task_vocabulary: int | None
@@ -255,11 +264,13 @@ class HFPolicy(nn.Module):
         options = {"attn_implementation": ATTENTION, "dtype": torch.float32}
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(seed)
-            if pretrained and spec.weights_dir:
+            if pretrained and spec.weights_dir and not is_gguf(spec.weights_dir):
                 model = transformers.AutoModelForCausalLM.from_pretrained(
                     spec.weights_dir, config=config, local_files_only=True, **options)
             else:
                 model = transformers.AutoModelForCausalLM.from_config(config, **options)
+        if pretrained and is_gguf(spec.weights_dir):
+            model.load_state_dict(load_state_dict(spec.weights_dir))
         self.model = model.eval()
         self.vocab_size = len(spec.symbol_ids) or config.vocab_size
         self.max_len = max_positions(config)
@@ -288,15 +299,22 @@ class HFPolicy(nn.Module):
     def load_state_dict(self, state_dict: Any, strict: bool = True, assign: bool = False) -> Any:
         return self.model.load_state_dict(state_dict, strict=strict, assign=assign)
 
-    def forward(self, tokens: Tensor) -> Tensor:
-        """Logits [B, T, V] over the task's tokens for every position of `tokens` [B, T]."""
-        return self._task_logits(self.model(input_ids=self._model_ids(tokens), use_cache=False))
+    def forward(self, tokens: Tensor, attention_mask: Tensor | None = None,
+                positions: Tensor | None = None) -> Tensor:
+        """Logits [B, T, V] over the task's tokens for every position of `tokens` [B, T];
+        `attention_mask` [B, T] and `positions` [B, T] for left-padded rows (the built-in
+        `Policy.forward_with_cache` says what they are)."""
+        return self._task_logits(self.model(input_ids=self._model_ids(tokens), use_cache=False,
+                                            **_padding(attention_mask, positions)))
 
-    def forward_with_cache(self, tokens: Tensor, cache: Any) -> tuple[Tensor, Any]:
+    def forward_with_cache(self, tokens: Tensor, cache: Any, attention_mask: Tensor | None = None,
+                           positions: Tensor | None = None) -> tuple[Tensor, Any]:
         """Logits [B, T_new, V] for `tokens` [B, T_new] that follow the cached positions, and
-        the cache holding them too (transformers' cache object, extended in place)."""
+        the cache holding them too (transformers' cache object, extended in place);
+        `attention_mask` [B, cached + T_new] and `positions` [B, T_new] for left-padded rows."""
         output = self.model(input_ids=self._model_ids(tokens), use_cache=True,
-                            **{self._cache_argument: cache})
+                            **{self._cache_argument: cache},
+                            **_padding(attention_mask, positions))
         return self._task_logits(output), getattr(output, self._cache_argument)
 
     def _model_ids(self, tokens: Tensor) -> Tensor:
@@ -305,3 +323,11 @@ class HFPolicy(nn.Module):
     def _task_logits(self, output: Any) -> Tensor:
         logits = output.logits
         return logits.index_select(-1, self.symbol_ids) if self._mapped else logits
+
+
+def _padding(attention_mask: Tensor | None, positions: Tensor | None) -> dict[str, Tensor]:
+    """The keyword arguments that tell a transformers model about left padding (none when the
+    rows are whole: the model's own causal mask and positions are then exactly right)."""
+    if attention_mask is None or positions is None:
+        return {}
+    return {"attention_mask": attention_mask.long(), "position_ids": positions}

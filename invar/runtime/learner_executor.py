@@ -4,6 +4,7 @@ asynchronous driver (`invar.runtime.driver`) and the serial execution (`invar.ru
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import logging
 import time
@@ -25,6 +26,7 @@ from invar.model.messages import (
     Event,
     ForwardObserved,
     LearnerStarted,
+    Matrix,
     ProbabilitiesReported,
     RunForward,
     ScoreProbabilities,
@@ -33,21 +35,23 @@ from invar.model.messages import (
     VersionEvaluated,
     logprob_matrix,
 )
+from invar.model.ragged import INT, Ragged
 from invar.model.schedule import RequestId
 from invar.model.state import Sample, State, completions_of
 from invar.model.world import Decision, LearnerRules
 from invar.runtime.backend import LearnerBackend
 from invar.runtime.commits import commit_path
 from invar.runtime.metrics import MetricsLog
+from invar.runtime.padding import Prompts, Sequences, response_lengths
 from invar.runtime.store import read_digest, write_with_digest
-from invar.runtime.tasks import Task
+from invar.runtime.tasks import Task, end_token
 from invar.runtime.verifier import FAILED, TIMEOUT, InlineVerifier, Job
 
 # The driver's log: a learner command ignored or refused is the driver's news, whichever
 # execution runs it.
 log = logging.getLogger("invar.driver")
 
-LearnerInputs = Callable[[State, Task, Command], "np.ndarray | None"]
+LearnerInputs = Callable[[State, Task, Command], "Sequences | None"]
 """What the learner backend gets beside a command: `learner_inputs` (token rows) for the real
 backends; a fake backend may take something else (its numerics need no tokens)."""
 
@@ -79,7 +83,7 @@ class LearnerExecutor:
     four the last command got.
     """
 
-    def __init__(self, learner: LearnerBackend, task: Task, heldout: np.ndarray,
+    def __init__(self, learner: LearnerBackend, task: Task, heldout: Prompts | np.ndarray,
                  run_dir: Path, metrics: MetricsLog, verifier: Any = None) -> None:
         self.learner = learner
         self.task = task
@@ -101,7 +105,7 @@ class LearnerExecutor:
         self._forward = None
         return LearnerStarted(attempt, version, digest)
 
-    def execute(self, command: Command, inputs: np.ndarray | None) -> Event | None:
+    def execute(self, command: Command, inputs: Sequences | np.ndarray | None) -> Event | None:
         """The reply to `command` (None: no reply), per the rules."""
         began = time.perf_counter()
         try:
@@ -109,7 +113,7 @@ class LearnerExecutor:
         finally:
             self.busy_seconds += time.perf_counter() - began
 
-    def _execute(self, command: Command, inputs: np.ndarray | None) -> Event | None:
+    def _execute(self, command: Command, inputs: Sequences | np.ndarray | None) -> Event | None:
         if self.rules is None:
             raise RuntimeError("the learner executor has not started: call start() first")
         if isinstance(command, Checkpoint):
@@ -149,7 +153,7 @@ class LearnerExecutor:
         assert isinstance(command, Commit)
         return UpdateCommitted(command.update, rules.weights)
 
-    def _run(self, command: Command, inputs: np.ndarray | None) -> Event | None:
+    def _run(self, command: Command, inputs: Sequences | np.ndarray | None) -> Event | None:
         rules = self.rules
         assert rules is not None
         start = self.task.prompt_length
@@ -157,13 +161,14 @@ class LearnerExecutor:
             assert inputs is not None, command  # `learner_inputs` builds them for this kind
             proximal, reference = self.learner.score(inputs, start, command.reference)
             return ProbabilitiesReported(
-                command.update, command.attempt, logprob_matrix(proximal),
-                None if reference is None else logprob_matrix(reference))
+                command.update, command.attempt, response_matrix(inputs, proximal),
+                None if reference is None else response_matrix(inputs, reference))
         if isinstance(command, RunForward):
             assert inputs is not None, command  # as for scoring
             obs = command.observation
             digest, current = self.learner.forward(obs.update, obs.step, obs.serial, inputs, start)
-            reply = ForwardObserved(obs, command.attempt, digest, logprob_matrix(current))
+            reply = ForwardObserved(obs, command.attempt, digest,
+                                    response_matrix(inputs, current))
             self.rules = rules.forwarded(command, reply)
             self._forward = reply
             return reply
@@ -212,23 +217,37 @@ class LearnerExecutor:
 
 class HeldoutScoring:
     """What a learner's `evaluate_greedy(task, prompts)` asks of the task, for the held-out
-    prompts (row i is held-out prompt i): the response length, and the rewards of the greedy
-    answers, given by the task's verifier with its time limit. A failed or timed-out call is
-    counted (`heldout_verifier_failed`, `heldout_verifier_timeout`)."""
+    prompts (row i is held-out prompt i): the response length, the end token, and the rewards
+    of the greedy answers, given by the task's verifier with its time limit. A failed or
+    timed-out call is counted (`heldout_verifier_failed`, `heldout_verifier_timeout`)."""
 
     def __init__(self, task: Task, verifier: Any, metrics: MetricsLog) -> None:
         self.response_length = task.response_length
+        self.eos_token = end_token(task)
         self.verifier = verifier
         self.metrics = metrics
 
-    def rewards(self, prompts: np.ndarray, responses: np.ndarray) -> np.ndarray:
-        jobs = [Job("heldout", index, tuple(int(t) for t in response))
-                for index, response in enumerate(np.asarray(responses).tolist())]
+    def rewards(self, prompts: Any, responses: np.ndarray) -> np.ndarray:
+        """The rewards of `responses` (n, T), each read up to its first end token."""
+        responses = np.asarray(responses)
+        lengths = response_lengths(responses, self.eos_token).tolist()
+        jobs = [Job("heldout", index, tuple(response[:length]))
+                for index, (response, length) in enumerate(zip(responses.tolist(), lengths))]
         outcomes = self.verifier.submit(jobs).outcomes()
         for outcome in outcomes:
             if outcome.status in (FAILED, TIMEOUT):
                 self.metrics.count(f"heldout_verifier_{outcome.status}")
         return np.array([outcome.reward for outcome in outcomes], dtype=np.float64)
+
+
+def response_matrix(inputs: Sequences | np.ndarray, values: np.ndarray) -> Matrix:
+    """A backend's log-probs of `inputs`' responses, (n, R), as a `Matrix` of each
+    response's own length (what is computed past a response's end is dropped; rows given as
+    a plain array are whole)."""
+    if not isinstance(inputs, Sequences) or inputs.response_lengths is None:
+        return logprob_matrix(values)
+    return Ragged.from_padded(np.asarray(values, dtype=np.float64),
+                              np.arange(values.shape[1]) < inputs.response_lengths[:, None])
 
 
 def _identity(command: Command) -> str:
@@ -240,11 +259,12 @@ def _identity(command: Command) -> str:
     return ""
 
 
-def learner_inputs(state: State, task: Task, command: Command) -> np.ndarray | None:
-    """The token sequences (prompt + response) a learner command works on, from the state.
+def learner_inputs(state: State, task: Task, command: Command) -> Sequences | None:
+    """The token sequences (prompt + response) a learner command works on, from the state:
+    prompts left-padded to `prompt_length`, responses right-padded to the longest of them.
 
     A command's requests share a batch: its rows are gathered with numpy from the batch's
-    token table (`_batch_table`, built once per batch), not row by row in Python."""
+    table (`_batch_table`, built once per batch), not row by row in Python."""
     if isinstance(command, (ScoreProbabilities, RunForward)):
         requests = command.requests
     else:
@@ -258,22 +278,22 @@ def learner_inputs(state: State, task: Task, command: Command) -> np.ndarray | N
         table = _batch_table(_ByIdentity(task), _ByIdentity(batch.slots), batch.batch, config)
         if table is not None:
             if requests is schedule.request_ids(config, first):  # all, in slot order
-                return table.copy()
+                return table.rows(None)
             group = config.group_size
             positions = [p * group + g for b, p, g in requests if b == first]
             if len(positions) == len(requests):
-                return table[positions]
+                return table.rows(np.array(positions, dtype=np.intp))
     return _request_rows(state, task, requests)
 
 
 def _request_rows(state: State, task: Task, requests: tuple[RequestId, ...]
-                  ) -> np.ndarray | None:
-    """`learner_inputs` row by row: requests of several batches, ragged rows, or a batch with
-    samples missing (the fast path's fallback, with the same result)."""
+                  ) -> Sequences | None:
+    """`learner_inputs` row by row: requests of several batches, or a batch with samples
+    missing (the fast path's fallback, with the same result)."""
     config = state.config
     group = config.group_size
     key = _ByIdentity(task)
-    rows = []
+    prompts, responses = [], []
     batch = None
     for request in requests:
         if batch is None or batch.batch != request.batch:
@@ -282,29 +302,57 @@ def _request_rows(state: State, task: Task, requests: tuple[RequestId, ...]
                 return None
         sample = batch.slots[request.prompt * group + request.sample]
         assert isinstance(sample, Sample)
-        prompt = _prompt(key, schedule.prompt_index(config, request.batch, request.prompt))
-        rows.append(prompt + sample.tokens)
-    return np.array(rows, dtype=np.int64)
+        prompts.append(_prompt(key, schedule.prompt_index(config, request.batch, request.prompt)))
+        responses.append(sample.tokens)
+    return _sequences(Prompts.of(prompts, task.prompt_length), Ragged.of(responses, INT))
+
+
+class _BatchTable:
+    """A complete batch's rows in slot order: its prompts (each repeated for its group) and
+    its responses, padded once; `rows` takes a command's rows of them."""
+
+    def __init__(self, prompts: Prompts, responses: Ragged) -> None:
+        self.sequences = _sequences(prompts, responses)
+
+    def rows(self, positions: np.ndarray | None) -> Sequences:
+        """The rows at `positions` (None: all, as a copy), responses padded to the longest
+        of them."""
+        whole = self.sequences
+        if positions is None:
+            return dataclasses.replace(whole, tokens=whole.tokens.copy())
+        tokens = whole.tokens[positions]
+        prompt_lengths = None if whole.prompt_lengths is None else \
+            whole.prompt_lengths[positions]
+        if whole.response_lengths is None:
+            return Sequences(tokens, whole.response_start, prompt_lengths)
+        response_lengths = whole.response_lengths[positions]
+        width = whole.response_start + int(response_lengths.max())
+        return Sequences(tokens[:, :width], whole.response_start, prompt_lengths,
+                         response_lengths)
+
+
+def _sequences(prompts: Prompts, responses: Ragged) -> Sequences:
+    """Prompts and responses side by side (None for the lengths of rows that are all whole)."""
+    response_tokens, _ = responses.padded()
+    return Sequences(
+        np.concatenate((prompts.tokens, response_tokens.astype(np.int64)), axis=1),
+        prompts.tokens.shape[1], prompts.lengths if prompts.padded else None,
+        None if responses.uniform() else np.array(responses.lengths, dtype=np.int64))
 
 
 @functools.lru_cache(maxsize=4)
 def _batch_table(key: _ByIdentity, slots: _ByIdentity, batch: int,
-                 config: RunConfig) -> np.ndarray | None:
-    """Every slot's row (prompt + response tokens) of a complete batch, in slot order, as an
-    int64 matrix; None when a slot is not yet a sample or rows differ in length. Remembered by
+                 config: RunConfig) -> _BatchTable | None:
+    """A complete batch's `_BatchTable`; None when a slot is not yet a sample. Remembered by
     the identity of the (immutable) slots: a batch's commands all read the same table."""
     samples = slots.value
     if not all(isinstance(s, Sample) for s in samples):
         return None
     group = config.group_size
     prompts = [_prompt(key, schedule.prompt_index(config, batch, p))
-               for p in range(len(samples) // group)]
-    responses = completions_of(samples).tokens
-    if not (len(prompts) * group == len(samples) and len({len(p) for p in prompts}) == 1
-            and responses.uniform()):
-        return None
-    return np.concatenate((np.repeat(np.array(prompts, dtype=np.int64), group, axis=0),
-                           responses.padded()[0]), axis=1)
+               for p in range(len(samples) // group) for _ in range(group)]
+    return _BatchTable(Prompts.of(prompts, key.value.prompt_length),
+                       completions_of(samples).tokens)
 
 
 class _ByIdentity:

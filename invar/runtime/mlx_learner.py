@@ -57,6 +57,7 @@ from invar.runtime.commits import CommitError, CommittedLearner
 from invar.runtime.config import OptimConfig
 from invar.runtime.mlx_policy import MLXPolicy, numpy_to_parameters, sequence_logprobs
 from invar.runtime.mlx_sampler import generate
+from invar.runtime.padding import Prompts, Sequences
 from invar.runtime.policy_config import PolicyConfig
 from invar.runtime.weights import state_dict_to_bytes, weights_digest
 
@@ -189,9 +190,12 @@ class MLXLearner(CommittedLearner):
 
     # -- scoring and updates -----------------------------------------------------------------
 
-    def _tokens(self, sequences: np.ndarray, response_start: int) -> mx.array:
-        sequences = checked_sequences(sequences, response_start)
-        return mx.array(sequences.astype(np.int32))
+    def _tokens(self, sequences: np.ndarray | Sequences, response_start: int) -> mx.array:
+        checked = checked_sequences(sequences, response_start)
+        if checked.padded_prompts:
+            raise ValueError("the MLX learner does not mask padded prompts: give every prompt "
+                             "task.prompt_length tokens (or use the torch backend)")
+        return mx.array(checked.tokens.astype(np.int32))
 
     def _function(self, kind: str, response_start: int) -> Callable[..., Any]:
         """The (optionally `mx.compile`d) log-prob or gradient function for this start.
@@ -260,7 +264,7 @@ class MLXLearner(CommittedLearner):
         return tree_map(lambda *gradients: sum(gradients[1:], gradients[0]), *parts)
 
     def score(
-        self, sequences: np.ndarray, response_start: int, need_reference: bool
+        self, sequences: np.ndarray | Sequences, response_start: int, need_reference: bool
     ) -> tuple[np.ndarray, np.ndarray | None]:
         """Float64 log-probs [n, R] of the response tokens under the current weights (the
         proximal policy) and, if asked, under the frozen reference."""
@@ -274,7 +278,8 @@ class MLXLearner(CommittedLearner):
         return np.array(proximal), np.array(reference)
 
     def forward(
-        self, update: int, step: int, observation: int, sequences: np.ndarray, response_start: int
+        self, update: int, step: int, observation: int, sequences: np.ndarray | Sequences,
+        response_start: int
     ) -> tuple[str, np.ndarray]:
         """Current log-probs [n, R]; the step waits for the cotangent bound to this call.
 
@@ -329,10 +334,16 @@ class MLXLearner(CommittedLearner):
         """Current policy weights, serialised like the torch backend's (torch names)."""
         return state_dict_to_bytes(self.torch_state_dict())
 
-    def evaluate_greedy(self, task: Any, prompts: np.ndarray) -> float:
+    def evaluate_greedy(self, task: Any, prompts: np.ndarray | Prompts) -> float:
         """Mean reward of greedy answers to `prompts` [n, P] under the current weights;
         `task` gives `response_length` and `rewards(prompts, responses)` (a task, or the
-        driver's `HeldoutScoring`, which runs the verifier with its time limit)."""
+        driver's `HeldoutScoring`, which runs the verifier with its time limit, reading each
+        response up to its end token)."""
+        if isinstance(prompts, Prompts):
+            if prompts.padded:
+                raise ValueError("the MLX learner does not mask padded prompts: give every "
+                                 "prompt task.prompt_length tokens (or use the torch backend)")
+            prompts = prompts.tokens
         responses, _ = generate(self.model, prompts, task.response_length, greedy=True)
         return float(task.rewards(prompts, responses).mean())
 

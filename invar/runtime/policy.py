@@ -51,8 +51,10 @@ class CausalSelfAttention(nn.Module):
         self.proj = nn.Linear(config.width, config.width)
 
     def forward(
-        self, x: Tensor, past: tuple[Tensor, Tensor] | None
+        self, x: Tensor, past: tuple[Tensor, Tensor] | None, keys_seen: Tensor | None = None
     ) -> tuple[Tensor, tuple[Tensor, Tensor]]:
+        """`keys_seen` [B, total] bool: False at keys no query may see (a prompt's padding);
+        None: every key is real."""
         batch, new, width = x.shape
         head_dim = width // self.heads
         q, k, v = self.qkv(x).split(width, dim=2)
@@ -64,6 +66,12 @@ class CausalSelfAttention(nn.Module):
         scores = (q @ k.transpose(-2, -1)) / math.sqrt(head_dim)
         # The new queries sit at positions total-new..total-1; each sees itself and the past.
         visible = torch.ones(new, total, dtype=torch.bool, device=x.device).tril(total - new)
+        if keys_seen is not None:
+            # Padding is hidden from every query; a padding query still sees itself, so its
+            # softmax is finite (a NaN there would reach real rows through 0 * NaN).
+            itself = torch.zeros(new, total, dtype=torch.bool, device=x.device)
+            itself[torch.arange(new), torch.arange(total - new, total)] = True
+            visible = visible & (keys_seen[:, None, None, :] | itself)
         attention = scores.masked_fill(~visible, float("-inf")).softmax(dim=-1)
         y = (attention @ v).transpose(1, 2).reshape(batch, new, width)
         return self.proj(y), (k, v)
@@ -81,9 +89,9 @@ class Block(nn.Module):
         )
 
     def forward(
-        self, x: Tensor, past: tuple[Tensor, Tensor] | None
+        self, x: Tensor, past: tuple[Tensor, Tensor] | None, keys_seen: Tensor | None = None
     ) -> tuple[Tensor, tuple[Tensor, Tensor]]:
-        attended, present = self.attention(self.attention_norm(x), past)
+        attended, present = self.attention(self.attention_norm(x), past, keys_seen)
         x = x + attended
         x = x + self.mlp(self.mlp_norm(x))
         return x, present
@@ -137,28 +145,36 @@ class Policy(nn.Module):
             else:
                 parameter.normal_(0.0, 0.02, generator=generator)
 
-    def forward(self, tokens: Tensor) -> Tensor:
-        """Logits [B, T, V] for every position of `tokens` [B, T]."""
-        logits, _ = self.forward_with_cache(tokens, None)
+    def forward(self, tokens: Tensor, attention_mask: Tensor | None = None,
+                positions: Tensor | None = None) -> Tensor:
+        """Logits [B, T, V] for every position of `tokens` [B, T]; `attention_mask` and
+        `positions` as `forward_with_cache` takes them."""
+        logits, _ = self.forward_with_cache(tokens, None, attention_mask, positions)
         return logits
 
     def forward_with_cache(
-        self, tokens: Tensor, cache: KVCache | None
+        self, tokens: Tensor, cache: KVCache | None, attention_mask: Tensor | None = None,
+        positions: Tensor | None = None,
     ) -> tuple[Tensor, KVCache]:
         """Logits [B, T_new, V] for `tokens` [B, T_new] that follow the cached positions.
 
+        For left-padded rows: `attention_mask` [B, cached + T_new] bool, False at the padding
+        (no query sees it), and `positions` [B, T_new], each token's position counted from
+        its row's first real token, so a padded row computes what it computes alone. None:
+        every token is real and positions follow the cache.
         Returns a new cache that also holds `tokens`; the given cache is left unchanged.
         """
         start = 0 if cache is None else cache.length
         end = start + tokens.shape[1]
         if end > self.config.max_len:
             raise ValueError(f"sequence of {end} tokens exceeds max_len {self.config.max_len}")
-        positions = torch.arange(start, end, device=tokens.device)
+        if positions is None:
+            positions = torch.arange(start, end, device=tokens.device)
         x = self.token_embedding(tokens) + self.position_embedding(positions)
         keys, values = [], []
         for layer, block in enumerate(self.blocks):
             past = None if cache is None else (cache.keys[layer], cache.values[layer])
-            x, (k, v) = block(x, past)
+            x, (k, v) = block(x, past, attention_mask)
             keys.append(k)
             values.append(v)
         logits = self.head(self.final_norm(x))

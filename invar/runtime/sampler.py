@@ -15,9 +15,11 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
 
+import numpy as np
 import torch
 from torch import Tensor
 
+from invar.runtime.padding import left_mask, positions_of
 from invar.runtime.policy import KVCache, Policy
 
 
@@ -85,15 +87,24 @@ def generate(
     top_p: float = 1.0,
     greedy: bool = False,
     use_cache: bool = True,
+    prompt_lengths: Sequence[int] | np.ndarray | None = None,
+    eos: int | None = None,
 ) -> tuple[Tensor, Tensor]:
-    """Continue each prompt row [n, P] by `new_tokens` tokens.
+    """Continue each prompt row [n, P] by up to `new_tokens` tokens.
 
-    Returns `(tokens [n, new_tokens] int64, behavior_logprobs [n, new_tokens] float64)`.
+    Returns `(tokens [n, T] int64, behavior_logprobs [n, T] float64)`, T <= new_tokens.
     Sampling draws `argmax(logprobs + gumbel)`, an exact sample of `sampling_logprobs`.
     `seeds` (one per row, the request's sampling seed) is required unless `greedy`; greedy
     decoding takes the argmax of the raw logits and records log-prob 0, since that token had
     probability one under the behavior policy. `use_cache=False` recomputes the whole prefix
     at every step (the reference the KV cache is checked against).
+
+    `prompt_lengths`: each row's real prompt tokens, left-padded to P (`padding.Prompts`):
+    the padding is masked and positions count from the row's first real token, so a padded
+    row draws what it draws alone. `eos`: a response ends at its first `eos`
+    (`padding.response_lengths`), and the call stops once every row has ended (T is then the
+    longest response); a row's tokens up to its end do not depend on when the call stops,
+    since its noise is its own.
     """
     rows = prompts.shape[0]
     if new_tokens < 1:
@@ -109,16 +120,24 @@ def generate(
             given = "none" if seeds is None else len(seeds)
             raise ValueError(f"need one seed per prompt row ({rows}), got {given}")
         noise = gumbel_steps(seeds, policy.vocab_size)
+    masked = prompt_lengths is not None and len(prompt_lengths) > 0 and \
+        int(min(prompt_lengths)) < prompts.shape[1]
+    mask = positions = None
+    if masked:
+        mask = torch.as_tensor(left_mask(np.asarray(prompt_lengths), prompts.shape[1]),
+                               device=prompts.device)
+        positions = torch.as_tensor(positions_of(mask.cpu().numpy()), device=prompts.device)
 
     sequences = prompts
     cache: KVCache | None = None
-    step_input = prompts  # with the cache, only tokens not yet seen go through the network
+    step_input, step_positions = prompts, positions  # with the cache, only unseen tokens
+    ended = torch.zeros(rows, dtype=torch.bool, device=prompts.device)
     chosen_tokens, chosen_logprobs = [], []
     for _ in range(new_tokens):
         if use_cache:
-            logits, cache = policy.forward_with_cache(step_input, cache)
+            logits, cache = policy.forward_with_cache(step_input, cache, mask, step_positions)
         else:
-            logits = policy(sequences)
+            logits = policy(sequences, mask, positions)
         last = logits[:, -1]
         if noise is None:
             token = last.argmax(dim=-1)
@@ -129,6 +148,15 @@ def generate(
             logprob = logprobs.gather(1, token[:, None])[:, 0]
         chosen_tokens.append(token)
         chosen_logprobs.append(logprob)
+        if eos is not None:
+            ended |= token == eos
+            if bool(ended.all()):
+                break
         step_input = token[:, None]
         sequences = torch.cat([sequences, step_input], dim=1)
+        if masked:
+            assert mask is not None and positions is not None
+            mask = torch.cat([mask, torch.ones_like(ended)[:, None]], dim=1)
+            step_positions = positions[:, -1:] + 1
+            positions = torch.cat([positions, step_positions], dim=1)
     return torch.stack(chosen_tokens, dim=1), torch.stack(chosen_logprobs, dim=1)

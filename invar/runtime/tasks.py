@@ -5,8 +5,9 @@ A task is anything with the attributes and methods of `Task` below. The runtime 
 prompts by logical index (the core decides which index each request gets), and for the reward
 of a response (the verifier, run by the rollout workers through `invar.runtime.verifier`).
 Generation has fixed shapes (each request sampled at a fixed row of a fixed-size call, which
-the identical-weights guarantee rests on), so every prompt of a task has `prompt_length`
-tokens and every response `response_length`.
+the identical-weights guarantee rests on): prompts are left-padded to `prompt_length` with the
+padding masked (`invar.runtime.padding`), and a response has `response_length` tokens, or
+fewer when the task names an end token (`eos_token`): it ends at its first one.
 
 Three kinds, by `task.name`: "reverse" (`invar.runtime.task.DigitReversal`), "jsonl"
 (`JsonlTask`: a file of `{"prompt": ..., "answer": ...}` lines) and "module" (a factory named
@@ -29,6 +30,7 @@ from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
 from invar.model.errors import ConfigError
+from invar.runtime.padding import Prompts
 from invar.runtime.task import SPLITS, DigitReversal
 
 TASK_KINDS = ("reverse", "jsonl", "module")
@@ -53,18 +55,20 @@ class Task(Protocol):
 
     @property
     def prompt_length(self) -> int:
-        """Tokens in every prompt (pad or refuse, never vary: generation has fixed shapes)."""
+        """Tokens in the longest prompt: shorter ones are left-padded to it, the padding
+        masked, so a prompt computes what it computes alone (refuse a longer one, never cut)."""
 
     @property
     def response_length(self) -> int:
-        """Tokens the policy generates for every prompt."""
+        """The most tokens the policy generates for a prompt (a response ends earlier at the
+        task's `eos_token`, when it has one: an optional attribute, int or None)."""
 
     @property
     def vocab_size(self) -> int:
         """Token ids are 0..vocab_size-1; `policy.vocab_size` must be at least this."""
 
     def prompt(self, index: int, split: str = "train") -> list[int]:
-        """The `index`-th prompt of `split` ("train" or "heldout"), `prompt_length` token ids.
+        """The `index`-th prompt of `split` ("train" or "heldout"): 1..`prompt_length` ids.
         Indices grow without end (the core numbers prompts across batches): a finite task
         wraps them around its split."""
         ...
@@ -75,7 +79,8 @@ class Task(Protocol):
         ...
 
     def score(self, split: str, index: int, response: Sequence[int]) -> float:
-        """The verifier: the reward of `response` (`response_length` token ids) to prompt
+        """The verifier: the reward of `response` (its token ids, up to and including its
+        first `eos_token`, or `response_length` of them) to prompt
         `index` of `split`. Plain Python, run in separate processes with a time limit: an
         exception or a timeout records a failure and gives `task.failure_reward`."""
         ...
@@ -174,10 +179,14 @@ def make_tokenizer(name: str) -> Any:
         return ByteTokenizer()
     if name in TOKENIZERS:
         return TOKENIZERS[name]()
+    from invar.runtime.gguf import is_gguf, prepared
+    if is_gguf(name):  # a GGUF model's own tokenizer, read from the file once (cached)
+        return HuggingFaceTokenizer(prepared(name))
     if not Path(name).expanduser().is_dir():
         raise ConfigError(("task.tokenizer",), f"{name!r} is neither a built-in tokenizer "
-                                               f"({', '.join(TOKENIZERS)}, {AUTO_TOKENIZER}) "
-                                               "nor a Hugging Face tokenizer directory")
+                                               f"({', '.join(TOKENIZERS)}, {AUTO_TOKENIZER}), "
+                                               "a Hugging Face tokenizer directory nor a "
+                                               ".gguf file")
     return HuggingFaceTokenizer(name)
 
 
@@ -204,9 +213,10 @@ class JsonlTask:
     object a line, optionally with `"split": "train" | "heldout"` (else the prompt's hash
     decides: about 1 in HELDOUT_BUCKETS is held out).
 
-    Each prompt (in the chat template when the tokenizer has one) is tokenized and left-padded
-    with the tokenizer's PAD to `prompt_length`; a prompt longer than that is refused with its
-    line named, never cut. The response is read up to the first EOS or PAD. Verifier "exact":
+    Each prompt (in the chat template when the tokenizer has one) is tokenized (the runtime
+    left-pads it to `prompt_length`, masked); a prompt longer than that is refused with its
+    line named, never cut. A response ends at the tokenizer's EOS (`eos_token`); its text
+    is read up to the first EOS or PAD. Verifier "exact":
     reward 1 when the response text equals the answer (both stripped of surrounding
     whitespace), else 0; "numeric": 1 when the last number in the response equals the answer
     (relative tolerance 1e-6), else 0. Prompt `index` of a split is line `index mod size` of
@@ -229,6 +239,7 @@ class JsonlTask:
         self.vocab_size = int(self.tokenizer.vocab_size)
         self.prompt_length = prompt_length
         self.response_length = response_length
+        self.eos_token: int | None = self.tokenizer.eos_token_id
         self._prompts: dict[str, list[list[int]]] = {split: [] for split in SPLITS}
         self._answers: dict[str, list[str]] = {split: [] for split in SPLITS}
         self._read()
@@ -291,8 +302,7 @@ class JsonlTask:
         if len(ids) > self.prompt_length:
             raise ValueError(f"the prompt is {len(ids)} tokens, longer than task.prompt_length "
                              f"= {self.prompt_length} (prompts are never cut)")
-        return split, [self.tokenizer.pad_token_id] * (self.prompt_length - len(ids)) + ids, \
-            answer
+        return split, ids, answer
 
     def split_size(self, split: str) -> int | None:
         return len(self._prompts[split])
@@ -399,18 +409,27 @@ def check_task(task: Any, where: str) -> None:
             raise ConfigError(("task.module",), f"{where}: split_size({split!r}) must be None "
                                                 f"or an integer >= 1, got {size!r}")
         prompt = task.prompt(0, split)
-        if len(prompt) != task.prompt_length or \
+        if not 1 <= len(prompt) <= task.prompt_length or \
                 not all(0 <= int(t) < task.vocab_size for t in prompt):
             raise ConfigError(("task.module",),
-                              f"{where}: prompt(0, {split!r}) must be {task.prompt_length} "
+                              f"{where}: prompt(0, {split!r}) must be 1..{task.prompt_length} "
                               f"token ids in 0..{task.vocab_size - 1}, got {prompt!r}")
+    eos = end_token(task)
+    if eos is not None and (isinstance(eos, bool) or not isinstance(eos, int)
+                            or not 0 <= eos < task.vocab_size):
+        raise ConfigError(("task.module",), f"{where}: eos_token must be None or a token id in "
+                                            f"0..{task.vocab_size - 1}, got {eos!r}")
 
 
-def prompt_rows(task: Task, split: str, indices: Sequence[int]) -> Any:
-    """Prompts of `split` at `indices`, as an int64 array [n, prompt_length]."""
-    import numpy as np
-    rows = [task.prompt(index, split) for index in indices]
-    return np.asarray(rows, dtype=np.int64).reshape(len(rows), task.prompt_length)
+def end_token(task: Any) -> int | None:
+    """The token that ends a response of `task` (its optional `eos_token`), or None: every
+    response then has `response_length` tokens."""
+    return getattr(task, "eos_token", None)
+
+
+def prompt_rows(task: Task, split: str, indices: Sequence[int]) -> Prompts:
+    """Prompts of `split` at `indices`, left-padded to `prompt_length`."""
+    return Prompts.of([task.prompt(index, split) for index in indices], task.prompt_length)
 
 
 def heldout_count(task: Task, wanted: int) -> int:

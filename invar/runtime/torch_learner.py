@@ -35,8 +35,10 @@ from invar.model.schedule import derive_seed
 from invar.runtime.backend import Binding, checked_sequences
 from invar.runtime.commits import CommitError, CommittedLearner
 from invar.runtime.config import OptimConfig
+from invar.runtime.padding import Prompts, Sequences, positions_of
 from invar.runtime.policy import PolicyConfig, build_policy, sequence_logprobs
 from invar.runtime.sampler import generate
+from invar.runtime.tasks import end_token
 from invar.runtime.weights import (
     state_dict_from_bytes,
     state_dict_to_bytes,
@@ -62,11 +64,17 @@ def load_weights_bytes(policy: torch.nn.Module, data: bytes) -> str:
     return weights_digest(state)
 
 
-def response_logprobs(policy: torch.nn.Module, tokens: Tensor, response_start: int) -> Tensor:
-    """Float64 log-probs [n, L - response_start] of the response tokens of `tokens` [n, L]."""
+def response_logprobs(policy: torch.nn.Module, tokens: Tensor, response_start: int,
+                      padding: tuple[Tensor, Tensor] | None = None) -> Tensor:
+    """Float64 log-probs [n, L - response_start] of the response tokens of `tokens` [n, L];
+    `padding`: the (attention mask, positions) [n, L] of left-padded prompts."""
     # The logits at position t predict token t + 1, so the last position is never needed.
-    logits = policy(tokens[:, :-1])[:, response_start - 1 :]
-    return sequence_logprobs(logits, tokens[:, response_start:])
+    if padding is None:
+        logits = policy(tokens[:, :-1])
+    else:
+        mask, positions = padding
+        logits = policy(tokens[:, :-1], mask[:, :-1], positions[:, :-1])
+    return sequence_logprobs(logits[:, response_start - 1 :], tokens[:, response_start:])
 
 
 class TorchLearner(CommittedLearner):
@@ -122,34 +130,43 @@ class TorchLearner(CommittedLearner):
 
     # -- scoring and updates -----------------------------------------------------------------
 
-    def _tokens(self, sequences: np.ndarray, response_start: int) -> Tensor:
-        sequences = checked_sequences(sequences, response_start)
-        return torch.as_tensor(sequences, dtype=torch.long, device=self.device)
+    def _tokens(self, sequences: np.ndarray | Sequences, response_start: int
+                ) -> tuple[Tensor, tuple[Tensor, Tensor] | None]:
+        """The token rows as a tensor, and the (mask, positions) of padded prompts."""
+        checked = checked_sequences(sequences, response_start)
+        tokens = torch.as_tensor(checked.tokens, dtype=torch.long, device=self.device)
+        if not checked.padded_prompts:
+            return tokens, None
+        mask = checked.attention_mask()
+        return tokens, (torch.as_tensor(mask, device=self.device),
+                        torch.as_tensor(positions_of(mask), device=self.device))
 
     @torch.no_grad()
     def score(
-        self, sequences: np.ndarray, response_start: int, need_reference: bool
+        self, sequences: np.ndarray | Sequences, response_start: int, need_reference: bool
     ) -> tuple[np.ndarray, np.ndarray | None]:
         """Float64 log-probs [n, R] of the response tokens under the current weights (the
         proximal policy) and, if asked, under the frozen reference."""
         self.state_digest()  # refuses before start()
-        tokens = self._tokens(sequences, response_start)
-        proximal = response_logprobs(self.model, tokens, response_start).cpu().numpy()
+        tokens, padding = self._tokens(sequences, response_start)
+        proximal = response_logprobs(self.model, tokens, response_start, padding).cpu().numpy()
         if not need_reference:
             return proximal, None
-        return proximal, response_logprobs(self.reference, tokens, response_start).cpu().numpy()
+        return proximal, response_logprobs(self.reference, tokens, response_start,
+                                           padding).cpu().numpy()
 
     def forward(
-        self, update: int, step: int, observation: int, sequences: np.ndarray, response_start: int
+        self, update: int, step: int, observation: int, sequences: np.ndarray | Sequences,
+        response_start: int
     ) -> tuple[str, np.ndarray]:
         """Log-probs [n, R] with grad; the graph waits for the cotangent bound to this call.
 
         Returns `(pre_step_digest, current_logprobs)`. A later forward replaces a pending one.
         """
         pre_step_digest = self.state_digest()
-        tokens = self._tokens(sequences, response_start)
+        tokens, padding = self._tokens(sequences, response_start)
         with torch.enable_grad():
-            logprobs = response_logprobs(self.model, tokens, response_start)
+            logprobs = response_logprobs(self.model, tokens, response_start, padding)
         self._pending = (Binding(update, step, observation, pre_step_digest),
                          tuple(logprobs.shape), logprobs)
         return pre_step_digest, logprobs.detach().cpu().numpy()
@@ -186,10 +203,14 @@ class TorchLearner(CommittedLearner):
         """Current policy weights serialised for publication (see `load_weights_bytes`)."""
         return state_dict_to_bytes(self.model.state_dict())
 
-    def evaluate_greedy(self, task: Any, prompts: np.ndarray) -> float:
-        """Mean reward of greedy answers to `prompts` [n, P] under the current weights;
-        `task` gives `response_length` and `rewards(prompts, responses)` (a task, or the
-        driver's `HeldoutScoring`, which runs the verifier with its time limit)."""
-        prompt_tokens = torch.as_tensor(prompts, dtype=torch.long, device=self.device)
-        responses, _ = generate(self.model, prompt_tokens, task.response_length, greedy=True)
-        return float(task.rewards(prompts, responses.cpu().numpy()).mean())
+    def evaluate_greedy(self, task: Any, prompts: np.ndarray | Prompts) -> float:
+        """Mean reward of greedy answers to `prompts` ([n, P], or left-padded `Prompts`)
+        under the current weights; `task` gives `response_length`, optionally `eos_token`,
+        and `rewards(prompts, responses)` (a task, or the driver's `HeldoutScoring`, which
+        runs the verifier with its time limit)."""
+        if not isinstance(prompts, Prompts):
+            prompts = Prompts.of(np.asarray(prompts).tolist(), np.asarray(prompts).shape[1])
+        prompt_tokens = torch.as_tensor(prompts.tokens, dtype=torch.long, device=self.device)
+        responses, _ = generate(self.model, prompt_tokens, task.response_length, greedy=True,
+                                prompt_lengths=prompts.lengths, eos=end_token(task))
+        return float(task.rewards(prompts.tokens, responses.cpu().numpy()).mean())

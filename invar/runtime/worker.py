@@ -38,9 +38,10 @@ from invar.model.messages import (
     unpack_launches,
 )
 from invar.model.ragged import Ragged
+from invar.runtime.padding import Prompts, response_lengths
 from invar.runtime.policy import Policy, PolicyConfig
 from invar.runtime.sampler import generate
-from invar.runtime.tasks import build_task
+from invar.runtime.tasks import build_task, end_token
 from invar.runtime.transport import (
     ConnectionLost,
     FrameError,
@@ -153,8 +154,8 @@ class RolloutWorker:
             # A launch for another version predates our last load: its request is done.
         sampled = [self._sample_chunk(chunk, group)
                    for (batch, chunk), group in sorted(fresh.items())]
-        for group, rows_of_group, tokens, logprobs, pending in sampled:
-            completed = self._complete(group, rows_of_group, tokens, logprobs, pending)
+        for group, rows_of_group, generated, pending in sampled:
+            completed = self._complete(group, rows_of_group, *generated, pending)
             frames.extend([completed] * len(completed))
             rows.extend(range(len(completed)))
         return Completions.gathered(frames, rows)
@@ -180,9 +181,11 @@ class RolloutWorker:
         return self._prompts[index]
 
     def _sample_chunk(self, chunk: int, group: list[LaunchRequest]
-                      ) -> tuple[list[LaunchRequest], list[int], Any, Any, Pending]:
-        """Generate one fixed-shape chunk and submit its responses to the verifier (which
-        scores them while the next chunk is generated)."""
+                      ) -> tuple[list[LaunchRequest], list[int],
+                                 tuple[np.ndarray, np.ndarray, np.ndarray], Pending]:
+        """Generate one fixed-shape chunk and submit its responses (each up to its first EOS)
+        to the verifier, which scores them while the next chunk is generated. Returns the
+        group, its rows in the chunk, the chunk's (tokens, log-probs, response lengths)."""
         g = self.args.group_size
         first_prompt = chunk * self.args.chunk_prompts
         prompts_here = min(self.args.chunk_prompts, self.args.prompts_per_batch - first_prompt)
@@ -194,29 +197,34 @@ class RolloutWorker:
             row = (command.request.prompt - first_prompt) * g + command.request.sample
             prompt_of_row[row] = self._prompt(command.prompt_index)
             seeds[row] = command.seed
-        tokens: Any  # rows of token ids and log-probs: numpy arrays (MLX) or tensors (torch)
-        logprobs: Any
+        prompts = Prompts.of(prompt_of_row, self.task.prompt_length)
+        eos = end_token(self.task)
         if self.args.backend == "mlx":
             from invar.runtime.mlx_sampler import generate as mlx_generate
+            if prompts.padded:
+                raise ValueError("the MLX sampler does not mask padded prompts: give every "
+                                 "prompt task.prompt_length tokens (or use the torch backend)")
             tokens, logprobs = mlx_generate(
-                self.policy, np.array(prompt_of_row), self.task.response_length, seeds,
+                self.policy, prompts.tokens, self.task.response_length, seeds,
                 temperature=self.args.temperature, top_k=self.args.top_k, top_p=self.args.top_p)
         else:
-            prompts = torch.as_tensor(np.array(prompt_of_row), dtype=torch.long)
-            tokens, logprobs = generate(self.policy, prompts, self.task.response_length, seeds,
-                                        temperature=self.args.temperature,
-                                        top_k=self.args.top_k, top_p=self.args.top_p)
+            tokens, logprobs = (values.numpy() for values in generate(
+                self.policy, torch.as_tensor(prompts.tokens), self.task.response_length, seeds,
+                temperature=self.args.temperature, top_k=self.args.top_k, top_p=self.args.top_p,
+                prompt_lengths=prompts.lengths, eos=eos))
+        lengths = response_lengths(tokens, eos)
         rows_of_group = [(command.request.prompt - first_prompt) * g + command.request.sample
                          for command in group]
         pending = self.verifier.submit([Job("train", command.prompt_index,
-                                            tuple(tokens[row].tolist()))
+                                            tuple(tokens[row, :lengths[row]].tolist()))
                                         for command, row in zip(group, rows_of_group)])
-        return group, rows_of_group, tokens, logprobs, pending
+        return group, rows_of_group, (tokens, logprobs, lengths), pending
 
-    def _complete(self, group: list[LaunchRequest], rows: list[int], tokens: Any,
-                  logprobs: Any, pending: Pending) -> Completions:
-        """The chunk's completions of `group` (its rows `rows` of `tokens` and `logprobs`), as
-        one frame's columns, each kept to answer a re-sent launch."""
+    def _complete(self, group: list[LaunchRequest], rows: list[int], tokens: np.ndarray,
+                  logprobs: np.ndarray, lengths: np.ndarray, pending: Pending) -> Completions:
+        """The chunk's completions of `group` (its rows `rows` of `tokens` and `logprobs`, each
+        cut to its response's length), as one frame's columns, each kept to answer a re-sent
+        launch."""
         outcomes = pending.outcomes()
         failed = [(tuple(c.request), o) for c, o in zip(group, outcomes) if o.status != OK]
         if failed:  # one line a chunk, to the worker's log
@@ -230,8 +238,9 @@ class RolloutWorker:
             versions[0] += 1
         frame = Completions(np.array([tuple(c.request) for c in group], dtype=np.int64),
                             np.array(versions, dtype=np.int64),
-                            _rows_of(np.asarray(tokens, dtype=np.int64)[rows]),
-                            _rows_of(np.asarray(logprobs, dtype=np.float64)[rows]),
+                            _rows_of(np.asarray(tokens, dtype=np.int64)[rows], lengths[rows]),
+                            _rows_of(np.asarray(logprobs, dtype=np.float64)[rows],
+                                     lengths[rows]),
                             np.array([outcome.reward for outcome in outcomes], dtype=np.float64))
         for row, (command, outcome) in enumerate(zip(group, outcomes)):
             if versions[row] == command.version:
@@ -245,10 +254,13 @@ class RolloutWorker:
         return frame
 
 
-def _rows_of(table: np.ndarray) -> Ragged:
-    """A fixed-shape chunk's rows (a fresh (n, T) array) as `Ragged` rows, without a copy."""
-    table.flags.writeable = False
-    return Ragged.from_table(table)
+def _rows_of(table: np.ndarray, lengths: np.ndarray) -> Ragged:
+    """A fixed-shape chunk's rows (a fresh (n, T) array), each cut to its length, as `Ragged`
+    rows (without a copy when every row is whole)."""
+    if (lengths == table.shape[1]).all():
+        table.flags.writeable = False
+        return Ragged.from_table(table)
+    return Ragged.from_padded(table, np.arange(table.shape[1]) < lengths[:, None])
 
 
 def main(argv: list[str]) -> int:

@@ -201,7 +201,8 @@ def test_a_directory_without_weights_or_tokenizer_is_refused(tmp_path, rt):
     (directory / "model.safetensors").unlink()
     assert refusal(directory) == (f"no model weights (*.safetensors or pytorch_model.bin) in "
                                   f"{directory}")
-    assert refusal(tmp_path / "absent") == f"{str(tmp_path / 'absent')!r} is not a directory"
+    assert refusal(tmp_path / "absent") == (f"{str(tmp_path / 'absent')!r} is neither a model "
+                                             "directory nor a .gguf file")
 
 
 @pytest.mark.parametrize("extra, fields", [
@@ -435,9 +436,9 @@ def test_a_jsonl_task_runs_in_the_model_s_own_tokens_async_equal_to_serial(tmp_p
     assert raw["model"]["symbol_ids"] == []  # no map: the model's whole vocabulary
     worker = RolloutWorker(WorkerArgs(**{**raw, "faults": ()}))
     assert worker.policy.vocab_size == len(tokenizer) + 3
-    # The chat template frames "3+4=" (line 3): left-padded with <pad>, ended by </s>.
+    # The chat template frames "3+4=" (line 3), ended by </s> (the runtime left-pads it).
     framed = tokenizer.encode("<s>3+4=</s>", add_special_tokens=False)
-    assert worker.task.prompt(2) == [0] * (12 - len(framed)) + framed
+    assert worker.task.prompt(2) == framed
 
     rt.run_serial(config)
     asynchronous = load_config(None, jsonl_overrides(rt, tmp_path / "async", model_dir,
@@ -466,7 +467,7 @@ def test_without_a_chat_template_the_prompt_is_its_own_text(tmp_path, rt):
     config = load_config(None, jsonl_overrides(rt, tmp_path / "run", model_dir))
     task = RolloutWorker(WorkerArgs(**{**worker_args(config, "worker-0"), "faults": ()})).task
     plain = tokenizer.encode("3+4=", add_special_tokens=False)
-    assert task.prompt(2) == [0] * (12 - len(plain)) + plain
+    assert task.prompt(2) == plain
     seven, eos, pad = tokenizer.convert_tokens_to_ids(["7", "</s>", "<pad>"])
     assert task.score("train", 2, [seven, eos, seven, pad]) == 1.0  # read up to EOS
     assert task.score("train", 2, [seven, seven, pad, pad]) == 0.0

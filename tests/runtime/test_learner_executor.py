@@ -257,6 +257,6 @@ def test_learner_inputs_from_the_batch_table_equal_the_rows_built_one_by_one():
             if isinstance(command, (ScoreProbabilities, RunForward)):
                 fast = learner_inputs(state, task, command)
                 assert fast is not None
-                assert np.array_equal(fast, _request_rows(state, task, command.requests))
+                assert fast == _request_rows(state, task, command.requests)
                 compared += 1
     assert compared == 3 * (1 + 3)  # per update: the scoring and K forwards

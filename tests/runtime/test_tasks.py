@@ -12,8 +12,16 @@ import pytest
 
 from invar.model.errors import ConfigError
 from invar.runtime.config import load_config, reverse_task, to_dict
+from invar.runtime.padding import PAD
 from invar.runtime.task import DigitReversal
-from invar.runtime.tasks import ByteTokenizer, JsonlTask, Task, build_task, last_number
+from invar.runtime.tasks import (
+    ByteTokenizer,
+    JsonlTask,
+    Task,
+    build_task,
+    last_number,
+    prompt_rows,
+)
 from invar.runtime.verifier import FAILED, OK, TIMEOUT, InlineVerifier, Job, VerifierPool
 
 ADDITION = Path(__file__).parents[2] / "invar" / "runtime" / "data" / "addition.jsonl"
@@ -36,11 +44,15 @@ def encode(text: str) -> tuple[int, ...]:
 # -- the JSONL task --------------------------------------------------------------------------
 
 
-def test_the_shipped_file_gives_left_padded_prompts_of_both_splits():
+def test_the_shipped_file_gives_prompts_of_both_splits_that_the_runtime_left_pads():
     task = JsonlTask(ADDITION, prompt_length=8, response_length=4, verifier="numeric")
     assert isinstance(task, Task)
     assert (task.split_size("train"), task.split_size("heldout")) == (40, 10)
-    assert task.prompt(2) == [256, 256, 256, 256, *encode("3+4=")]  # line 3, PAD on the left
+    assert task.prompt(2) == [*encode("3+4=")]  # line 3, as it is
+    assert task.eos_token == 257
+    prompts = prompt_rows(task, "train", [2, 0])
+    assert prompts.tokens[0].tolist() == [PAD] * 4 + [*encode("3+4=")]
+    assert prompts.lengths[0] == 4 and prompts.padded
     assert task.prompt(42) == task.prompt(2)  # indices wrap around the split
     assert task.prompt(0, "heldout") != task.prompt(0)
     assert task.vocab_size == 258

