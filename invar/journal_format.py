@@ -29,12 +29,13 @@ from invar.model.objective import ObjectiveConfig
 from invar.model.shell import Verdict, deliver
 from invar.model.state import State, initial_state, state_digest
 
-JOURNAL_FORMAT = 4
+JOURNAL_FORMAT = 5
 """2: state digests hash a sample's slot and the ledger without reprs; 3: a state's histories
 (commit digests, publications, evaluations, checkpoints) enter its digest as their length and
 hash chain, so a digest's cost does not grow with the run (PROTOCOL.md §3); 4: sampling seeds
 and plan keys are words of one SHAKE-128 stream per prompt group and per update (PROTOCOL.md
-§2.2): a run journalled before would re-issue its requests with other seeds."""
+§2.2): a run journalled before would re-issue its requests with other seeds; 5: the
+objective's configuration has `aggregation` (sequence or token mean), in every state digest."""
 
 
 @dataclass(frozen=True)

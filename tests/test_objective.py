@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 from unittest import mock
 
 import numpy as np
@@ -13,6 +14,7 @@ from hypothesis import strategies as st
 from invar.model import objective as objective_module
 from invar.model.errors import ConfigError
 from invar.model.objective import (
+    AGGREGATIONS,
     LOSSES,
     ObjectiveConfig,
     ObjectiveTerms,
@@ -86,12 +88,13 @@ def run(config: ObjectiveConfig, advantages, inputs, mask, **extra):
 # ---------------------------------------------------------------------------------------------
 
 
+@pytest.mark.parametrize("aggregation", AGGREGATIONS)
 @pytest.mark.parametrize("kl_coef", KL_COEFS)
 @pytest.mark.parametrize("loss", LOSSES)
 @pytest.mark.parametrize("seed", range(3))
-def test_cotangent_matches_central_finite_differences(loss, kl_coef, seed):
+def test_cotangent_matches_central_finite_differences(loss, kl_coef, seed, aggregation):
     rng = np.random.default_rng(seed)
-    config = ObjectiveConfig(loss=loss, kl_coef=kl_coef)
+    config = ObjectiveConfig(loss=loss, kl_coef=kl_coef, aggregation=aggregation)
     n, width = 4, 5
     mask = ragged_mask(rng, n, width)
     inputs = log_probs_away_from_kinks(rng, (n, width), config)
@@ -136,17 +139,20 @@ def torch_loss(torch, config, advantages, current, proximal, behavior, mask, ref
         delta = reference - current
         per_token = per_token + config.kl_coef * (torch.exp(delta) - delta - 1)
     maskf = mask.to(per_token.dtype)
+    if config.aggregation == "token_mean":  # DAPO Eq. 12: every token of the batch alike
+        return (per_token * maskf).sum() / maskf.sum()
     per_response = (per_token * maskf).sum(dim=1) / maskf.sum(dim=1)
     return per_response.mean()
 
 
+@pytest.mark.parametrize("aggregation", AGGREGATIONS)
 @pytest.mark.parametrize("kl_coef", KL_COEFS)
 @pytest.mark.parametrize("loss", LOSSES)
 @pytest.mark.parametrize("seed", range(3))
-def test_cotangent_matches_torch_autograd(loss, kl_coef, seed):
+def test_cotangent_matches_torch_autograd(loss, kl_coef, seed, aggregation):
     torch = pytest.importorskip("torch")
     rng = np.random.default_rng(100 + seed)
-    config = ObjectiveConfig(loss=loss, kl_coef=kl_coef)
+    config = ObjectiveConfig(loss=loss, kl_coef=kl_coef, aggregation=aggregation)
     n, width = 6, 7
     mask = ragged_mask(rng, n, width)
     current = rng.uniform(-3.0, -0.2, size=(n, width))
@@ -334,6 +340,27 @@ def test_loss_is_the_mean_of_per_response_losses(batch):
             cotangent[i] * mask.shape[0], single_cotangent[0], rtol=1e-12, atol=1e-15
         )
     assert terms.loss == pytest.approx(np.mean(alone), rel=1e-12, abs=1e-12)
+
+
+@settings(max_examples=80, deadline=None)
+@given(batch=batches())
+def test_token_mean_weighs_each_response_by_its_length(batch):
+    """DAPO's token mean: L = sum_i |o_i| L_i / sum_i |o_i|, L_i response i's own loss; with
+    responses of one length it is GRPO's sequence mean, bit for bit."""
+    config, advantages, arrays, mask = batch
+    token_config = replace(config, aggregation="token_mean")
+    terms, cotangent = run(token_config, advantages, arrays, mask)
+    lengths = mask.sum(axis=1)
+    alone = [run(config, advantages[i:i + 1], {k: v[i:i + 1] for k, v in arrays.items()},
+                 mask[i:i + 1])[0].loss for i in range(len(lengths))]
+    assert terms.loss == pytest.approx(float(np.dot(lengths, alone) / lengths.sum()),
+                                       rel=1e-12, abs=1e-12)
+    assert np.all(cotangent[~mask] == 0.0)
+    whole = np.ones_like(mask)
+    (token_terms, token_cotangent), (sequence_terms, sequence_cotangent) = (
+        run(c, advantages, arrays, whole) for c in (token_config, config))
+    assert token_terms == sequence_terms
+    np.testing.assert_array_equal(token_cotangent, sequence_cotangent)
 
 
 @settings(max_examples=40, deadline=None)

@@ -714,15 +714,20 @@ def _batch_inputs(config: RunConfig, batch: BatchState,
         lengths = tokens.lengths
         row_lengths: np.ndarray | int = lengths[0]  # every row's
         widths = [lengths[0]] * len(plan)
+        step_tokens = step_sizes * lengths[0]
     else:
         mask = in_plan_order(mask)
         lengths = tuple(map(tokens.lengths.__getitem__, order.tolist()))  # in plan order
         row_lengths = np.array(lengths, dtype=np.intp)
         widths = [max(lengths[start:end]) for start, end in zip([0, *ends], ends)]
+        step_tokens = np.repeat([sum(lengths[start:end]) for start, end in
+                                 zip([0, *ends], ends)], sizes)
     advantages = group_advantages(completions.rewards, config.group_size,
                                   config.objective.normalize_advantages)
     inputs = objective_inputs(config.objective, in_plan_order(advantages), proximal, behavior,
-                              reference, mask, token_share(step_sizes, row_lengths),
+                              reference, mask,
+                              token_share(step_sizes, row_lengths, config.objective.aggregation,
+                                          step_tokens),
                               mean_staleness=float(schedule.staleness(config, batch.batch)))
     steps = [slice(start, end) for start, end in zip([0, *ends], ends)]
     return BatchInputs(steps=tuple(map(inputs.rows, steps, widths)),

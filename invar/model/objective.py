@@ -33,10 +33,15 @@ divergence"; as used by GRPO, Shao et al. 2024, Eq. 4):
 
     l_t += beta * (exp(ref_t - c_t) - (ref_t - c_t) - 1)
 
-Aggregation (GRPO, Shao et al. 2024, Eq. 3): average over each response's valid tokens, then
-over responses, so a response weighs 1/n whatever its length:
+Aggregation (`ObjectiveConfig.aggregation`), over a response's valid tokens: those up to and
+including its first EOS, never any after it.
 
-    L = 1/n sum_i 1/|o_i| sum_{t in o_i} l_t
+    "sequence_mean"  GRPO (Shao et al. 2024, Eq. 3): average over each response's tokens,
+                     then over responses, so a response weighs 1/n whatever its length:
+                         L = 1/n sum_i 1/|o_i| sum_{t in o_i} l_t
+    "token_mean"     DAPO's token-level loss (Yu et al. 2025, Eq. 12): one average over every
+                     token of the minibatch, so a long response weighs more than a short one:
+                         L = 1/(sum_i |o_i|) sum_i sum_{t in o_i} l_t
 
 Gradient convention: the same sub-gradients as torch autograd, so the cotangent equals
 `torch.autograd.grad` of the same expression written with `torch.maximum` and `torch.clamp`:
@@ -59,6 +64,7 @@ from invar.model.errors import ConfigError
 from invar.model.memo import IdentityMemo
 
 LOSSES: tuple[str, ...] = ("decoupled_ppo", "unclipped_is", "behavior_ppo")
+AGGREGATIONS: tuple[str, ...] = ("sequence_mean", "token_mean")
 
 
 @dataclass(frozen=True)
@@ -79,6 +85,9 @@ class ObjectiveConfig:
             0 turns the penalty off and no reference log-probabilities are needed.
         normalize_advantages: divide the group-centred rewards by the group's standard
             deviation (GRPO); False keeps only the centring (Dr. GRPO style).
+        aggregation: one of `AGGREGATIONS`: "sequence_mean" (GRPO: each response's tokens
+            averaged, then the responses; the default) or "token_mean" (DAPO: one average
+            over every token of the minibatch).
     """
 
     loss: str = "decoupled_ppo"
@@ -87,6 +96,7 @@ class ObjectiveConfig:
     behavior_weight_cap: float = 5.0
     kl_coef: float = 0.0
     normalize_advantages: bool = True
+    aggregation: str = "sequence_mean"
 
     def __post_init__(self) -> None:
         # One spelling per number (0 and 0.0, numpy floats): equal configs, equal digests.
@@ -119,6 +129,8 @@ class ObjectiveConfig:
             )
         if not _is_real(self.kl_coef) or not 0.0 <= self.kl_coef < math.inf:
             refuse("kl_coef", f"must be a finite number >= 0, got {self.kl_coef!r}")
+        if not isinstance(self.aggregation, str) or self.aggregation not in AGGREGATIONS:
+            refuse("aggregation", f"must be one of {AGGREGATIONS}, got {self.aggregation!r}")
         if not isinstance(self.normalize_advantages, (bool, np.bool_)):
             refuse(
                 "normalize_advantages",
@@ -292,12 +304,20 @@ def behavior_weight(config: ObjectiveConfig, proximal: np.ndarray,
     return weight
 
 
-def token_share(responses: int | np.ndarray, lengths: np.ndarray | int) -> np.ndarray:
-    """1 / (n |o_i|), the weight of each token of response i in L (GRPO aggregation), as an
-    (n, 1) column: `responses` is n, the responses averaged over (or each response's n), and
-    `lengths` each response's |o_i| (or their one length)."""
-    tokens: np.ndarray = np.multiply(responses, lengths)  # n |o_i|, exact in integers
-    return 1.0 / tokens[:, None]
+def token_share(responses: int | np.ndarray, lengths: np.ndarray | int,
+                aggregation: str = "sequence_mean",
+                tokens: int | np.ndarray | None = None) -> np.ndarray:
+    """The weight of each token of response i in L, as an (n, 1) column: 1 / (n |o_i|) for
+    "sequence_mean" (`responses` is n, the responses averaged over, or each response's n, and
+    `lengths` each response's |o_i|, or their one length); 1 / sum_j |o_j| for "token_mean"
+    (`tokens`: the valid tokens averaged over, or each response's count of them)."""
+    if aggregation == "token_mean":
+        assert tokens is not None, "token_mean needs the tokens averaged over"
+        shape = np.shape(np.multiply(responses, lengths))
+        count: np.ndarray = np.broadcast_to(np.asarray(tokens, dtype=np.float64), shape)
+        return 1.0 / count[:, None]
+    weights: np.ndarray = np.multiply(responses, lengths)  # n |o_i|, exact in integers
+    return 1.0 / weights[:, None]
 
 
 def checked_objective(config: ObjectiveConfig, inputs: ObjectiveInputs,
@@ -503,8 +523,9 @@ def _objective_inputs(config: ObjectiveConfig, mask: np.ndarray, advantages: np.
         if reference is not None:
             reference = np.where(mask, reference, 0.0)
         valid = None if lengths.sum() == mask.size else mask
-    return objective_inputs(config, advantages, proximal, behavior, reference, valid,
-                            token_share(lengths.shape[0], lengths), mean_staleness), current
+    share = token_share(lengths.shape[0], lengths, config.aggregation, int(lengths.sum()))
+    return objective_inputs(config, advantages, proximal, behavior, reference, valid, share,
+                            mean_staleness), current
 
 
 _VALIDATED = IdentityMemo(16)

@@ -87,7 +87,8 @@ from invar.model.state import (
 
 CORE = "core"
 RESPONSE_TOKENS = 2
-"""Tokens per synthetic response: enough to exercise per-token averaging, small to hash."""
+"""Tokens of the longest synthetic response: enough to exercise per-token averaging, small to
+hash."""
 
 
 # ---------------------------------------------------------------------------------------------
@@ -117,11 +118,20 @@ def _logprob(*key: int) -> float:
     return -0.05 - (schedule.derive_seed(0, "lp", *key) % 1000) / 520.0
 
 
+def response_tokens(request: schedule.RequestId) -> int:
+    """The synthetic response's length: a response ends at its first EOS, so lengths differ
+    within a batch. Even batches are of one length (frames a fixed-shape worker sends), odd
+    ones ragged: every other response of an odd batch ends a token early."""
+    r = request
+    return RESPONSE_TOKENS - (r.batch % 2) * ((r.prompt + r.sample) % 2)
+
+
 def sample_completion(command: LaunchRequest) -> Completion:
     """What a correct, numerically invariant worker samples for a launch."""
     r = command.request
-    tokens = tuple((command.seed >> (4 * i)) % 10 for i in range(RESPONSE_TOKENS))
-    behavior = tuple(_logprob(*r, command.version, i) for i in range(RESPONSE_TOKENS))
+    length = response_tokens(r)
+    tokens = tuple((command.seed >> (4 * i)) % 10 for i in range(length))
+    behavior = tuple(_logprob(*r, command.version, i) for i in range(length))
     reward = float(tokens[0] % 2 + r.sample % 2) / 2.0
     return Completion(r, command.version, tokens, behavior, reward)
 
@@ -134,9 +144,9 @@ def sample_reply(*commands: LaunchRequest) -> RequestsCompleted:
 
 
 def scores_reply(command: ScoreProbabilities) -> ProbabilitiesReported:
-    proximal = Ragged.of([[_logprob(*r, command.update, -1, i) for i in range(RESPONSE_TOKENS)]
-                          for r in command.requests])
-    reference = (Ragged.of([[_logprob(*r, -2, i) for i in range(RESPONSE_TOKENS)]
+    proximal = Ragged.of([[_logprob(*r, command.update, -1, i)
+                           for i in range(response_tokens(r))] for r in command.requests])
+    reference = (Ragged.of([[_logprob(*r, -2, i) for i in range(response_tokens(r))]
                             for r in command.requests]) if command.reference else None)
     return ProbabilitiesReported(command.update, command.attempt, proximal, reference)
 
@@ -146,7 +156,7 @@ def forward_reply(command: RunForward, optimizer_steps: int, noise: int = 0) -> 
     obs = command.observation
     current = Ragged.of([[_logprob(*r, obs.update, obs.step, noise, i)
                            if noise else _logprob(*r, obs.update, obs.step, i)
-                           for i in range(RESPONSE_TOKENS)] for r in command.requests])
+                           for i in range(response_tokens(r))] for r in command.requests])
     return ForwardObserved(obs, command.attempt, step_digest(obs.update, obs.step, optimizer_steps),
                            current)
 

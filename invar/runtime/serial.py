@@ -36,7 +36,7 @@ from invar.runtime import journal as journal_io
 from invar.runtime.backend import LearnerBackend
 from invar.runtime.config import TrainConfig, task_section, to_dict, worker_names
 from invar.runtime.learner_executor import LearnerExecutor, learner_inputs
-from invar.runtime.metrics import MetricsLog
+from invar.runtime.metrics import MetricsLog, response_terms
 from invar.runtime.run_stats import Stats, VerifierFailures
 from invar.runtime.store import WeightsStore, publish
 from invar.runtime.tasks import build_task, heldout_count, prompt_rows
@@ -97,7 +97,8 @@ def run_serial(config: TrainConfig, learner: LearnerBackend) -> State:
                 elif isinstance(event, (UpdateCommitted, LearnerStarted)) and \
                         state.committed > before_state.committed:
                     update_started = _serial_row(config, metrics, before_state, terms,
-                                                 failures, update_started, progress)
+                                                 failures, update_started, progress,
+                                                 task.response_length)
             else:
                 stats.noops += 1
             stats.core_seconds += time.perf_counter() - began
@@ -141,16 +142,19 @@ def run_serial(config: TrainConfig, learner: LearnerBackend) -> State:
 
 def _serial_row(config: TrainConfig, metrics: MetricsLog, before: State,
                 terms: dict[int, list[dict[str, float]]], failures: VerifierFailures,
-                started: float, progress: Callable[[int, float, int], None]) -> float:
+                started: float, progress: Callable[[int, float, int], None],
+                response_length: int) -> float:
     """The metrics row of the update `before` commits (as the driver writes it)."""
     update = before.committed
-    rewards = completions_of(before.batches[0].slots).rewards
+    completions = completions_of(before.batches[0].slots)
+    rewards = completions.rewards
     applied = terms.pop(update, [])
     now = time.perf_counter()
     staleness = schedule.staleness(config.protocol, update)
     metrics.update(update=update, reward=float(np.mean(rewards)), staleness=staleness,
-                   terms={k: float(np.mean([t[k] for t in applied]))
-                          for k in (applied[0] if applied else {})},
+                   terms={**{k: float(np.mean([t[k] for t in applied]))
+                             for k in (applied[0] if applied else {})},
+                          **response_terms(completions.tokens, response_length)},
                    seconds=now - started, refused=0, noops=0,
                    verifier=failures.take(update))
     progress(update + 1, float(np.mean(rewards)), staleness)

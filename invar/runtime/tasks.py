@@ -33,7 +33,10 @@ from invar.model.errors import ConfigError
 from invar.runtime.padding import Prompts
 from invar.runtime.task import SPLITS, DigitReversal
 
-TASK_KINDS = ("reverse", "jsonl", "module")
+TASK_KINDS = ("reverse", "arithmetic", "jsonl", "module")
+BUILT_IN_KINDS = {"arithmetic": "invar.runtime.arithmetic:from_settings"}
+"""Task kinds built by a module of their own (imported only when named): the factory, called
+with the `task` section's getter."""
 VERIFIERS = ("exact", "numeric")
 JSONL_KEYS = ("prompt", "answer", "split")
 HELDOUT_BUCKETS = 8
@@ -371,6 +374,9 @@ def build_task(config: Any) -> Task:
     kind = get("name")
     if kind == "reverse":
         return DigitReversal(get("length"))
+    if kind in BUILT_IN_KINDS:
+        module_name, _, factory = BUILT_IN_KINDS[kind].partition(":")
+        return getattr(importlib.import_module(module_name), factory)(get)
     if kind == "jsonl":
         if not get("path"):
             raise ConfigError(("task.path",), "task.name = \"jsonl\" needs the file's path")
@@ -450,4 +456,6 @@ def describe(config: Any) -> str:
         return f"reverse {setting(config, 'length')} digits"
     if kind == "jsonl":
         return f"{Path(setting(config, 'path')).name} ({setting(config, 'verifier')} match)"
+    if kind == "arithmetic":
+        return f"sums of two numbers in 0..{setting(config, 'operand_max')} (math-verify)"
     return f"plug-in {setting(config, 'module')}"

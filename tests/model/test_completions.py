@@ -180,21 +180,29 @@ def launched() -> tuple[Driver, list[LaunchRequest]]:
                if isinstance(c, LaunchRequest)]
 
 
-FAULTS = {
-    "request": ({"request": RequestId(0, CONFIG.prompts_per_batch, 0)},
-                Reason.UNKNOWN_REQUEST, "]: request"),
-    "version": ({"version": 5}, Reason.WRONG_VERSION, "]: request"),
-    "token": ({"tokens": (-1, 2)}, Reason.MALFORMED_PAYLOAD, "].tokens: "),
-    "empty": ({"tokens": (), "behavior_logprobs": ()}, Reason.MALFORMED_PAYLOAD, "].tokens: "),
-    "lengths": ({"behavior_logprobs": (-0.5,)}, Reason.MALFORMED_PAYLOAD,
-                "].behavior_logprobs: 1 values for 2 tokens"),
-    "positive": ({"behavior_logprobs": (-0.5, 0.25)}, Reason.MALFORMED_PAYLOAD,
-                 "].behavior_logprobs: every value"),
-    "nan": ({"behavior_logprobs": (-0.5, math.nan)}, Reason.MALFORMED_PAYLOAD,
-            "].behavior_logprobs: every value"),
-    "minus_infinity": ({"behavior_logprobs": (-math.inf, -0.5)}, Reason.MALFORMED_PAYLOAD,
-                       "].behavior_logprobs: every value"),
-    "reward": ({"reward": math.inf}, Reason.MALFORMED_PAYLOAD, "].reward: must be finite"),
+def _logprobs(values: tuple[float, ...], n: int) -> tuple[float, ...]:
+    """`values` then -0.5 up to n values (responses here have 1 or 2 tokens)."""
+    return (values + (-0.5,) * n)[:max(n, len(values))]
+
+
+FAULTS = {  # each a change of a completion of n tokens, the reason, the detail's start
+    "request": (lambda n: {"request": RequestId(0, CONFIG.prompts_per_batch, 0)},
+                Reason.UNKNOWN_REQUEST, lambda n: "]: request"),
+    "version": (lambda n: {"version": 5}, Reason.WRONG_VERSION, lambda n: "]: request"),
+    "token": (lambda n: {"tokens": (-1, 2)[:n]}, Reason.MALFORMED_PAYLOAD,
+              lambda n: "].tokens: "),
+    "empty": (lambda n: {"tokens": (), "behavior_logprobs": ()}, Reason.MALFORMED_PAYLOAD,
+              lambda n: "].tokens: "),
+    "lengths": (lambda n: {"behavior_logprobs": (-0.5,) * (n + 1)}, Reason.MALFORMED_PAYLOAD,
+                lambda n: f"].behavior_logprobs: {n + 1} values for {n} tokens"),
+    "positive": (lambda n: {"behavior_logprobs": _logprobs((0.25,), n)},
+                 Reason.MALFORMED_PAYLOAD, lambda n: "].behavior_logprobs: every value"),
+    "nan": (lambda n: {"behavior_logprobs": _logprobs((math.nan,), n)}, Reason.MALFORMED_PAYLOAD,
+            lambda n: "].behavior_logprobs: every value"),
+    "minus_infinity": (lambda n: {"behavior_logprobs": _logprobs((-math.inf,), n)},
+                       Reason.MALFORMED_PAYLOAD, lambda n: "].behavior_logprobs: every value"),
+    "reward": (lambda n: {"reward": math.inf}, Reason.MALFORMED_PAYLOAD,
+               lambda n: "].reward: must be finite"),
 }
 
 
@@ -212,13 +220,15 @@ def test_a_bad_frame_is_refused_naming_its_first_bad_completion_and_field(
     assert not isinstance(step(d.state, frame), ProtocolError)  # repeats are fine
     index = data.draw(st.integers(0, size - 1))
     change, reason, field = FAULTS[fault]
-    rows[index] = replace(rows[index], **change)
+    tokens = len(rows[index].tokens)
+    rows[index] = replace(rows[index], **change(tokens))
     if index + 1 < size and data.draw(st.booleans()):
-        rows[index + 1] = replace(rows[index + 1], **FAULTS[later_fault][0])
+        rows[index + 1] = replace(rows[index + 1],
+                                  **FAULTS[later_fault][0](len(rows[index + 1].tokens)))
     outcome = step(d.state, replace(frame, completions=Completions.of(rows)))
     assert isinstance(outcome, ProtocolError) and outcome.state is d.state
     assert outcome.reason is reason
-    assert outcome.detail.startswith(f"completions[{index}{field}"), outcome.detail
+    assert outcome.detail.startswith(f"completions[{index}{field(tokens)}"), outcome.detail
 
 
 @settings(max_examples=60, deadline=None)

@@ -25,7 +25,13 @@ from invar_model_harness import AnsweringWith, commands_of  # noqa: E402
 
 from invar.model import ObjectiveConfig, RunConfig, run_complete, schedule  # noqa: E402
 from invar.model import messages as m  # noqa: E402
-from invar.model.objective import LOSSES, group_advantages, objective, pad  # noqa: E402
+from invar.model.objective import (  # noqa: E402
+    AGGREGATIONS,
+    LOSSES,
+    group_advantages,
+    objective,
+    pad,
+)
 from invar.model.ragged import Ragged  # noqa: E402
 
 
@@ -90,15 +96,16 @@ def _expected(config: RunConfig, v: _Values, update: int, step_index: int):
     return terms, Ragged.from_padded(cotangent, mask).values.tobytes()
 
 
-@settings(max_examples=12, deadline=None)
+@settings(max_examples=16, deadline=None)
 @given(loss=st.sampled_from(LOSSES), kl_coef=st.sampled_from([0.0, 0.05]),
        optimizer_steps=st.sampled_from([1, 3]), uniform=st.booleans(),
-       seed=st.integers(0, 2**16))
+       aggregation=st.sampled_from(AGGREGATIONS), seed=st.integers(0, 2**16))
 def test_every_cotangent_is_the_objective_of_its_rows_bit_for_bit(loss, kl_coef, optimizer_steps,
-                                                                  uniform, seed):
+                                                                  uniform, aggregation, seed):
     config = RunConfig(prompts_per_batch=5, group_size=4, max_staleness=1, sync_period=1,
                        optimizer_steps=optimizer_steps, total_updates=2, max_inflight_batches=2,
-                       seed=seed, objective=ObjectiveConfig(loss=loss, kl_coef=kl_coef))
+                       seed=seed, objective=ObjectiveConfig(loss=loss, kl_coef=kl_coef,
+                                                            aggregation=aggregation))
     _assert_cotangents_are_the_objective(config, _Values(seed, uniform))
 
 

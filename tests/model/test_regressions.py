@@ -327,6 +327,15 @@ def test_f4_acknowledgements_are_idempotent_and_checked():
 F5_CONFIG = small_config()  # B=2, G=2, K=2, N=3
 
 
+def as_long_as(forward: m.ForwardObserved, asked: tuple) -> m.ForwardObserved:
+    """A forward of other samples, each row cut or padded to the length of the sample asked
+    for in its place (responses differ in length: a mixed-up learner of fixed-shape rows)."""
+    from invar.model.world import response_tokens
+    rows = [tuple(row[:response_tokens(r)]) + (-0.5,) * (response_tokens(r) - len(row))
+            for row, r in zip(forward.current_logprobs, asked)]
+    return replace(forward, current_logprobs=Ragged.of(rows))
+
+
 class OtherPositions(Driver):
     """A buggy learner: forwards the samples of another minibatch than the one asked for."""
 
@@ -334,8 +343,8 @@ class OtherPositions(Driver):
         if isinstance(command, m.RunForward) and command.attempt == self.learner_attempt:
             requests = schedule.request_ids(self.config, command.observation.update)
             others = tuple(r for r in requests if r not in command.requests)
-            return reply(replace(command, requests=others[:len(command.requests)]),
-                         self.config.optimizer_steps)
+            return as_long_as(reply(replace(command, requests=others[:len(command.requests)]),
+                                    self.config.optimizer_steps), command.requests)
         return super().answer(command)
 
 
@@ -382,8 +391,8 @@ def test_f5_in_the_world_a_learner_forwarding_other_positions_is_seen(monkeypatc
     def other_positions(command, optimizer_steps, noise=0):
         requests = schedule.request_ids(F5_CONFIG, command.observation.update)
         others = tuple(r for r in requests if r not in command.requests)
-        return honest(replace(command, requests=others[:len(command.requests)]),
-                      optimizer_steps, noise)
+        return as_long_as(honest(replace(command, requests=others[:len(command.requests)]),
+                                 optimizer_steps, noise), command.requests)
 
     monkeypatch.setattr(w, "forward_reply", other_positions)
     world = w.run_fifo(w.new_world(F5_CONFIG))
