@@ -70,7 +70,7 @@ from invar.runtime.learner_executor import (
 )
 from invar.runtime.metrics import MetricsLog
 from invar.runtime.run_stats import Stats, VerifierFailures
-from invar.runtime.store import WeightsStore, publish
+from invar.runtime.store import WeightsStore, heal, publish
 from invar.runtime.tasks import build_task, heldout_count, prompt_rows
 from invar.runtime.transport import (
     ConnectionLost,
@@ -239,6 +239,9 @@ class Driver:
             if self.resume:
                 # Accepted: only now may the resumed run record its (operational) settings.
                 self._write_config()
+                # A store file damaged while the driver was down would be refused by every
+                # worker sent it: published again from its commit before any worker starts.
+                await asyncio.to_thread(heal, self.learner, self.store, self.state.retained)
                 # Whatever was in flight when the driver died is re-sent (a no-op if nothing).
                 self.events.put_nowait(TimerFired())
                 # Workers the journal knows but the configuration no longer has (the run was
@@ -554,6 +557,8 @@ class Driver:
             elif failures > MAX_RESPAWNS:
                 why = f"it died {failures} times in a row without completing a request"
             else:
+                if not served:  # it may have refused a damaged store file: healed first
+                    await asyncio.to_thread(heal, self.learner, self.store, self.state.retained)
                 # Backoff: at once after a death that followed work, then 0.5 s, 1 s, 2 s...
                 await asyncio.sleep(0 if failures <= 1 else RESPAWN_BACKOFF * 2 ** (failures - 2))
                 incarnation += 1

@@ -4,14 +4,23 @@ A stored file has its digest beside it (`NAME.digest`): the store's `weights-NNN
 the parameters' digest, a checkpoint (`invar.runtime.learner_executor`) with the state
 digest. Both are written atomically, the digest last, so a file counts as whole once its
 digest is there.
+
+A store file that no longer matches its digest (a flipped bit, a file lost) would be refused
+by every worker sent it, forever: `heal` publishes it again from its verified commit, on
+resume and after a worker dies without serving.
 """
 
 from __future__ import annotations
 
+import logging
+from collections.abc import Iterable
 from pathlib import Path
 
 from invar.runtime.backend import LearnerBackend
-from invar.runtime.weights import atomic_write
+from invar.runtime.commits import CommitError
+from invar.runtime.weights import atomic_write, state_dict_from_bytes, weights_digest
+
+log = logging.getLogger("invar.store")
 
 
 def digest_path(path: Path) -> Path:
@@ -53,7 +62,21 @@ class WeightsStore:
 
     def write(self, version: int, blob: bytes, params_digest: str) -> None:
         write_with_digest(self.path(version), blob, params_digest)
-        self._newest = (version, blob, params_digest)  # once the files are whole
+        newest = self._newest
+        if newest is None or version >= newest[0]:  # a version published again may be older
+            self._newest = (version, blob, params_digest)  # once the files are whole
+
+    def intact(self, version: int) -> bool:
+        """Whether the files of `version` on disk hold the weights their digest names."""
+        path = self.path(version)
+        digest = read_digest(path)
+        if digest is None or not path.exists():
+            return False
+        try:
+            weights = state_dict_from_bytes(path.read_bytes())
+        except Exception:  # damaged bytes can fail to parse in any way the format's reader has
+            return False
+        return weights_digest(weights) == digest
 
     def read(self, version: int) -> tuple[bytes, str]:
         newest = self._newest
@@ -77,3 +100,23 @@ def publish(learner: LearnerBackend, store: WeightsStore, version: int) -> str:
     blob, params_digest, digest = learner.published_weights(version)
     store.write(version, blob, params_digest)
     return digest
+
+
+def heal(learner: LearnerBackend, store: WeightsStore, versions: Iterable[int]) -> list[int]:
+    """Publish again, from its verified commit, each of `versions` (the ones the store keeps)
+    whose files fail their digest; returns those healed. One whose commit is gone (pruned) is
+    logged and left: a worker sent it refuses it, as before."""
+    healed = []
+    for version in versions:
+        if store.intact(version):
+            continue
+        try:
+            publish(learner, store, version)
+        except CommitError as error:
+            log.error("store file of version %d fails its digest and cannot be published "
+                      "again: %s", version, error)
+            continue
+        log.warning("store file of version %d failed its digest: published again from its "
+                    "commit", version)
+        healed.append(version)
+    return healed
