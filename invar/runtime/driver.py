@@ -113,13 +113,15 @@ class Driver:
 
     `learner`: a backend (`TorchLearner`, `MLXLearner`, or a fake: any `LearnerBackend`);
     `spawn_worker(name, incarnation)`: a connected `Transport` to a new worker (default: a
-    local process); `learner_inputs`: what the backend gets beside each learner command.
+    local process); `learner_inputs`: what the backend gets beside each learner command;
+    `journal_key`: the key of the journal's chain (`journal.read_key`; None: unkeyed).
     """
 
     def __init__(self, config: TrainConfig, learner: LearnerBackend,
                  spawn_worker: SpawnWorker | None = None, resume: bool = False,
                  learner_inputs: LearnerInputs = learner_inputs,
-                 restored: tuple[Any, State, int] | None = None) -> None:
+                 restored: tuple[Any, State, int] | None = None,
+                 journal_key: bytes | None = None) -> None:
         self.config = config
         self.run_dir = Path(config.output.run_dir)
         self.run_dir.mkdir(parents=True, exist_ok=True)
@@ -148,6 +150,7 @@ class Driver:
         self.resume = resume
         self.restored = restored
         """`journal.restore` of the run's journal, when the caller checked it before (resume)."""
+        self.journal_key = journal_key
         self.seq = 0
         self._timer_armed = False
         self._last_progress = time.perf_counter()
@@ -183,7 +186,8 @@ class Driver:
     async def run(self) -> State:
         journal_path = self.run_dir / "journal.jsonl"
         if self.resume:
-            protocol, self.state, self.seq = self.restored or journal_io.restore(journal_path)
+            protocol, self.state, self.seq = self.restored or journal_io.restore(
+                journal_path, self.journal_key)
             if protocol != self.config.protocol:
                 raise ResumeError(f"{journal_path} was written for protocol {protocol}, not "
                                   f"{self.config.protocol}: a run cannot change its protocol")
@@ -206,7 +210,7 @@ class Driver:
             await self._ssh.check()
         if not self.resume:
             self._write_config()
-        self.journal = journal_io.Journal(journal_path, self.config.protocol)
+        self.journal = journal_io.Journal(journal_path, self.config.protocol, self.journal_key)
         if self.resume:
             self.journal.sync()  # what the run is resumed from is durable before anything goes out
         self._synced = self.seq - 1

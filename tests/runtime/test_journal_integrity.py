@@ -1,0 +1,139 @@
+"""What a real run's journal proves (finding 1 of issue 30): a reward changed and every digest
+computed again by replaying the model passes the model, but not re-scoring
+(`invar-check --trace --rescore`, the default for the built-in tasks) and not a keyed chain
+(`invar train --journal-key`, `invar-check --trace --key`)."""
+
+from __future__ import annotations
+
+import dataclasses
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from checker.cli import main as invar_check
+from invar.model.completions import Completions
+from invar.model.messages import Event, RequestsCompleted
+from invar.runtime import journal
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory, rt) -> Path:
+    """A real run of the default task (digit reversal), complete."""
+    run_dir = tmp_path_factory.mktemp("run") / "run"
+    rt.run_driver(rt.tiny_config(run_dir))
+    return run_dir
+
+
+@pytest.fixture(scope="module")
+def key_file(tmp_path_factory) -> Path:
+    path = tmp_path_factory.mktemp("keys") / "journal.key"
+    path.write_bytes(bytes(range(100, 132)))
+    return path
+
+
+def check(capsys, *args: str) -> tuple[int, str]:
+    code = invar_check(["--trace", *args])
+    captured = capsys.readouterr()
+    return code, " ".join((captured.out + captured.err).split())
+
+
+def forged(events: list[Event]) -> tuple[list[Event], tuple[int, int, int]]:
+    """The events with the reward of the first completion of the last frame raised by 1 (the
+    issue's 0.25 -> 1.25), and that completion's request."""
+    last = max(i for i, event in enumerate(events) if isinstance(event, RequestsCompleted))
+    frame = events[last]
+    assert isinstance(frame, RequestsCompleted)
+    columns = frame.completions
+    rewards = np.array(columns.rewards)
+    rewards[0] += 1.0
+    changed = Completions(columns.requests, columns.versions, columns.tokens,
+                          columns.behavior_logprobs, rewards)
+    request = tuple(columns.requests[0].tolist())
+    return ([*events[:last], dataclasses.replace(frame, completions=changed), *events[last + 1:]],
+            (request[0], request[1], request[2]))
+
+
+def copy_of(run: Path, target: Path) -> Path:
+    shutil.copytree(run, target)
+    return target
+
+
+def test_a_real_run_is_rescored_by_default(run, capsys):
+    code, out = check(capsys, str(run))
+    assert code == 0, out
+    assert "complete run" in out and "journalled rewards are the task verifier's" in out
+    code, out = check(capsys, str(run / "journal.jsonl"), "--no-rescore")
+    assert code == 0 and "rewards not re-scored (--no-rescore)" in out, out
+
+
+def test_a_reward_rewritten_and_digested_again_fails_rescoring(run, tmp_path, capsys):
+    """The forgery passes the model (every digest and link computed again), so only the
+    verifier can tell: re-scored, the changed reward is named with its sample."""
+    run_dir = copy_of(run, tmp_path / "run")
+    config, entries = journal.read(run_dir / "journal.jsonl")
+    events, (batch, prompt, sample) = forged([entry.event for entry in entries])
+    (run_dir / "journal.jsonl").unlink()
+    journal.write_events(run_dir / "journal.jsonl", config, events)
+    code, out = check(capsys, str(run_dir), "--no-rescore")
+    assert code == 0, out  # what `--trace` said of it before re-scoring
+    for asked in ("--rescore", None):
+        code, out = check(capsys, *filter(None, (str(run_dir), asked)))
+        assert code == 1, out
+        assert f"the reward of sample (batch {batch}, prompt {prompt}, sample {sample}) is " \
+               in out and "by the task's verifier" in out, out
+
+
+@pytest.mark.parametrize("rewrite_key", [None, bytes(32)])
+def test_a_keyed_journal_rewritten_without_its_key_fails(run, tmp_path, key_file, capsys,
+                                                          rewrite_key):
+    """The same forgery of a keyed journal, its digests computed again unkeyed or with a
+    guessed key: with the run's key it is a departure at its first line."""
+    run_dir = copy_of(run, tmp_path / "run")
+    path = run_dir / "journal.jsonl"
+    config, entries = journal.read(path)
+    key = journal.read_key(key_file, run_dir)
+    path.unlink()
+    journal.write_events(path, config, [entry.event for entry in entries], key=key)
+    assert check(capsys, str(run_dir), "--key", str(key_file))[0] == 0  # the run's, keyed
+    path.unlink()
+    journal.write_events(path, config, forged([entry.event for entry in entries])[0],
+                         key=rewrite_key)
+    code, out = check(capsys, str(run_dir), "--key", str(key_file))
+    assert code == 1 and f"departure at {path}:1:" in out, out
+
+
+def test_a_keyed_run_is_resumed_with_its_key_only(tmp_path, key_file, rt):
+    """`invar train --journal-key`: the journal is keyed; a resume without the key, or with
+    another, is refused before anything is written; with it, the run goes on and its chain
+    holds."""
+    run_dir = tmp_path / "run"
+    overrides = [arg for item in rt.tiny_overrides(run_dir) for arg in ("--set", item)]
+    done = subprocess.run(rt.cli("train", *overrides, "--journal-key", str(key_file)),
+                          capture_output=True, text=True, timeout=180)
+    assert done.returncode == 0, done.stderr
+    path = run_dir / "journal.jsonl"
+    # Resumable work: the journal cut before its last commit (the commit is on disk).
+    lines = path.read_text().splitlines(keepends=True)
+    last = max(i for i, line in enumerate(lines) if '"type":"UpdateCommitted"' in line)
+    path.write_text("".join(lines[:last]))
+    cut = path.read_bytes()
+    other = key_file.parent / "other.key"
+    other.write_bytes(bytes(32))
+    for key in ((), ("--journal-key", str(other))):
+        refused = subprocess.run(rt.cli("train", "--resume", str(run_dir), *key),
+                                 capture_output=True, text=True, timeout=180)
+        assert refused.returncode == 2, refused.stderr
+        assert "resume refused" in refused.stderr and str(path) in refused.stderr
+        assert path.read_bytes() == cut
+    resumed = subprocess.run(rt.cli("train", "--resume", str(run_dir), "--journal-key",
+                                    str(key_file)), capture_output=True, text=True, timeout=180)
+    assert resumed.returncode == 0, resumed.stderr
+    checked = subprocess.run([sys.executable, "-m", "checker.cli", "--trace", str(run_dir),
+                              "--key", str(key_file)], capture_output=True, text=True,
+                             timeout=180)
+    assert checked.returncode == 0, checked.stdout + checked.stderr
+    assert "its keyed chain holds" in checked.stdout
