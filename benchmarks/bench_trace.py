@@ -60,6 +60,7 @@ def rescore(path: Path) -> tuple[int, float]:
     config, entries = journal_format.read(path)
     began = time.perf_counter()
     score, _ = scorer(path.parent)
+    assert score is not None
     scored, mismatch = journal_format.rescore(config, entries, score)
     if mismatch is not None:
         raise SystemExit(f"line {mismatch.line}: reward of {mismatch.request} is "

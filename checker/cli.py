@@ -524,9 +524,14 @@ def _rescore(path: Path, config: Any, entries: list[journal_format.Entry],
         return "rewards not re-scored (--no-rescore)"
     if asked is None and not (path.parent / "config.json").is_file():
         return "rewards not re-scored (no config.json beside the journal: not a run directory)"
-    from invar.runtime.rescore import BUILT_IN, scorer  # the task's verifier is a plug-in
-    score, task = scorer(path.parent)
-    if asked is None and task not in BUILT_IN:
+    from invar.runtime.rescore import scorer  # the task's verifier is a plug-in
+    try:
+        score, task = scorer(path.parent, any_task=bool(asked))
+    except (OSError, ValueError, ConfigError) as error:
+        if asked:
+            raise
+        return f"rewards not re-scored (the task's verifier cannot be built here: {error})"
+    if score is None:
         return (f"rewards not re-scored (task {task!r}: its verifier's cost is unknown; "
                 f"--rescore re-scores them)")
     scored, mismatch = journal_format.rescore(config, entries, score)

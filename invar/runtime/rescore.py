@@ -26,11 +26,13 @@ A "module" task's verifier is user code of unknown cost (it may run tests, call 
 re-scored when asked (`--rescore`)."""
 
 
-def scorer(run_dir: Path) -> tuple[Callable[[int, tuple[int, ...]], float], str]:
+def scorer(run_dir: Path, any_task: bool = True
+           ) -> tuple[Callable[[int, tuple[int, ...]], float] | None, str]:
     """The verifier of the run in `run_dir` as its config.json configures it, as
     `score(prompt_index, tokens) -> reward` on train prompts (an exception or a non-number is
-    `task.failure_reward`, as in a worker; no time limit), and the task's kind. Raises
-    ConfigError naming the file when there is no configuration to build it from."""
+    `task.failure_reward`, as in a worker; no time limit), and the task's kind; None for the
+    verifier when the task is not a BUILT_IN one and not `any_task` (it is not even built).
+    Raises ConfigError naming the file when there is no configuration to build it from."""
     path = Path(run_dir) / "config.json"
     try:
         saved = json.loads(path.read_text(encoding="utf-8"))
@@ -39,6 +41,8 @@ def scorer(run_dir: Path) -> tuple[Callable[[int, tuple[int, ...]], float], str]
         raise ConfigError((str(path),), f"cannot build the task's verifier from it: "
                                         f"{error}") from None
     section = task_section(config)
+    if not any_task and section["name"] not in BUILT_IN:
+        return None, str(section["name"])
     task = build_task(section)
     failure_reward = float(section["failure_reward"])
 

@@ -358,3 +358,28 @@ def test_protocol_lists_exactly_the_fields_the_state_digests_do_not_cover(comple
     section = section[:section.index("\n\n", section.index("| Field |"))]
     listed = set(re.findall(r"^\| `(\w+\.\w+)` \|", section, re.MULTILINE))
     assert uncovered == listed
+
+
+def test_a_verifier_that_cannot_be_built_is_said_and_refused_when_asked_for(complete, capsys):
+    """By default a task whose verifier cannot be built here (its file elsewhere) leaves the
+    rewards unchecked and says so; --rescore insists: bad input."""
+    (complete.parent / "config.json").write_text(json.dumps(
+        {"task": {"name": "jsonl", "path": str(complete.parent / "elsewhere.jsonl")}}))
+    code, out = check(complete, capsys)
+    assert code == 0 and "rewards not re-scored (the task's verifier cannot be built" in out, out
+    code = invar_check(["--trace", str(complete), "--rescore"])
+    out = " ".join(capsys.readouterr().err.split())
+    assert code == 2 and "--rescore:" in out and "elsewhere.jsonl" in out, out
+
+
+def test_a_plug_in_task_is_rescored_when_asked_for(complete, capsys):
+    """A "module" task's verifier is user code of unknown cost: re-scored with --rescore only
+    (the canonical run's rewards are the fakes', not parity's: the first differs)."""
+    example = Path(__file__).resolve().parents[2] / "examples" / "parity_task.py"
+    (complete.parent / "config.json").write_text(json.dumps(
+        {"task": {"name": "module", "module": f"{example}:make_task"}}))
+    code, out = check(complete, capsys)
+    assert code == 0 and "rewards not re-scored (task 'module'" in out, out
+    code = invar_check(["--trace", str(complete), "--rescore"])
+    out = " ".join(capsys.readouterr().out.split())
+    assert code == 1 and "the reward of sample (batch 0," in out, out
