@@ -137,3 +137,14 @@ def test_a_keyed_run_is_resumed_with_its_key_only(tmp_path, key_file, rt):
                              timeout=180)
     assert checked.returncode == 0, checked.stdout + checked.stderr
     assert "its keyed chain holds" in checked.stdout
+
+
+def test_a_serial_run_keys_its_journal(tmp_path, key_file, rt, capsys):
+    from invar.runtime.cli import make_learner
+    from invar.runtime.serial import run_serial
+    run_dir = tmp_path / "serial"
+    config = rt.tiny_config(run_dir)
+    with rt.torch_globals_kept():
+        run_serial(config, make_learner(config), journal_key=journal.read_key(key_file, run_dir))
+    code, out = check(capsys, str(run_dir), "--key", str(key_file))
+    assert code == 0 and "its keyed chain holds" in out, out
