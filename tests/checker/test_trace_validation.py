@@ -17,7 +17,6 @@ from pathlib import Path
 import pytest
 
 from checker.cli import main as invar_check
-from invar.journal_format import CHAIN_START, linked, unlinked
 from invar.model.config import RunConfig
 from invar.model.invariants import violations
 from invar.model.state import Assigned
@@ -31,6 +30,7 @@ from invar.testing import (
     duplicate,
     fire_timer,
     new_world,
+    relinked,
     restart_driver,
     restart_learner,
     restart_worker,
@@ -63,18 +63,6 @@ def check(path: Path, capsys) -> tuple[int, str]:
 
 def lines_of(path: Path) -> list[str]:
     return path.read_text().splitlines(keepends=True)
-
-
-def relinked(lines: list[str], key: bytes | None = None) -> str:
-    """The lines with their chain links computed again (`key`: keyed): what whoever edits a
-    journal can do to its unkeyed chain."""
-    chain, out = CHAIN_START, []
-    for line in lines:
-        parts = unlinked(line.rstrip("\n"))
-        assert parts is not None, line
-        text, chain = linked(key, chain, parts[0])
-        out.append(text)
-    return "".join(out)
 
 
 def edit_first(lines: list[str], kind: str, field: str, value: object) -> int:
