@@ -56,16 +56,15 @@ def validate(path: Path) -> tuple[int, float, float]:
 def rescore(path: Path) -> tuple[int, float]:
     """(rewards re-scored, seconds: building the verifier from config.json, then scoring)."""
     from invar import journal_format
-    from invar.runtime.rescore import scorer
+    from invar.runtime.rescore import verifier
     config, entries = journal_format.read(path)
     began = time.perf_counter()
-    score, _ = scorer(path.parent)
-    assert score is not None
-    scored, mismatch = journal_format.rescore(config, entries, score)
-    if mismatch is not None:
-        raise SystemExit(f"line {mismatch.line}: reward of {mismatch.request} is "
-                         f"{mismatch.journalled}, the verifier's {mismatch.rescored}")
-    return scored, time.perf_counter() - began
+    built = verifier(path.parent)
+    assert built.score is not None
+    found = journal_format.rescore(config, entries, built.score, built.failure_reward)
+    if found.mismatch is not None:
+        raise SystemExit(f"line {found.mismatch.line}: {found.mismatch}")
+    return found.scored, time.perf_counter() - began
 
 
 def main() -> int:

@@ -496,11 +496,7 @@ def _trace(path: Path, console: Console, key_file: str | None = None,
         print(f"invar-check: --rescore: {error}", file=sys.stderr)
         return 2
     if isinstance(rescored, journal_format.Rescored):
-        batch, prompt, sample = rescored.request
-        console.print(f"[red bold]departure[/red bold] at {path}:{rescored.line}: the reward "
-                      f"of sample (batch {batch}, prompt {prompt}, sample {sample}) is "
-                      f"{rescored.journalled!r} in the journal, {rescored.rescored!r} by the "
-                      f"task's verifier")
+        console.print(f"[red bold]departure[/red bold] at {path}:{rescored.line}: {rescored}")
         return 1
     keyed = "; its keyed chain holds" if key is not None else ""
     if state is not None and run_complete(state) and not contents.torn:
@@ -524,18 +520,24 @@ def _rescore(path: Path, config: Any, entries: list[journal_format.Entry],
         return "rewards not re-scored (--no-rescore)"
     if asked is None and not (path.parent / "config.json").is_file():
         return "rewards not re-scored (no config.json beside the journal: not a run directory)"
-    from invar.runtime.rescore import scorer  # the task's verifier is a plug-in
+    from invar.runtime.rescore import verifier  # the task's verifier is a plug-in
     try:
-        score, task = scorer(path.parent, any_task=bool(asked))
+        built = verifier(path.parent, any_task=bool(asked))
     except (OSError, ValueError, ConfigError) as error:
         if asked:
             raise
         return f"rewards not re-scored (the task's verifier cannot be built here: {error})"
-    if score is None:
-        return (f"rewards not re-scored (task {task!r}: its verifier's cost is unknown; "
+    if built.score is None:
+        return (f"rewards not re-scored (task {built.task!r}: its verifier's cost is unknown; "
                 f"--rescore re-scores them)")
-    scored, mismatch = journal_format.rescore(config, entries, score)
-    return mismatch or f"all {scored} journalled rewards are the task verifier's"
+    found = journal_format.rescore(config, entries, built.score, built.failure_reward)
+    if found.mismatch is not None:
+        return found.mismatch
+    if not found.failures:
+        return f"all {found.scored} journalled rewards are the task verifier's"
+    return (f"{found.scored - found.failures} of {found.scored} journalled rewards are the task "
+            f"verifier's, {found.failures} task.failure_reward = {built.failure_reward!r} where "
+            f"it now gives another (their call failed or timed out in the run)")
 
 
 def _prove(console: Console, assume_valid: bool) -> int:

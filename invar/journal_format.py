@@ -278,24 +278,50 @@ class Rescored:
     journalled: float
     rescored: float
 
+    def __str__(self) -> str:
+        batch, prompt, sample = self.request
+        return (f"the reward of sample (batch {batch}, prompt {prompt}, sample {sample}) is "
+                f"{self.journalled!r} in the journal, {self.rescored!r} by the task's verifier")
+
+
+@dataclass(frozen=True)
+class Rescoring:
+    """What re-scoring found."""
+
+    scored: int
+    failures: int
+    """Rewards journalled as the task's failure reward where the verifier now gives another: a
+    call that failed or timed out in the run gets the failure reward (`verifier.verify`), and
+    cannot be told from one that would fail again."""
+    mismatch: Rescored | None
+    """The first other difference (None: none)."""
+
 
 def rescore(config: RunConfig, entries: list[Entry],
-            score: Callable[[int, tuple[int, ...]], float]) -> tuple[int, Rescored | None]:
-    """Score every journalled completion again, `score(prompt_index, tokens)` being the task's
-    verifier on a train prompt, and compare it with the journalled reward (bit for bit: the
-    same function of the same arguments). Returns how many were scored, and the first that
-    differs (None: none does)."""
-    scored = 0
+            score: Callable[[int, tuple[int, ...]], float], failure_reward: float,
+            from_batch: int = 0) -> Rescoring:
+    """Score every journalled completion of batch `from_batch` or later again,
+    `score(prompt_index, tokens)` being the task's verifier on a train prompt, and compare it
+    with the journalled reward, bit for bit (the same function of the same arguments); a
+    journalled `failure_reward` is counted apart (`Rescoring.failures`)."""
+    scored = failures = 0
     for line, entry in enumerate(entries, start=2):
         event = entry.event
         if not isinstance(event, RequestsCompleted):
             continue
         completions = event.completions
         for row, (batch, prompt, sample) in enumerate(completions.requests.tolist()):
+            if batch < from_batch:
+                continue
             tokens = tuple(completions.tokens.row(row).tolist())
             verdict = float(score(prompt_index(config, batch, prompt), tokens))
             journalled = float(completions.rewards[row])
             scored += 1
-            if verdict != journalled:
-                return scored, Rescored(line, (batch, prompt, sample), journalled, verdict)
-    return scored, None
+            if verdict == journalled:
+                continue
+            if journalled == failure_reward:
+                failures += 1
+                continue
+            return Rescoring(scored, failures,
+                             Rescored(line, (batch, prompt, sample), journalled, verdict))
+    return Rescoring(scored, failures, None)

@@ -224,8 +224,12 @@ def _journal_key(path: str | None, run_dir: str) -> bytes | None:
 
 
 def _restore_journal(path: Path, config: TrainConfig, journal_key: bytes | None) -> Any:
-    """`journal.restore(path, journal_key)`, every failure a ConfigError naming the file."""
+    """`journal.restore(path, journal_key)`, every failure a ConfigError naming the file; the
+    rewards of the batches not yet trained on re-scored, when the task is a built-in one (a
+    reward that is not the verifier's verdict would be trained on)."""
+    from invar.journal_format import rescore
     from invar.runtime import journal
+    from invar.runtime.rescore import task_verifier
     if not path.is_file():
         raise ConfigError((str(path),), "not found: the run has no journal to resume from")
     try:
@@ -238,11 +242,11 @@ def _restore_journal(path: Path, config: TrainConfig, journal_key: bytes | None)
                           ) from None
     del raw
     try:
-        restored = journal.restore(path, journal_key)
+        protocol, entries = journal.read(path, journal_key)
+        restored = journal.replayed(path, protocol, entries)
     except journal.JournalError as error:
         where, _, why = str(error).partition(": ")  # "PATH:LINE: why"
         raise ConfigError((where,), f"cannot be resumed from: {why}") from None
-    protocol = restored[0]
     if protocol != config.protocol:
         old = to_dict(protocol)
         new = to_dict(config.protocol)
@@ -250,6 +254,13 @@ def _restore_journal(path: Path, config: TrainConfig, journal_key: bytes | None)
         raise ConfigError((str(path),), f"was written for another protocol configuration than "
                           f"the run's config.json (protocol {', '.join(differ)} differ): "
                           "a run cannot change its protocol")
+    verifier = task_verifier(config, any_task=False)
+    if verifier.score is not None:
+        mismatch = rescore(protocol, entries, verifier.score, verifier.failure_reward,
+                           from_batch=restored[1].committed).mismatch
+        if mismatch is not None:
+            raise ConfigError((f"{path}:{mismatch.line}",), f"cannot be resumed from: "
+                              f"{mismatch} (a batch not yet trained on)")
     return restored
 
 

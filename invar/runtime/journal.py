@@ -63,6 +63,7 @@ __all__ = [
     "read_contents",
     "read_key",
     "replay",
+    "replayed",
     "restore",
     "write_events",
 ]
@@ -235,6 +236,12 @@ def _last_link(file: BinaryIO, end: int) -> str:
 def restore(path: Path, key: bytes | None = None) -> tuple[RunConfig, State, int]:
     """The state a journal leads to and the next sequence number; raises on a departure."""
     config, entries = read(path, key)
+    return replayed(path, config, entries)
+
+
+def replayed(path: Path, config: RunConfig, entries: list[Entry]
+             ) -> tuple[RunConfig, State, int]:
+    """`restore` of the journal `path` already read: `config` and `entries`."""
     state = initial_state(config)
     for _entry, _, after in replay(config, entries):
         if isinstance(after, Departure):

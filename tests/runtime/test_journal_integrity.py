@@ -41,20 +41,27 @@ def check(capsys, *args: str) -> tuple[int, str]:
     return code, " ".join((captured.out + captured.err).split())
 
 
+def with_reward(events: list[Event], index: int, row: int, reward: float) -> list[Event]:
+    """The events with the reward of completion `row` of frame `events[index]` changed."""
+    frame = events[index]
+    assert isinstance(frame, RequestsCompleted)
+    columns = frame.completions
+    rewards = np.array(columns.rewards)
+    rewards[row] = reward
+    changed = Completions(columns.requests, columns.versions, columns.tokens,
+                          columns.behavior_logprobs, rewards)
+    return [*events[:index], dataclasses.replace(frame, completions=changed), *events[index + 1:]]
+
+
 def forged(events: list[Event]) -> tuple[list[Event], tuple[int, int, int]]:
     """The events with the reward of the first completion of the last frame raised by 1 (the
     issue's 0.25 -> 1.25), and that completion's request."""
     last = max(i for i, event in enumerate(events) if isinstance(event, RequestsCompleted))
     frame = events[last]
     assert isinstance(frame, RequestsCompleted)
-    columns = frame.completions
-    rewards = np.array(columns.rewards)
-    rewards[0] += 1.0
-    changed = Completions(columns.requests, columns.versions, columns.tokens,
-                          columns.behavior_logprobs, rewards)
-    request = tuple(columns.requests[0].tolist())
-    return ([*events[:last], dataclasses.replace(frame, completions=changed), *events[last + 1:]],
-            (request[0], request[1], request[2]))
+    batch, prompt, sample = frame.completions.requests[0].tolist()
+    return (with_reward(events, last, 0, float(frame.completions.rewards[0]) + 1.0),
+            (batch, prompt, sample))
 
 
 def copy_of(run: Path, target: Path) -> Path:
@@ -116,10 +123,7 @@ def test_a_keyed_run_is_resumed_with_its_key_only(tmp_path, key_file, rt):
                           capture_output=True, text=True, timeout=180)
     assert done.returncode == 0, done.stderr
     path = run_dir / "journal.jsonl"
-    # Resumable work: the journal cut before its last commit (the commit is on disk).
-    lines = path.read_text().splitlines(keepends=True)
-    last = max(i for i, line in enumerate(lines) if '"type":"UpdateCommitted"' in line)
-    path.write_text("".join(lines[:last]))
+    _cut_before_the_last_commit(path)  # resumable work
     cut = path.read_bytes()
     other = key_file.parent / "other.key"
     other.write_bytes(bytes(32))
@@ -148,3 +152,49 @@ def test_a_serial_run_keys_its_journal(tmp_path, key_file, rt, capsys):
         run_serial(config, make_learner(config), journal_key=journal.read_key(key_file, run_dir))
     code, out = check(capsys, str(run_dir), "--key", str(key_file))
     assert code == 0 and "its keyed chain holds" in out, out
+
+
+def _cut_before_the_last_commit(path: Path) -> None:
+    """The journal as a kill before its last UpdateCommitted leaves it (the commit on disk)."""
+    lines = path.read_text().splitlines(keepends=True)
+    last = max(i for i, line in enumerate(lines) if '"type":"UpdateCommitted"' in line)
+    path.write_text("".join(lines[:last]))
+
+
+def test_a_resume_refuses_a_rewritten_reward_not_yet_trained_on(run, tmp_path, rt):
+    """Finding 1 of issue 30 as reported: a reward of a batch not yet trained on, changed and
+    re-digested; `invar train --resume` would train on it. The resume re-scores the batches
+    not yet trained on (cheap: the in-flight ones) and refuses, naming the sample."""
+    run_dir = copy_of(run, tmp_path / "run")
+    path = run_dir / "journal.jsonl"
+    _cut_before_the_last_commit(path)
+    config, entries = journal.read(path)
+    _, state, _ = journal.restore(path)
+    events, (batch, prompt, sample) = forged([entry.event for entry in entries])
+    assert batch >= state.committed  # not yet trained on
+    path.unlink()
+    journal.write_events(path, config, events)
+    forgery = path.read_bytes()
+    done = subprocess.run(rt.cli("train", "--resume", str(run_dir)), capture_output=True,
+                          text=True, timeout=180)
+    assert done.returncode == 2, done.stderr
+    assert f"the reward of sample (batch {batch}, prompt {prompt}, sample {sample})" in \
+        done.stderr and "a batch not yet trained on" in done.stderr, done.stderr
+    assert path.read_bytes() == forgery
+
+
+def test_a_reward_of_the_failure_value_is_counted_apart(run, tmp_path, capsys):
+    """A verifier call that failed or timed out in the run journals task.failure_reward; the
+    verifier, run again, gives another: counted and said, not a departure."""
+    run_dir = copy_of(run, tmp_path / "run")
+    path = run_dir / "journal.jsonl"
+    config, entries = journal.read(path)
+    events = [entry.event for entry in entries]
+    index, row = next((i, int(np.flatnonzero(event.completions.rewards)[0]))
+                      for i, event in enumerate(events) if isinstance(event, RequestsCompleted)
+                      and event.completions.rewards.any())
+    events = with_reward(events, index, row, 0.0)  # task.failure_reward's default
+    path.unlink()
+    journal.write_events(path, config, events)
+    code, out = check(capsys, str(run_dir))
+    assert code == 0 and "1 task.failure_reward = 0.0 where it now gives another" in out, out
