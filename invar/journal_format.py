@@ -147,8 +147,6 @@ class Contents:
     config: RunConfig
     entries: list[Entry]
     torn: str = ""
-    chain: str = CHAIN_START
-    """The link of the last whole line: where a writer appending to the journal goes on."""
 
 
 def read(path: Path, key: bytes | None = None) -> tuple[RunConfig, list[Entry]]:
@@ -200,7 +198,7 @@ def read_contents(path: Path, key: bytes | None = None) -> Contents:
         except (ValueError, KeyError, TypeError, DecodeError) as error:
             raise JournalError(f"{path}:{number}: {error}") from None
         chain = _follow(path, number, key, chain, line)
-    return Contents(config, entries, torn, chain)
+    return Contents(config, entries, torn)
 
 
 def _follow(path: Path, number: int, key: bytes | None, previous: str, line: str) -> str:

@@ -6,6 +6,7 @@ computed again by replaying the model passes the model, but not re-scoring
 from __future__ import annotations
 
 import dataclasses
+import json
 import shutil
 import subprocess
 import sys
@@ -198,3 +199,28 @@ def test_a_reward_of_the_failure_value_is_counted_apart(run, tmp_path, capsys):
     journal.write_events(path, config, events)
     code, out = check(capsys, str(run_dir))
     assert code == 0 and "1 task.failure_reward = 0.0 where it now gives another" in out, out
+
+
+@pytest.mark.parametrize("make, why", [
+    (lambda key, run_dir: key.parent / "missing.key", "cannot read the journal key"),
+    (lambda key, run_dir: _written(key.parent / "short.key", b"secret"), "at least 16 bytes"),
+    (lambda key, run_dir: _written(run_dir / "journal.key", bytes(32)), "inside the run "
+                                                                        "directory"),
+])
+def test_a_bad_journal_key_is_refused_before_anything_starts(tmp_path, key_file, capsys, make,
+                                                              why):
+    from invar.runtime.cli import main as invar
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    key = make(key_file, run_dir)
+    code = invar(["train", "--set", f"output.run_dir={json.dumps(str(run_dir))}",
+                  "--journal-key", str(key)])
+    err = " ".join(capsys.readouterr().err.split())
+    assert code == 2 and f"configuration refused: --journal-key, {key}: " in err and why in err
+    assert sorted(p.name for p in run_dir.iterdir()) == sorted(
+        [key.name] if key.parent == run_dir else [])
+
+
+def _written(path: Path, data: bytes) -> Path:
+    path.write_bytes(data)
+    return path
