@@ -6,8 +6,8 @@ digest. Both are written atomically, the digest last, so a file counts as whole 
 digest is there.
 
 A store file that no longer matches its digest (a flipped bit, a file lost) would be refused
-by every worker sent it, forever: `heal` publishes it again from its verified commit, on
-resume and after a worker dies without serving.
+by every worker sent it, forever: `heal` compares it with what its verified commit gives and
+publishes it again, on resume and after a worker dies without serving.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from pathlib import Path
 
 from invar.runtime.backend import LearnerBackend
 from invar.runtime.commits import CommitError
-from invar.runtime.weights import atomic_write, state_dict_from_bytes, weights_digest
+from invar.runtime.weights import atomic_write
 
 log = logging.getLogger("invar.store")
 
@@ -66,17 +66,13 @@ class WeightsStore:
         if newest is None or version >= newest[0]:  # a version published again may be older
             self._newest = (version, blob, params_digest)  # once the files are whole
 
-    def intact(self, version: int) -> bool:
-        """Whether the files of `version` on disk hold the weights their digest names."""
+    def holds(self, version: int, blob: bytes, params_digest: str) -> bool:
+        """Whether the files of `version` on disk hold `blob` and `params_digest`."""
         path = self.path(version)
-        digest = read_digest(path)
-        if digest is None or not path.exists():
-            return False
         try:
-            weights = state_dict_from_bytes(path.read_bytes())
-        except Exception:  # damaged bytes can fail to parse in any way the format's reader has
+            return read_digest(path) == params_digest and path.read_bytes() == blob
+        except FileNotFoundError:
             return False
-        return weights_digest(weights) == digest
 
     def read(self, version: int) -> tuple[bytes, str]:
         newest = self._newest
@@ -103,19 +99,18 @@ def publish(learner: LearnerBackend, store: WeightsStore, version: int) -> str:
 
 
 def heal(learner: LearnerBackend, store: WeightsStore, versions: Iterable[int]) -> list[int]:
-    """Publish again, from its verified commit, each of `versions` (the ones the store keeps)
-    whose files fail their digest; returns those healed. One whose commit is gone (pruned) is
-    logged and left: a worker sent it refuses it, as before."""
+    """Publish again each of `versions` (the ones the store keeps) whose files on disk are not
+    what its verified commit gives; returns those healed. A version whose commit is gone
+    (pruned: `learner.keep_commits`) can be neither checked nor healed, and is left."""
     healed = []
     for version in versions:
-        if store.intact(version):
-            continue
         try:
-            publish(learner, store, version)
-        except CommitError as error:
-            log.error("store file of version %d fails its digest and cannot be published "
-                      "again: %s", version, error)
+            blob, params_digest, _ = learner.published_weights(version)
+        except CommitError:
             continue
+        if store.holds(version, blob, params_digest):
+            continue
+        store.write(version, blob, params_digest)
         log.warning("store file of version %d failed its digest: published again from its "
                     "commit", version)
         healed.append(version)
