@@ -5,7 +5,7 @@ prove the schedule's arithmetic.
     invar-check SPEC.toml|DIR [--bfs|--dfs|--simulate N] [--processes N] [--max-states N]
                 [--json FILE] [--dot FILE] [--regression FILE]
     invar-check --model MODULE:FACTORY [--arg NAME=VALUE ...] [--bfs|--dfs|--simulate N] ...
-    invar-check --trace RUN_DIR/journal.jsonl
+    invar-check --trace RUN_DIR[/journal.jsonl] [--key FILE] [--rescore | --no-rescore]
     invar-check --prove
 
 --model checks any model (a `checker.Model`): FACTORY is a class or function of the importable
@@ -20,6 +20,10 @@ It takes the search options, --json, --dot and --graphml as for the Invar model.
 Exit status: 0 every property holds, 1 a violation (or a departure, or a failed lemma),
 2 bad input (the message names the field or file); with --trace, 3 a journal that matches the
 model but whose run is incomplete (it says where it ends).
+
+--trace re-scores every journalled response with the task's verifier (built from the run's
+config.json, beside the journal) when the task is a built-in one, and with --rescore for any
+task; --key checks the journal's keyed chain (a run started with `invar train --journal-key`).
 """
 
 from __future__ import annotations
@@ -65,8 +69,15 @@ def main(argv: list[str] | None = None) -> int:
                                                          "counterexamples")
     mode.add_argument("--dfs", action="store_true", help="depth-first")
     mode.add_argument("--simulate", type=int, metavar="N", help="N random walks")
-    mode.add_argument("--trace", metavar="JOURNAL", help="validate a run's journal.jsonl")
+    mode.add_argument("--trace", metavar="JOURNAL", help="validate a run's journal.jsonl "
+                                                         "(or the run directory's)")
     mode.add_argument("--prove", action="store_true", help="prove the schedule lemmas (z3)")
+    parser.add_argument("--key", metavar="FILE",
+                        help="with --trace: the journal key the run was started with "
+                             "(invar train --journal-key FILE)")
+    parser.add_argument("--rescore", action=argparse.BooleanOptionalAction, default=None,
+                        help="with --trace: re-score every journalled response with the task's "
+                             "verifier (default: for the built-in tasks)")
     parser.add_argument("--processes", type=int, default=None, help="BFS worker processes")
     parser.add_argument("--max-states", type=int, help="stop after this many distinct states")
     parser.add_argument("--max-depth", type=int, help="do not expand beyond this depth")
@@ -107,7 +118,10 @@ def main(argv: list[str] | None = None) -> int:
     if args.prove:
         return _prove(console, assume_valid=not args.drop_validity)
     if args.trace:
-        return _trace(Path(args.trace), console)
+        return _trace(Path(args.trace), console, args.key, args.rescore)
+    if args.key or args.rescore is not None:
+        print("invar-check: --key and --rescore go with --trace", file=sys.stderr)
+        return 2
     if args.model:
         return _any_model(args, console)
     if args.arg:
@@ -439,18 +453,29 @@ def _result_json(result: Any, model: InvarModel, bounds: Bounds) -> dict[str, An
     return doc
 
 
-def _trace(path: Path, console: Console) -> int:
-    """Trace validation: replay a real journal through `step` with every invariant.
+def _trace(path: Path, console: Console, key_file: str | None = None,
+           rescore: bool | None = None) -> int:
+    """Trace validation: replay a real journal through `step` with every invariant, its chain
+    checked (keyed with `key_file`), its rewards re-scored (`rescore`; None: when the task is
+    a built-in one and the run's config.json is beside the journal).
 
     Exit 0: the journal is a complete run and every event matches the model; 3: every event
     matches but the run is incomplete (it ends before the run's last event: a crash, a run
     still going, or lines lost at the end; a torn last line, a write cut by a crash, counts
-    as such an end); 1: a departure (an event, digest, invariant or sequence number the model
-    does not accept); 2: not a journal this version can read (the message names the file and
-    line: unreadable, not UTF-8, a bad line before the last, an unknown format)."""
+    as such an end); 1: a departure (an event, digest, chain link, invariant, sequence number
+    or reward the model or the verifier does not accept); 2: not a journal this version can
+    read (the message names the file and line: unreadable, not UTF-8, a bad line before the
+    last, an unknown format), or a key or configuration that cannot be read."""
     from invar.model.core import run_complete
+    if path.is_dir():
+        path = path / "journal.jsonl"
     try:
-        contents = journal_format.read_contents(path)
+        key = None if key_file is None else journal_format.read_key(Path(key_file), path.parent)
+        contents = journal_format.read_contents(path, key)
+    except journal_format.ChainError as error:
+        where, _, why = str(error).partition(": ")
+        console.print(f"[red bold]departure[/red bold] at {where}: {why}")
+        return 1
     except (OSError, journal_format.JournalError, ConfigError) as error:
         print(f"invar-check: {error}", file=sys.stderr)
         return 2
@@ -465,17 +490,54 @@ def _trace(path: Path, console: Console) -> int:
             return 1
         checked += 1
         state = after
+    try:
+        rescored = _rescore(path, config, entries, rescore)
+    except (OSError, ValueError, ConfigError) as error:
+        print(f"invar-check: --rescore: {error}", file=sys.stderr)
+        return 2
+    if isinstance(rescored, journal_format.Rescored):
+        console.print(f"[red bold]departure[/red bold] at {path}:{rescored.line}: {rescored}")
+        return 1
+    keyed = "; its keyed chain holds" if key is not None else ""
     if state is not None and run_complete(state) and not contents.torn:
         console.print(f"[green]{path}: complete run: all {checked} events match the model"
-                      f"[/green]; every invariant holds and every recorded digest agrees")
+                      f"[/green]; every invariant holds and every recorded digest agrees"
+                      f"{keyed}; {rescored}")
         return 0
     committed = 0 if state is None else state.committed
     torn = (f"; its last line is torn ({len(contents.torn)} "
             f"characters after the last newline, ignored)" if contents.torn else "")
     console.print(f"[yellow]{path}: valid prefix, run incomplete: ends at update {committed} "
                   f"of {config.total_updates}[/yellow] after {checked} events, every one "
-                  f"matching the model{torn}")
+                  f"matching the model{keyed}; {rescored}{torn}")
     return 3
+
+
+def _rescore(path: Path, config: Any, entries: list[journal_format.Entry],
+             asked: bool | None) -> journal_format.Rescored | str:
+    """The first journalled reward the task's verifier does not give, or what was done."""
+    if asked is False:
+        return "rewards not re-scored (--no-rescore)"
+    if asked is None and not (path.parent / "config.json").is_file():
+        return "rewards not re-scored (no config.json beside the journal: not a run directory)"
+    from invar.runtime.rescore import verifier  # the task's verifier is a plug-in
+    try:
+        built = verifier(path.parent, any_task=bool(asked))
+    except (OSError, ValueError, ConfigError) as error:
+        if asked:
+            raise
+        return f"rewards not re-scored (the task's verifier cannot be built here: {error})"
+    if built.score is None:
+        return (f"rewards not re-scored (task {built.task!r}: its verifier's cost is unknown; "
+                f"--rescore re-scores them)")
+    found = journal_format.rescore(config, entries, built.score, built.failure_reward)
+    if found.mismatch is not None:
+        return found.mismatch
+    if not found.failures:
+        return f"all {found.scored} journalled rewards are the task verifier's"
+    return (f"{found.scored - found.failures} of {found.scored} journalled rewards are the task "
+            f"verifier's, {found.failures} task.failure_reward = {built.failure_reward!r} where "
+            f"it now gives another (their call failed or timed out in the run)")
 
 
 def _prove(console: Console, assume_valid: bool) -> int:

@@ -1,9 +1,16 @@
 """The journal's format: what a line holds, and how a journal is read and replayed.
 
 Line 1 is a header with the protocol configuration; then one line per accepted event:
-`{"seq": n, "before": digest, "after": digest, "event": <encoded event>}`; a torn last line (a
-crash mid-write) is not an entry.  Replaying the entries through `shell.deliver` reproduces the
-driver's state exactly.
+`{"seq": n, "before": digest, "after": digest, "event": <encoded event>, "chain": link}`; a
+torn last line (a crash mid-write) is not an entry.  Replaying the entries through
+`shell.deliver` reproduces the driver's state exactly.
+
+Every line, the header included, ends with its `chain` link: BLAKE2b-256 of the previous line's
+link and of the line's own text without it, keyed when the run was started with a journal key
+(`read_key`). The state digests cover what the model keeps; the chain covers every byte of
+every line, so a field the model does not keep (PROTOCOL.md §9.1, "What the journal's digests
+cover") cannot be edited unseen either, and with a key a rewritten journal cannot be
+re-digested by whoever lacks the key.
 
 Why a module of its own, between `invar.model` and `invar.runtime`: two layers read journals,
 the runtime (`invar.runtime.journal` writes them, and resumes a run from one) and the checker
@@ -15,8 +22,9 @@ I/O.  Here is reading and checking only; when to write, flush and fsync is the r
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import json
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -24,8 +32,9 @@ from typing import Any
 from invar.model.config import RunConfig
 from invar.model.errors import ConfigError
 from invar.model.invariants import IncrementalInvariants, transition_violations
-from invar.model.messages import DecodeError, Event, decode
+from invar.model.messages import DecodeError, Event, RequestsCompleted, decode
 from invar.model.objective import ObjectiveConfig
+from invar.model.schedule import prompt_index
 from invar.model.shell import Verdict, deliver
 from invar.model.state import State, initial_state, state_digest
 
@@ -34,8 +43,68 @@ JOURNAL_FORMAT = 5
 (commit digests, publications, evaluations, checkpoints) enter its digest as their length and
 hash chain, so a digest's cost does not grow with the run (PROTOCOL.md §3); 4: sampling seeds
 and plan keys are words of one SHAKE-128 stream per prompt group and per update (PROTOCOL.md
-§2.2): a run journalled before would re-issue its requests with other seeds; 5: the
+§2.2): a run journalled before would re-issue its requests with other seeds; 5: every line
+ends with its `chain` link (module doc), and the header says whether the chain is keyed; the
 objective's configuration has `aggregation` (sequence or token mean), in every state digest."""
+
+CHAIN_START = ""
+"""The link before the header's."""
+_CHAIN_OPEN = ',"chain":"'
+_CHAIN_TAIL = len(_CHAIN_OPEN) + 64 + len('"}')
+"""Characters of a line after its text without the link: `,"chain":"<64 hex digits>"}`."""
+KEY_MIN_BYTES = 16
+"""A key file shorter than this is refused: too few bytes to be a secret."""
+
+
+def link(key: bytes | None, previous: str, text: str) -> str:
+    """The chain link of a line whose text without its link is `text` (a JSON object), after
+    the line whose link is `previous`: BLAKE2b-256, keyed with `key` when there is one."""
+    digest = hashlib.blake2b(previous.encode(), digest_size=32, key=key or b"",
+                             person=b"invar-journal")
+    digest.update(text.encode())
+    return digest.hexdigest()
+
+
+def linked(key: bytes | None, previous: str, text: str) -> tuple[str, str]:
+    """The line (its newline included) that `text`, a JSON object without its link, becomes
+    after the line whose link is `previous`; and its link."""
+    chain = link(key, previous, text)
+    return f'{text[:-1]}{_CHAIN_OPEN}{chain}"}}\n', chain
+
+
+def unlinked(line: str) -> tuple[str, str] | None:
+    """A line's text without its link, and the link (None: the line has none)."""
+    if len(line) <= _CHAIN_TAIL or not line.endswith('"}'):
+        return None
+    head, tail = line[:-_CHAIN_TAIL], line[-_CHAIN_TAIL:]
+    if not tail.startswith(_CHAIN_OPEN):
+        return None
+    return head + "}", tail[len(_CHAIN_OPEN):-2]
+
+
+def read_key(path: Path, run_dir: Path) -> bytes:
+    """The chain key that key file `path` holds (a hash of its bytes: any file of at least
+    KEY_MIN_BYTES random bytes is a key). Refused, naming the file, if it cannot be read, is
+    too short, or lies inside the run directory `run_dir` (a key beside the journal protects
+    nothing: whoever can rewrite the journal can read it)."""
+    if Path(path).resolve().is_relative_to(Path(run_dir).resolve()):
+        raise JournalError(f"{path}: the journal key lies inside the run directory {run_dir}; "
+                           f"keep it where whoever can write the run cannot read it")
+    try:
+        material = Path(path).read_bytes()
+    except OSError as error:
+        raise JournalError(f"{path}: cannot read the journal key: "
+                           f"{error.strerror or error}") from None
+    if len(material) < KEY_MIN_BYTES:
+        raise JournalError(f"{path}: a journal key holds at least {KEY_MIN_BYTES} bytes, this "
+                           f"file {len(material)} (make one with `head -c 32 /dev/urandom`)")
+    return hashlib.blake2b(material, digest_size=32, person=b"invar-journalkey").digest()
+
+
+def header_text(config: RunConfig, keyed: bool) -> str:
+    """The header line's text without its link."""
+    return json.dumps({"journal": JOURNAL_FORMAT, "protocol": protocol_to_dict(config),
+                       "keyed": keyed}, separators=(",", ":"))
 
 
 @dataclass(frozen=True)
@@ -65,6 +134,12 @@ class JournalError(ValueError):
     """A journal that cannot be read: names the line."""
 
 
+class ChainError(JournalError):
+    """A line whose chain link does not match its text and the lines before it (an edit, a
+    rewrite without the key, a key other than the journal's), or a key that does not fit the
+    journal: names the line."""
+
+
 @dataclass(frozen=True)
 class Contents:
     """A journal as read: its configuration, its entries, and `torn`: the bytes after the last
@@ -75,16 +150,18 @@ class Contents:
     torn: str = ""
 
 
-def read(path: Path) -> tuple[RunConfig, list[Entry]]:
+def read(path: Path, key: bytes | None = None) -> tuple[RunConfig, list[Entry]]:
     """The configuration and entries; a torn final line (a crash mid-write) is dropped."""
-    contents = read_contents(path)
+    contents = read_contents(path, key)
     return contents.config, contents.entries
 
 
-def read_contents(path: Path) -> Contents:
+def read_contents(path: Path, key: bytes | None = None) -> Contents:
     """The whole journal; raises `JournalError` naming the file (and line) when it cannot be
     read: not UTF-8, empty, a header that is not one or of a format this version does not
-    know, a line before the last that is not a whole entry."""
+    know, a line before the last that is not a whole entry; and `ChainError` at the first
+    line whose link does not match (`key`: the journal's key, from `read_key`; a keyed
+    journal cannot be read without it, nor an unkeyed one with one)."""
     try:
         text = path.read_bytes().decode("utf-8")
     except UnicodeDecodeError as error:
@@ -101,10 +178,18 @@ def read_contents(path: Path) -> Contents:
             raise JournalError(f"{path}:1: journal format {version!r}; this version of invar "
                                f"reads format {JOURNAL_FORMAT}")
         config = protocol_from_dict(header["protocol"])
+        keyed = header["keyed"]
     except (ValueError, KeyError, TypeError, AttributeError) as error:
         if isinstance(error, JournalError):
             raise
         raise JournalError(f"{path}:1: bad header: {error!r}") from None
+    if keyed is True and key is None:
+        raise JournalError(f"{path}:1: the journal is keyed (its run was started with "
+                           f"--journal-key): it is read with its key")
+    if keyed is not True and key is not None:
+        raise ChainError(f"{path}:1: the journal is not keyed, but a key was given: it was "
+                         f"written without one, or rewritten without the key")
+    chain = _follow(path, 1, key, CHAIN_START, lines[0])
     entries = []
     for number, line in enumerate(lines[1:], start=2):
         try:
@@ -113,7 +198,19 @@ def read_contents(path: Path) -> Contents:
                                  decode(record["event"])))
         except (ValueError, KeyError, TypeError, DecodeError) as error:
             raise JournalError(f"{path}:{number}: {error}") from None
+        chain = _follow(path, number, key, chain, line)
     return Contents(config, entries, torn)
+
+
+def _follow(path: Path, number: int, key: bytes | None, previous: str, line: str) -> str:
+    """The link of line `number` (its text `line`) after the link `previous`, checked."""
+    parts = unlinked(line)
+    if parts is not None and link(key, previous, parts[0]) == parts[1]:
+        return parts[1]
+    what = "has no chain link" if parts is None else \
+        "has a chain link that does not match its text and the lines before it"
+    raise ChainError(f"{path}:{number}: the line {what}: edited after it was written"
+                     f"{', or written with another key' if key else ''}")
 
 
 @dataclass(frozen=True)
@@ -168,3 +265,62 @@ def replay(config: RunConfig, entries: list[Entry], check_invariants: bool = Fal
                 return
         yield entry, state, delivery.state
         state, digest = delivery.state, after
+
+
+@dataclass(frozen=True)
+class Rescored:
+    """A journalled reward that is not the verifier's verdict on the journalled tokens."""
+
+    line: int
+    request: tuple[int, int, int]
+    """(batch, prompt, sample)."""
+    journalled: float
+    rescored: float
+
+    def __str__(self) -> str:
+        batch, prompt, sample = self.request
+        return (f"the reward of sample (batch {batch}, prompt {prompt}, sample {sample}) is "
+                f"{self.journalled!r} in the journal, {self.rescored!r} by the task's verifier")
+
+
+@dataclass(frozen=True)
+class Rescoring:
+    """What re-scoring found."""
+
+    scored: int
+    failures: int
+    """Rewards journalled as the task's failure reward where the verifier now gives another: a
+    call that failed or timed out in the run gets the failure reward (`verifier.verify`), and
+    cannot be told from one that would fail again."""
+    mismatch: Rescored | None
+    """The first other difference (None: none)."""
+
+
+def rescore(config: RunConfig, entries: list[Entry],
+            score: Callable[[int, tuple[int, ...]], float], failure_reward: float,
+            from_batch: int = 0) -> Rescoring:
+    """Score every journalled completion of batch `from_batch` or later again,
+    `score(prompt_index, tokens)` being the task's verifier on a train prompt, and compare it
+    with the journalled reward, bit for bit (the same function of the same arguments); a
+    journalled `failure_reward` is counted apart (`Rescoring.failures`)."""
+    scored = failures = 0
+    for line, entry in enumerate(entries, start=2):
+        event = entry.event
+        if not isinstance(event, RequestsCompleted):
+            continue
+        completions = event.completions
+        for row, (batch, prompt, sample) in enumerate(completions.requests.tolist()):
+            if batch < from_batch:
+                continue
+            tokens = tuple(completions.tokens.row(row).tolist())
+            verdict = float(score(prompt_index(config, batch, prompt), tokens))
+            journalled = float(completions.rewards[row])
+            scored += 1
+            if verdict == journalled:
+                continue
+            if journalled == failure_reward:
+                failures += 1
+                continue
+            return Rescoring(scored, failures,
+                             Rescored(line, (batch, prompt, sample), journalled, verdict))
+    return Rescoring(scored, failures, None)

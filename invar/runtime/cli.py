@@ -1,5 +1,5 @@
 """`invar train [CONFIG.toml] [--set key=value ...] [--backend torch|mlx] [--resume RUN_DIR]
-[--serial]`; `invar report RUN_DIR... [--out DIR] [--threshold X]`;
+[--serial] [--journal-key FILE]`; `invar report RUN_DIR... [--out DIR] [--threshold X]`;
 `invar export RUN_DIR OUT_DIR [--version N]`."""
 
 from __future__ import annotations
@@ -46,17 +46,19 @@ def make_learner(config: TrainConfig) -> LearnerBackend:
 
 
 def train(config: TrainConfig, resume: bool = False, serial: bool = False,
-          restored: Any = None) -> dict[str, Any]:
+          restored: Any = None, journal_key: bytes | None = None) -> dict[str, Any]:
     """Run (or resume) training; returns the run's summary. `restored`: what
-    `journal.restore` returned for the run's journal, when the caller checked it already."""
+    `journal.restore` returned for the run's journal, when the caller checked it already;
+    `journal_key`: the key of the journal's chain (`journal.read_key`), None: unkeyed."""
     from invar.runtime.driver import Driver, pin_current_process
     from invar.runtime.serial import run_serial
     pin_current_process(config.learner.cpus)
     learner = make_learner(config)
     if serial:
-        run_serial(config, learner)
+        run_serial(config, learner, journal_key=journal_key)
         return json.loads((Path(config.output.run_dir) / "summary.json").read_text())
-    asyncio.run(Driver(config, learner, resume=resume, restored=restored).run())
+    asyncio.run(Driver(config, learner, resume=resume, restored=restored,
+                       journal_key=journal_key).run())
     return json.loads((Path(config.output.run_dir) / "summary.json").read_text())
 
 
@@ -74,6 +76,9 @@ def main(argv: list[str] | None = None) -> int:
                      help="continue the run in RUN_DIR from its journal and last commit")
     run.add_argument("--serial", action="store_true",
                      help="execute the schedule one command at a time, in one process")
+    run.add_argument("--journal-key", metavar="FILE",
+                     help="key the journal's digest chain with the bytes of FILE (kept outside "
+                          "the run directory; resume and `invar-check --trace --key` need it)")
     shown = commands.add_parser("report", help="quality, throughput and resource cost of run "
                                              "directories (table + plots)")
     from invar.runtime.report import add_arguments
@@ -94,9 +99,11 @@ def main(argv: list[str] | None = None) -> int:
     restored = None
     try:
         if args.resume:
-            config, restored = resume_config(args.resume, args.config, args.set)
+            journal_key = _journal_key(args.journal_key, args.resume)
+            config, restored = resume_config(args.resume, args.config, args.set, journal_key)
         else:
             config = load_config(args.config, args.set)
+            journal_key = _journal_key(args.journal_key, config.output.run_dir)
     except ConfigError as error:
         what = "resume refused" if args.resume else "configuration refused"
         print(f"invar: {what}: {error}", file=sys.stderr)
@@ -112,7 +119,7 @@ def main(argv: list[str] | None = None) -> int:
     from invar.runtime.transport import TransportRefused
     try:
         summary = train(config, resume=bool(args.resume), serial=args.serial,
-                        restored=restored)
+                        restored=restored, journal_key=journal_key)
     except (CommitError, JournalError, ResumeError, FileExistsError) as error:
         # A run directory that cannot be (re)started as it is: say which file and why.
         print(f"invar: {'cannot resume' if args.resume else 'cannot start'}: {error}",
@@ -137,8 +144,8 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-def resume_config(run_dir: str, config_path: str | None, overrides: list[str]
-                  ) -> tuple[TrainConfig, Any]:
+def resume_config(run_dir: str, config_path: str | None, overrides: list[str],
+                  journal_key: bytes | None = None) -> tuple[TrainConfig, Any]:
     """The configuration to resume `run_dir` with, and its journal restored.
 
     Everything a resume needs is read and checked here, before anything is written: the run's
@@ -174,7 +181,7 @@ def resume_config(run_dir: str, config_path: str | None, overrides: list[str]
         raise ConfigError(tuple(key for key, _, _ in refused),
                           f"the run was started with other values ({changes}); a resumed run "
                           "may change only operational settings (README, \"Resume\")")
-    restored = _restore_journal(directory / "journal.jsonl", config)
+    restored = _restore_journal(directory / "journal.jsonl", config, journal_key)
     for key, old, new in changed_keys(saved, config):
         if key in ROUNDING:
             print(f"note: {key} {json.dumps(old)} -> {json.dumps(new)}: the logical schedule is "
@@ -203,9 +210,26 @@ def _read_json_table(path: Path) -> dict[str, Any]:
     return data
 
 
-def _restore_journal(path: Path, config: TrainConfig) -> Any:
-    """`journal.restore(path)`, every failure a ConfigError naming the file."""
+def _journal_key(path: str | None, run_dir: str) -> bytes | None:
+    """`journal.read_key` of the key file `path` (None: no key) for the run in `run_dir`, a
+    refusal a ConfigError naming the file."""
+    from invar.journal_format import JournalError, read_key
+    if path is None:
+        return None
+    try:
+        return read_key(Path(path), Path(run_dir))
+    except JournalError as error:
+        where, _, why = str(error).partition(": ")
+        raise ConfigError(("--journal-key", where), why) from None
+
+
+def _restore_journal(path: Path, config: TrainConfig, journal_key: bytes | None) -> Any:
+    """`journal.restore(path, journal_key)`, every failure a ConfigError naming the file; the
+    rewards of the batches not yet trained on re-scored, when the task is a built-in one (a
+    reward that is not the verifier's verdict would be trained on)."""
+    from invar.journal_format import rescore
     from invar.runtime import journal
+    from invar.runtime.rescore import task_verifier
     if not path.is_file():
         raise ConfigError((str(path),), "not found: the run has no journal to resume from")
     try:
@@ -218,11 +242,11 @@ def _restore_journal(path: Path, config: TrainConfig) -> Any:
                           ) from None
     del raw
     try:
-        restored = journal.restore(path)
+        protocol, entries = journal.read(path, journal_key)
+        restored = journal.replayed(path, protocol, entries)
     except journal.JournalError as error:
         where, _, why = str(error).partition(": ")  # "PATH:LINE: why"
         raise ConfigError((where,), f"cannot be resumed from: {why}") from None
-    protocol = restored[0]
     if protocol != config.protocol:
         old = to_dict(protocol)
         new = to_dict(config.protocol)
@@ -230,6 +254,13 @@ def _restore_journal(path: Path, config: TrainConfig) -> Any:
         raise ConfigError((str(path),), f"was written for another protocol configuration than "
                           f"the run's config.json (protocol {', '.join(differ)} differ): "
                           "a run cannot change its protocol")
+    verifier = task_verifier(config, any_task=False)
+    if verifier.score is not None:
+        mismatch = rescore(protocol, entries, verifier.score, verifier.failure_reward,
+                           from_batch=restored[1].committed).mismatch
+        if mismatch is not None:
+            raise ConfigError((f"{path}:{mismatch.line}",), f"cannot be resumed from: "
+                              f"{mismatch} (a batch not yet trained on)")
     return restored
 
 

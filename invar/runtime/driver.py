@@ -70,7 +70,7 @@ from invar.runtime.learner_executor import (
 )
 from invar.runtime.metrics import MetricsLog, response_terms
 from invar.runtime.run_stats import Stats, VerifierFailures
-from invar.runtime.store import WeightsStore, publish
+from invar.runtime.store import WeightsStore, heal, publish
 from invar.runtime.tasks import build_task, heldout_count, prompt_rows
 from invar.runtime.transport import (
     ConnectionLost,
@@ -113,13 +113,15 @@ class Driver:
 
     `learner`: a backend (`TorchLearner`, `MLXLearner`, or a fake: any `LearnerBackend`);
     `spawn_worker(name, incarnation)`: a connected `Transport` to a new worker (default: a
-    local process); `learner_inputs`: what the backend gets beside each learner command.
+    local process); `learner_inputs`: what the backend gets beside each learner command;
+    `journal_key`: the key of the journal's chain (`journal.read_key`; None: unkeyed).
     """
 
     def __init__(self, config: TrainConfig, learner: LearnerBackend,
                  spawn_worker: SpawnWorker | None = None, resume: bool = False,
                  learner_inputs: LearnerInputs = learner_inputs,
-                 restored: tuple[Any, State, int] | None = None) -> None:
+                 restored: tuple[Any, State, int] | None = None,
+                 journal_key: bytes | None = None) -> None:
         self.config = config
         self.run_dir = Path(config.output.run_dir)
         self.run_dir.mkdir(parents=True, exist_ok=True)
@@ -148,6 +150,7 @@ class Driver:
         self.resume = resume
         self.restored = restored
         """`journal.restore` of the run's journal, when the caller checked it before (resume)."""
+        self.journal_key = journal_key
         self.seq = 0
         self._timer_armed = False
         self._last_progress = time.perf_counter()
@@ -183,7 +186,8 @@ class Driver:
     async def run(self) -> State:
         journal_path = self.run_dir / "journal.jsonl"
         if self.resume:
-            protocol, self.state, self.seq = self.restored or journal_io.restore(journal_path)
+            protocol, self.state, self.seq = self.restored or journal_io.restore(
+                journal_path, self.journal_key)
             if protocol != self.config.protocol:
                 raise ResumeError(f"{journal_path} was written for protocol {protocol}, not "
                                   f"{self.config.protocol}: a run cannot change its protocol")
@@ -206,7 +210,7 @@ class Driver:
             await self._ssh.check()
         if not self.resume:
             self._write_config()
-        self.journal = journal_io.Journal(journal_path, self.config.protocol)
+        self.journal = journal_io.Journal(journal_path, self.config.protocol, self.journal_key)
         if self.resume:
             self.journal.sync()  # what the run is resumed from is durable before anything goes out
         self._synced = self.seq - 1
@@ -239,6 +243,9 @@ class Driver:
             if self.resume:
                 # Accepted: only now may the resumed run record its (operational) settings.
                 self._write_config()
+                # A store file damaged while the driver was down would be refused by every
+                # worker sent it: published again from its commit before any worker starts.
+                await asyncio.to_thread(heal, self.learner, self.store, self.state.retained)
                 # Whatever was in flight when the driver died is re-sent (a no-op if nothing).
                 self.events.put_nowait(TimerFired())
                 # Workers the journal knows but the configuration no longer has (the run was
@@ -554,6 +561,8 @@ class Driver:
             elif failures > MAX_RESPAWNS:
                 why = f"it died {failures} times in a row without completing a request"
             else:
+                if not served:  # it may have refused a damaged store file: healed first
+                    await asyncio.to_thread(heal, self.learner, self.store, self.state.retained)
                 # Backoff: at once after a death that followed work, then 0.5 s, 1 s, 2 s...
                 await asyncio.sleep(0 if failures <= 1 else RESPAWN_BACKOFF * 2 ** (failures - 2))
                 incarnation += 1

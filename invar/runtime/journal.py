@@ -1,7 +1,9 @@
 """The driver's journal: every accepted event, as JSON lines, with the state digest around it.
 
 Line 1 is a header with the protocol configuration; then one line per accepted event:
-`{"seq": n, "before": digest, "after": digest, "event": <encoded event>}`. Lines are kept in
+`{"seq": n, "before": digest, "after": digest, "event": <encoded event>, "chain": link}` (the
+link chains every line to the ones before it, keyed when the writer has a key:
+`invar.journal_format`). Lines are kept in
 memory as they are appended and written out as text, with an fsync, by `sync`: when
 `shell.deliver` says the delivery is durable (before a Commit, Publish or ReleaseVersion goes
 out, and when a commit or a learner start is accepted) and at close. So after a crash the file
@@ -24,19 +26,24 @@ import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import Any, BinaryIO, NamedTuple
 
 from invar.journal_format import (
-    JOURNAL_FORMAT,
+    CHAIN_START,
+    ChainError,
     Contents,
     Departure,
     Entry,
     JournalError,
+    header_text,
+    linked,
     protocol_from_dict,
     protocol_to_dict,
     read,
     read_contents,
+    read_key,
     replay,
+    unlinked,
 )
 from invar.model.config import RunConfig
 from invar.model.messages import Event, encode, json_text
@@ -44,6 +51,7 @@ from invar.model.shell import deliver
 from invar.model.state import State, initial_state, state_digest
 
 __all__ = [
+    "ChainError",
     "Contents",
     "Departure",
     "Entry",
@@ -53,17 +61,24 @@ __all__ = [
     "protocol_to_dict",
     "read",
     "read_contents",
+    "read_key",
     "replay",
+    "replayed",
     "restore",
     "write_events",
 ]
 
 
 class Journal:
-    """Append-only writer: `append` from one thread, `sync` from another (one at a time)."""
+    """Append-only writer: `append` from one thread, `sync` from another (one at a time).
 
-    def __init__(self, path: Path, config: RunConfig) -> None:
+    `key`: the chain's key (`read_key`), None for an unkeyed chain. A journal that exists is
+    appended to, its chain going on from its last whole line (its caller has read it with the
+    same key: `restore`)."""
+
+    def __init__(self, path: Path, config: RunConfig, key: bytes | None = None) -> None:
         self.path = path
+        self._key = key
         self.synced_seq: int | None = None
         """The seq of the newest line an fsync covers (None: none appended by this writer)."""
         self._last_seq: int | None = None
@@ -78,15 +93,15 @@ class Journal:
         is most often the previous line's state after, and is not digested twice."""
         self._taking = threading.Lock()  # appends against a sync taking the lines
         self._writing = threading.Lock()  # lines reach the file in order, one sync at a time
+        self._chain = CHAIN_START
+        """The link of the last line written."""
         if path.exists():
-            _drop_torn_tail(path)
+            self._chain = _drop_torn_tail(path)
         fresh = not path.exists() or path.stat().st_size == 0
         # The append handle lives as long as the writer (closed by close()).
         self._file = open(path, "a", encoding="utf-8")  # noqa: SIM115
         if fresh:
-            self._unwritten.append(json.dumps(
-                {"journal": JOURNAL_FORMAT, "protocol": protocol_to_dict(config)},
-                separators=(",", ":")) + "\n")
+            self._unwritten.append(header_text(config, keyed=key is not None))
             self.sync()
 
     def append(self, seq: int, event: Event, before: State | str, after: State | str,
@@ -115,8 +130,11 @@ class Journal:
             if lines:
                 # CPU time: this thread also waits for the GIL, which is no one's work.
                 began = time.thread_time()
-                texts = [line if isinstance(line, str) else line.text(self._digest)
-                         for line in lines]
+                texts = []
+                for line in lines:
+                    text, self._chain = linked(self._key, self._chain, line if isinstance(
+                        line, str) else line.text(self._digest))
+                    texts.append(text)
                 self.text_seconds += time.thread_time() - began
                 self._file.write("".join(texts))
                 self._file.flush()
@@ -149,7 +167,7 @@ class _Line(NamedTuple):
     encoded: dict[str, Any] | str | None
 
     def text(self, digest: Callable[[State | str], str]) -> str:
-        """The line, its states digested by `digest`."""
+        """The line without its link and newline, its states digested by `digest`."""
         seq, encoded = self.seq, self.encoded
         before, after = digest(self.before), digest(self.after)
         if isinstance(encoded, str):
@@ -160,9 +178,9 @@ class _Line(NamedTuple):
             else:
                 head = json.dumps({"seq": seq, "before": before, "after": after},
                                   separators=(",", ":"))[:-1]
-            return f'{head},"event":{encoded}}}\n'
+            return f'{head},"event":{encoded}}}'
         return json_text({"seq": seq, "before": before, "after": after,
-                          "event": encoded if encoded is not None else encode(self.event)}) + "\n"
+                          "event": encoded if encoded is not None else encode(self.event)})
 
 
 def _bare(text: str) -> bool:
@@ -170,10 +188,11 @@ def _bare(text: str) -> bool:
     return text.isascii() and text.isalnum()
 
 
-def write_events(path: Path, config: RunConfig, events: list[Event]) -> Path:
+def write_events(path: Path, config: RunConfig, events: list[Event],
+                 key: bytes | None = None) -> Path:
     """Journal `events` (all accepted, in order) as the driver would, digests included: how
     tests and benchmarks make a journal from a run played in-process (e.g. `canonical_run`)."""
-    writer = Journal(path, config)
+    writer = Journal(path, config, key)
     state = initial_state(config)
     for seq, event in enumerate(events):
         delivery = deliver(state, event)
@@ -183,9 +202,11 @@ def write_events(path: Path, config: RunConfig, events: list[Event]) -> Path:
     return path
 
 
-def _drop_torn_tail(path: Path) -> None:
+def _drop_torn_tail(path: Path) -> str:
     """Cut a torn last line (a crash mid-write) so that appending starts a fresh line: glued
-    to the torn text, the next event would make the journal unreadable."""
+    to the torn text, the next event would make the journal unreadable. Returns the link of
+    the last whole line (CHAIN_START if there is none, or it has none: a reader refuses
+    such a journal anyway)."""
     with open(path, "rb+") as file:
         end = file.seek(0, os.SEEK_END)
         keep = end
@@ -200,11 +221,27 @@ def _drop_torn_tail(path: Path) -> None:
         if keep < end:
             file.truncate(keep)
             os.fsync(file.fileno())
+        return _last_link(file, keep)
 
 
-def restore(path: Path) -> tuple[RunConfig, State, int]:
+def _last_link(file: BinaryIO, end: int) -> str:
+    """The link of the whole line that ends at byte `end` of `file` (a link is ASCII, in the
+    line's last bytes)."""
+    start = max(end - 128, 0)
+    file.seek(start)
+    parts = unlinked(file.read(end - start).decode("ascii", "replace").removesuffix("\n"))
+    return CHAIN_START if parts is None else parts[1]
+
+
+def restore(path: Path, key: bytes | None = None) -> tuple[RunConfig, State, int]:
     """The state a journal leads to and the next sequence number; raises on a departure."""
-    config, entries = read(path)
+    config, entries = read(path, key)
+    return replayed(path, config, entries)
+
+
+def replayed(path: Path, config: RunConfig, entries: list[Entry]
+             ) -> tuple[RunConfig, State, int]:
+    """`restore` of the journal `path` already read: `config` and `entries`."""
     state = initial_state(config)
     for _entry, _, after in replay(config, entries):
         if isinstance(after, Departure):

@@ -45,13 +45,14 @@ from invar.runtime.worker import RolloutWorker, WorkerArgs
 from invar.runtime.worker_args import worker_args
 
 
-def run_serial(config: TrainConfig, learner: LearnerBackend) -> State:
+def run_serial(config: TrainConfig, learner: LearnerBackend,
+               journal_key: bytes | None = None) -> State:
     """The same schedule, one command at a time in FIFO order, every component in-process:
     events through `shell.deliver`, commands where `shell.route` says (nothing is lost, so
     the retry timer never fires). Like any run it journals every accepted event (with the
     state digests around it), writes a metrics row per update, shows the progress bar and
     ends with summary.json and report.md; it cannot be resumed (a serial run is a reference,
-    run whole)."""
+    run whole). `journal_key`: the key of the journal's chain (None: unkeyed)."""
     run_dir = Path(config.output.run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
     journal_path = run_dir / "journal.jsonl"
@@ -65,7 +66,7 @@ def run_serial(config: TrainConfig, learner: LearnerBackend) -> State:
     failures = VerifierFailures()
     store = WeightsStore(run_dir / "store")
     (run_dir / "config.json").write_text(json.dumps(to_dict(config), indent=2))
-    journal = journal_io.Journal(journal_path, config.protocol)
+    journal = journal_io.Journal(journal_path, config.protocol, journal_key)
     stats = Stats()
     workers: dict[str, RolloutWorker] = {}
     state = initial_state(config.protocol)

@@ -4,14 +4,23 @@ A stored file has its digest beside it (`NAME.digest`): the store's `weights-NNN
 the parameters' digest, a checkpoint (`invar.runtime.learner_executor`) with the state
 digest. Both are written atomically, the digest last, so a file counts as whole once its
 digest is there.
+
+A store file that no longer matches its digest (a flipped bit, a file lost) would be refused
+by every worker sent it, forever: `heal` compares it with what its verified commit gives and
+publishes it again, on resume and after a worker dies without serving.
 """
 
 from __future__ import annotations
 
+import logging
+from collections.abc import Iterable
 from pathlib import Path
 
 from invar.runtime.backend import LearnerBackend
+from invar.runtime.commits import CommitError
 from invar.runtime.weights import atomic_write
+
+log = logging.getLogger("invar.store")
 
 
 def digest_path(path: Path) -> Path:
@@ -53,7 +62,17 @@ class WeightsStore:
 
     def write(self, version: int, blob: bytes, params_digest: str) -> None:
         write_with_digest(self.path(version), blob, params_digest)
-        self._newest = (version, blob, params_digest)  # once the files are whole
+        newest = self._newest
+        if newest is None or version >= newest[0]:  # a version published again may be older
+            self._newest = (version, blob, params_digest)  # once the files are whole
+
+    def holds(self, version: int, blob: bytes, params_digest: str) -> bool:
+        """Whether the files of `version` on disk hold `blob` and `params_digest`."""
+        path = self.path(version)
+        try:
+            return read_digest(path) == params_digest and path.read_bytes() == blob
+        except FileNotFoundError:
+            return False
 
     def read(self, version: int) -> tuple[bytes, str]:
         newest = self._newest
@@ -77,3 +96,22 @@ def publish(learner: LearnerBackend, store: WeightsStore, version: int) -> str:
     blob, params_digest, digest = learner.published_weights(version)
     store.write(version, blob, params_digest)
     return digest
+
+
+def heal(learner: LearnerBackend, store: WeightsStore, versions: Iterable[int]) -> list[int]:
+    """Publish again each of `versions` (the ones the store keeps) whose files on disk are not
+    what its verified commit gives; returns those healed. A version whose commit is gone
+    (pruned: `learner.keep_commits`) can be neither checked nor healed, and is left."""
+    healed = []
+    for version in versions:
+        try:
+            blob, params_digest, _ = learner.published_weights(version)
+        except CommitError:
+            continue
+        if store.holds(version, blob, params_digest):
+            continue
+        store.write(version, blob, params_digest)
+        log.warning("store file of version %d failed its digest: published again from its "
+                    "commit", version)
+        healed.append(version)
+    return healed

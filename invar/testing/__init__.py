@@ -23,6 +23,7 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
+from invar.journal_format import CHAIN_START, linked, unlinked
 from invar.model.config import RunConfig
 from invar.model.messages import (
     ApplyCotangent,
@@ -88,8 +89,8 @@ __all__ = [
     "CORE", "RESPONSE_TOKENS", "Decision", "Learner", "LearnerRules", "Message", "Run", "World",
     "Worker", "canonical_run", "crash_learner", "crash_worker", "deliver_message", "drop",
     "duplicate", "edit_completion", "fire_timer", "framed", "learner_reply", "merge_replies",
-    "new_world", "reply", "restart_driver", "restart_learner", "restart_worker", "run_fifo",
-    "split_reply", "start_events", "step_digest", "version_digest", "worker_reply",
+    "new_world", "relinked", "reply", "restart_driver", "restart_learner", "restart_worker",
+    "run_fifo", "split_reply", "start_events", "step_digest", "version_digest", "worker_reply",
 ]
 
 
@@ -194,3 +195,17 @@ def edit_completion(encoded: dict[str, Any], index: int, **changes: Any) -> dict
     completions = list(frame.completions)
     completions[index] = dataclasses.replace(completions[index], **changes)
     return encode(dataclasses.replace(frame, completions=Completions.of(completions)))
+
+
+def relinked(lines: list[str], key: bytes | None = None) -> str:
+    """Journal lines (each with its newline) with their chain links computed again, keyed with
+    `key`: what whoever edits a journal can do to an unkeyed chain. How tests tamper with a
+    journal past its chain, to reach the model's own checks."""
+    chain, out = CHAIN_START, []
+    for line in lines:
+        parts = unlinked(line.rstrip("\n"))
+        if parts is None:
+            raise ValueError(f"not a journal line with a chain link: {line[:80]!r}")
+        text, chain = linked(key, chain, parts[0])
+        out.append(text)
+    return "".join(out)

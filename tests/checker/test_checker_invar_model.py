@@ -30,7 +30,7 @@ from checker.invar_model import Bounds, InvarModel, _rename_core, load_bounds  #
 from invar.model import LearnerPhase, logical_projection, transitions  # noqa: E402
 from invar.model.messages import StepFinished  # noqa: E402
 from invar.runtime.journal import write_events  # noqa: E402
-from invar.testing import canonical_run, edit_completion  # noqa: E402
+from invar.testing import canonical_run, edit_completion, relinked  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
 GATE = ROOT / "spec" / "gate"
@@ -435,12 +435,16 @@ def test_cli_trace_accepts_a_real_journal_and_reports_a_tampered_one(
     tampered.write_text("\n".join(lines) + "\n")
     assert main(["--trace", str(tampered)]) == 1
     out = capsys.readouterr().out
+    assert "departure" in out and f"{tampered}:{number + 1}: the line has a chain link" in out
+    tampered.write_text(relinked([line + "\n" for line in lines]))  # past the chain
+    assert main(["--trace", str(tampered)]) == 1
+    out = capsys.readouterr().out
     assert "departure" in out and f"{tampered}:{number + 1}" in out
     assert "state digest after" in out
     # An event the model refuses (a completion claiming another version).
     record["event"] = edit_completion(original, 0, version=1)
     lines[number] = json.dumps(record, separators=(",", ":"))
-    tampered.write_text("\n".join(lines) + "\n")
+    tampered.write_text(relinked([line + "\n" for line in lines]))
     assert main(["--trace", str(tampered)]) == 1
     assert "the model refuses the event" in capsys.readouterr().out
     assert main(["--trace", str(tmp_path / "missing.jsonl")]) == 2

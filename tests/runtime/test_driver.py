@@ -22,7 +22,7 @@ from invar.model.messages import LaunchRequest, decode, one_per_request
 from invar.model.schedule import RequestId
 from invar.model.state import state_digest
 from invar.runtime import journal
-from invar.testing import edit_completion
+from invar.testing import edit_completion, relinked
 
 
 @pytest.fixture(scope="module")
@@ -99,6 +99,10 @@ def test_tampered_journal_departs_at_the_tampered_line(baseline, tmp_path, tampe
     tamper(lines, number)
     path = tmp_path / "journal.jsonl"
     path.write_text("".join(lines))
+    # The chain sees the edit first; linked again, the model does.
+    with pytest.raises(journal.ChainError, match=f"journal.jsonl:{number}:"):
+        journal.restore(path)
+    path.write_text(relinked(lines))
     protocol, entries = journal.read(path)
     outcomes = [after for _, _, after in journal.replay(protocol, entries, check_invariants=True)]
     departure = outcomes[-1]

@@ -33,6 +33,11 @@ def test_loading_and_validating_the_default_configuration_imports_no_framework()
         "from invar.runtime.config import load_config\nload_config(None, [])") == []
 
 
+def test_rescoring_a_trace_imports_no_framework():
+    """`invar-check --trace` builds the task's verifier (`invar.runtime.rescore`) by default."""
+    assert frameworks_imported_by("import checker.cli, invar.runtime.rescore") == []
+
+
 def test_invar_train_help_imports_no_framework():
     code = ("import contextlib, io\nfrom invar.runtime.cli import main\n"
             "with contextlib.redirect_stdout(io.StringIO()), contextlib.suppress(SystemExit):\n"

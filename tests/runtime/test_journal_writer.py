@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from invar.journal_format import unlinked
 from invar.model.config import RunConfig
 from invar.model.messages import TimerFired
 from invar.runtime import journal
@@ -15,6 +16,13 @@ from invar.runtime import journal
 
 def _lines(path: Path) -> list[str]:
     return path.read_text().splitlines()
+
+
+def _unlinked(line: str) -> str:
+    """A line's text without its chain link."""
+    parts = unlinked(line)
+    assert parts is not None, line
+    return parts[0]
 
 
 def test_lines_are_written_by_sync_in_order_and_by_close(tmp_path: Path) -> None:
@@ -81,7 +89,7 @@ def test_a_line_of_an_encoded_event_is_what_json_would_write(tmp_path: Path, bef
     writer.close()
     expected = json.dumps({"seq": 7, "before": before, "after": after,
                            "event": json.loads(dumps(event))}, separators=(",", ":"))
-    assert _lines(path)[1] == expected
+    assert _unlinked(_lines(path)[1]) == expected
 
 
 def test_the_event_path_appends_without_encoding(tmp_path: Path,
@@ -110,7 +118,7 @@ def test_the_event_path_appends_without_encoding(tmp_path: Path,
     syncing.join(5)
     assert encoded_in == ["syncing"]
     writer.close()
-    assert _lines(path)[1] == json.dumps({"seq": 0, "before": "b", "after": "a",
+    assert _unlinked(_lines(path)[1]) == json.dumps({"seq": 0, "before": "b", "after": "a",
                                           "event": json.loads(dumps(event))},
                                          separators=(",", ":"))
 

@@ -263,3 +263,85 @@ def test_a_kill_at_a_boundary_commit_is_evaluated_and_checkpointed_on_resume(
     assert not list((run_dir / "checkpoints").glob(".*.tmp"))
     assert _evaluated_versions(run_dir) == [0, 2, 3] == _evaluated_versions(boundary_reference)
     rt.assert_same_weights(rt.final_weights(run_dir), rt.final_weights(boundary_reference))
+
+
+# -- a damaged store file (finding 3 of issue 30) ---------------------------------------------
+
+KILL_AT_LOAD = """
+import os, signal, sys
+from invar.runtime import cli, driver
+version = int(sys.argv[1])
+send_load = driver.Driver._send_load
+
+def send_load_or_die(self, command):
+    if command.version == version:
+        self.journal.sync()  # VersionPublished(version) is in the journal, durably
+        os.kill(os.getpid(), signal.SIGKILL)  # before any worker has loaded the version
+    return send_load(self, command)
+
+driver.Driver._send_load = send_load_or_die
+sys.exit(cli.main(sys.argv[2:]))
+"""
+"""`invar train` that SIGKILLs itself when it first sends a worker the weights of `version`:
+resumed, the run loads them from the store's file, not from the copy a live driver keeps."""
+LOAD_KILLED_AT = 2
+
+
+@pytest.fixture(scope="module")
+def killed_at_load(tmp_path_factory, rt):
+    run_dir = tmp_path_factory.mktemp("killed-at-load") / "run"
+    overrides = rt.tiny_overrides(run_dir, f"protocol.total_updates={UPDATES}")
+    command = [sys.executable, "-c", KILL_AT_LOAD, str(LOAD_KILLED_AT), "train",
+               *(arg for item in overrides for arg in ("--set", item))]
+    killed = subprocess.run(command, capture_output=True, timeout=180, start_new_session=True)
+    assert killed.returncode == -signal.SIGKILL, killed.stderr.decode()[-2000:]
+    _, state, _ = journal.restore(run_dir / "journal.jsonl")
+    assert LOAD_KILLED_AT in state.retained
+    return run_dir
+
+
+def _damage_the_store(run_dir: Path) -> list[int]:
+    """Flip a byte of every weights file in the run's store; returns their versions."""
+    stored = sorted((run_dir / "store").glob("weights-*.bin"))
+    for path in stored:
+        _flip_a_byte(path)
+    return [int(path.stem.split("-")[1]) for path in stored]
+
+
+def _assert_finished_as_the_reference(run_dir: Path, reference: Path, rt) -> None:
+    _, state, _ = journal.restore(run_dir / "journal.jsonl")
+    _, reference_state, _ = journal.restore(reference / "journal.jsonl")
+    assert run_complete(state)
+    assert logical_projection(state) == logical_projection(reference_state)
+    rt.assert_same_weights(rt.final_weights(run_dir), rt.final_weights(reference))
+
+
+def test_a_damaged_store_file_is_published_again_on_resume(killed_at_load, reference, tmp_path,
+                                                           rt):
+    """Finding 3 of issue 30: a flipped byte in a store file made every worker sent it refuse
+    it, and the run stopped, on every resume; the resume publishes it again from its commit."""
+    run_dir = _copy(killed_at_load, tmp_path / "run")
+    assert LOAD_KILLED_AT in _damage_the_store(run_dir)
+    done = _resume(rt, run_dir)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert f"store file of version {LOAD_KILLED_AT} failed its digest: published again from " \
+           f"its commit" in done.stderr
+    _assert_finished_as_the_reference(run_dir, reference, rt)
+
+
+def test_a_store_file_a_worker_refuses_is_published_again(killed_at_load, reference, tmp_path,
+                                                          rt):
+    """A store file damaged after the resume checked the store: the worker sent it refuses
+    it and dies; the driver publishes it again from its commit before the next incarnation."""
+    run_dir = _copy(killed_at_load, tmp_path / "run")
+    damaged: list[int] = []
+
+    async def damage_then_spawn(driver, name, incarnation):
+        if not damaged:
+            damaged.extend(_damage_the_store(run_dir))
+        return await driver._spawn_local_worker(name, incarnation)
+
+    state = rt.run_driver(rt.tiny_config(run_dir, f"protocol.total_updates={UPDATES}"),
+                          resume=True, spawn=damage_then_spawn)
+    assert LOAD_KILLED_AT in damaged and run_complete(state)
+    _assert_finished_as_the_reference(run_dir, reference, rt)

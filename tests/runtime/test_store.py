@@ -68,3 +68,38 @@ def test_a_failed_write_leaves_the_previous_newest(tmp_path, monkeypatch):
     with pytest.raises(FileNotFoundError):
         store.read(4)  # never published: not served from memory either
     assert store.read(3) == (b"weights of 3", "digest-3")
+
+
+class _Commits:
+    """A learner's `published_weights`: what each kept commit gives; a pruned one refused."""
+
+    def __init__(self, kept: dict[int, bytes]) -> None:
+        self.kept = kept
+
+    def published_weights(self, version: int) -> tuple[bytes, str, str]:
+        from invar.runtime.commits import CommitError
+        if version not in self.kept:
+            raise CommitError(f"commit-{version:06d}.pt", "no such file (never written, or "
+                                                          "pruned)")
+        blob = self.kept[version]
+        return blob, f"digest of {blob!r}", "state digest"
+
+
+def test_heal_publishes_again_what_its_commit_gives_and_leaves_the_rest(tmp_path, monkeypatch):
+    from invar.runtime.store import heal
+    commits = _Commits({2: b"weights of 2", 3: b"weights of 3", 4: b"weights of 4"})
+    store = WeightsStore(tmp_path)
+    for version in (1, 2, 3, 4):
+        blob = commits.kept.get(version, b"weights of 1")
+        store.write(version, blob, f"digest of {blob!r}")
+    store.path(1).write_bytes(b"damaged, its commit pruned")
+    store.path(2).write_bytes(b"damaged")
+    store.path(3).with_suffix(".digest").write_text("damaged")
+    healed = heal(commits, store, (1, 2, 3, 4))  # type: ignore[arg-type]
+    assert healed == [2, 3]
+    for version in (2, 3, 4):
+        blob = commits.kept[version]
+        assert store.holds(version, blob, f"digest of {blob!r}")
+    assert store.path(1).read_bytes() == b"damaged, its commit pruned"
+    _no_disk_reads(monkeypatch)  # an older version published again is not the newest
+    assert store.read(4) == (b"weights of 4", "digest of b'weights of 4'")
