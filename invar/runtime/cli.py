@@ -9,6 +9,7 @@ import asyncio
 import dataclasses
 import json
 import logging
+import signal
 import sys
 from pathlib import Path
 from typing import Any
@@ -56,7 +57,8 @@ def train(config: TrainConfig, resume: bool = False, serial: bool = False,
     if serial:
         run_serial(config, learner)
         return json.loads((Path(config.output.run_dir) / "summary.json").read_text())
-    asyncio.run(Driver(config, learner, resume=resume, restored=restored).run())
+    asyncio.run(Driver(config, learner, resume=resume, restored=restored,
+                       stop_on_signals=True).run())
     return json.loads((Path(config.output.run_dir) / "summary.json").read_text())
 
 
@@ -108,11 +110,23 @@ def main(argv: list[str] | None = None) -> int:
     # command line and checking the configuration did without it.
     from invar.runtime.commits import CommitError
     from invar.runtime.driver import ResumeError, RunStopped
+    from invar.runtime.interrupts import Interrupted, Signalled, signals_raise
     from invar.runtime.journal import JournalError
     from invar.runtime.transport import TransportRefused
     try:
-        summary = train(config, resume=bool(args.resume), serial=args.serial,
-                        restored=restored)
+        with signals_raise():
+            summary = train(config, resume=bool(args.resume), serial=args.serial,
+                            restored=restored)
+    except Interrupted as stopped:  # workers ended, journal synced: resumable
+        print(f"invar: {stopped.line()}", file=sys.stderr)
+        return stopped.exit_code
+    except (Signalled, KeyboardInterrupt) as error:  # while the run started, or closed
+        journal = Path(config.output.run_dir) / "journal.jsonl"
+        how = (f"resume with: invar train --resume {config.output.run_dir}"
+               if journal.is_file() and journal.stat().st_size and not args.serial
+               else "nothing was trained")
+        print(f"invar: interrupted while the run started or closed; {how}", file=sys.stderr)
+        return 128 + getattr(error, "signum", signal.SIGINT)
     except (CommitError, JournalError, ResumeError, FileExistsError) as error:
         # A run directory that cannot be (re)started as it is: say which file and why.
         print(f"invar: {'cannot resume' if args.resume else 'cannot start'}: {error}",

@@ -27,6 +27,7 @@ import json
 import logging
 import os
 import statistics
+import sys
 import time
 from collections import deque
 from collections.abc import Awaitable, Callable
@@ -63,6 +64,7 @@ from invar.runtime import journal as journal_io
 from invar.runtime.backend import LearnerBackend
 from invar.runtime.config import TrainConfig, task_section, to_dict, worker_names
 from invar.runtime.faults import with_frame_faults
+from invar.runtime.interrupts import STOP_SIGNALS, Interrupted
 from invar.runtime.learner_executor import (
     LearnerExecutor,
     LearnerInputs,
@@ -113,13 +115,16 @@ class Driver:
 
     `learner`: a backend (`TorchLearner`, `MLXLearner`, or a fake: any `LearnerBackend`);
     `spawn_worker(name, incarnation)`: a connected `Transport` to a new worker (default: a
-    local process); `learner_inputs`: what the backend gets beside each learner command.
+    local process); `learner_inputs`: what the backend gets beside each learner command;
+    `stop_on_signals`: SIGINT and SIGTERM stop the run cleanly (`run` raises `Interrupted`;
+    the command line's choice: a library caller keeps its own handlers).
     """
 
     def __init__(self, config: TrainConfig, learner: LearnerBackend,
                  spawn_worker: SpawnWorker | None = None, resume: bool = False,
                  learner_inputs: LearnerInputs = learner_inputs,
-                 restored: tuple[Any, State, int] | None = None) -> None:
+                 restored: tuple[Any, State, int] | None = None,
+                 stop_on_signals: bool = False) -> None:
         self.config = config
         self.run_dir = Path(config.output.run_dir)
         self.run_dir.mkdir(parents=True, exist_ok=True)
@@ -153,6 +158,9 @@ class Driver:
         self._last_progress = time.perf_counter()
         self._tasks: set[asyncio.Task] = set()
         self._stopping = False
+        self._stop_on_signals = stop_on_signals
+        self._signalled: int | None = None
+        """The first stop signal received, if any."""
         self._failures: dict[str, int] = {}
         self._connected: dict[str, int] = {}
         """The incarnation of each worker whose hello was received (WorkerConnected sent)."""
@@ -181,6 +189,40 @@ class Driver:
     # -- lifecycle ---------------------------------------------------------------------------
 
     async def run(self) -> State:
+        """Run to completion; with `stop_on_signals`, a SIGINT or SIGTERM ends the workers,
+        syncs the journal and raises `Interrupted` (the run stays resumable)."""
+        loop = asyncio.get_running_loop()
+        running = asyncio.current_task()
+        assert running is not None
+        handled = STOP_SIGNALS if self._stop_on_signals else ()
+        for signum in handled:
+            loop.add_signal_handler(signum, self._on_signal, signum, running)
+        try:
+            return await self._run()
+        except asyncio.CancelledError:
+            if self._signalled is None:
+                raise
+            running.uncancel()
+            raise Interrupted(self._signalled, self.state.committed,
+                              self.config.protocol.total_updates, self.run_dir) from None
+        finally:
+            for signum in handled:
+                loop.remove_signal_handler(signum)
+
+    def _on_signal(self, signum: int, running: asyncio.Task[State]) -> None:
+        """The first stop signal cancels the run at its next wait (the event path is never
+        cut in the middle of an event): `_run`'s cleanup ends the workers and syncs the
+        journal. A second one, while that cleanup waits, ends the process at once: the run
+        is left as a crash leaves it, still resumable."""
+        if self._signalled is not None:
+            print(f"invar: interrupted again: stopping at once; resume with: invar train "
+                  f"--resume {self.run_dir}", file=sys.stderr, flush=True)
+            os._exit(128 + signum)
+        self._signalled = signum
+        if not self._stopping:  # a run already shutting down finishes doing so
+            running.cancel()
+
+    async def _run(self) -> State:
         journal_path = self.run_dir / "journal.jsonl"
         if self.resume:
             protocol, self.state, self.seq = self.restored or journal_io.restore(journal_path)
