@@ -8,6 +8,7 @@ import contextlib
 import csv
 import io
 import json
+import math
 import threading
 import time
 from collections import Counter
@@ -19,6 +20,8 @@ from invar.runtime.hint import HINT_AFTER
 from invar.runtime.tasks import describe
 from invar.runtime.weights import atomic_write
 
+PROGRESS_EVERY_SECONDS = 10.0
+"""Outside a terminal, the least time between two progress lines."""
 UPDATE_FIELDS = ("update", "reward", "staleness", "loss", "clip_fraction", "mean_ratio",
                  "mean_behavior_weight", "kl", "seconds", "wall", "refused", "noops",
                  "verifier_failures", "verifier_timeouts")
@@ -246,13 +249,31 @@ class MetricsLog:
 
     @contextlib.contextmanager
     def progress(self, total: int, enabled: bool) -> Iterator[Callable[[int, float, int], None]]:
-        """A callable(updates_done, reward, staleness) that advances a rich progress bar."""
+        """A callable(updates_done, reward, staleness) that shows the run's progress: a rich
+        progress bar on a terminal; elsewhere (a pipe, a file, a batch scheduler's log) a
+        plain line for the session's first update, then at most one every
+        PROGRESS_EVERY_SECONDS, and one for the last update. Both show the update, the
+        sampled reward, the staleness, updates/s and the estimated time left."""
         if not enabled:
             yield lambda done, reward, staleness: None
             return
         import sys
+        pace = _Pace(total, self)
+        if not sys.stdout.isatty():
+            shown = [-math.inf]
 
-        from rich.console import Console
+            def line(done: int, reward: float, staleness: int) -> None:
+                now = time.perf_counter()
+                pace.advance(done, now)
+                if self._session_updates == 1 or done >= total or \
+                        now - shown[0] >= PROGRESS_EVERY_SECONDS:
+                    shown[0] = now
+                    print(f"update {done}/{total}  reward {reward:.3f}  staleness {staleness}  "
+                          f"{pace.rate:.2f} upd/s  elapsed {_clock(now - pace.began)}  "
+                          f"ETA {pace.eta()}", flush=True)
+
+            yield line
+            return
         from rich.progress import (
             BarColumn,
             MofNCompleteColumn,
@@ -260,20 +281,19 @@ class MetricsLog:
             TextColumn,
             TimeElapsedColumn,
         )
-        piped = not sys.stdout.isatty()  # piped: wide lines, not wrapped at 80 columns
-        console = Console(width=160 if piped else None, soft_wrap=piped)
         bar = Progress(TextColumn("[bold]train"), BarColumn(), MofNCompleteColumn(),
                        TextColumn("reward {task.fields[reward]:.3f}"),
                        TextColumn("staleness {task.fields[staleness]}"),
                        TextColumn("{task.fields[rate]:.2f} upd/s"), TimeElapsedColumn(),
-                       console=console)
-        began = time.perf_counter()
+                       TextColumn("ETA {task.fields[eta]}"))
         with bar:
-            task = bar.add_task("train", total=total, reward=0.0, staleness=0, rate=0.0)
+            task = bar.add_task("train", total=total, reward=0.0, staleness=0, rate=0.0,
+                                eta="-")
 
             def advance(done: int, reward: float, staleness: int) -> None:
-                rate = self._session_updates / max(time.perf_counter() - began, 1e-9)
-                bar.update(task, completed=done, reward=reward, staleness=staleness, rate=rate)
+                pace.advance(done, time.perf_counter())
+                bar.update(task, completed=done, reward=reward, staleness=staleness,
+                           rate=pace.rate, eta=pace.eta())
 
             yield advance
 
@@ -338,6 +358,40 @@ class MetricsLog:
         if self._trackers is not None:
             self._trackers.close(complete)
             self._trackers = None
+
+
+class _Pace:
+    """Updates/s and the time left, from this session's updates: the rate is measured from
+    the session's first update on (the start-up before it is no update's time)."""
+
+    def __init__(self, total: int, log: MetricsLog) -> None:
+        self.total = total
+        self.log = log
+        self.began = time.perf_counter()
+        self.first: float | None = None
+        self.done = 0
+        self.rate = 0.0
+
+    def advance(self, done: int, now: float) -> None:
+        self.done = done
+        session = self.log._session_updates
+        if self.first is None:
+            self.first = now
+        if session >= 2 and now > self.first:
+            self.rate = (session - 1) / (now - self.first)
+        else:
+            self.rate = session / max(now - self.began, 1e-9)
+
+    def eta(self) -> str:
+        """The time left at the rate so far, H:MM:SS ("-" before any rate)."""
+        left = self.total - self.done
+        return "0:00:00" if left <= 0 else _clock(left / self.rate) if self.rate else "-"
+
+
+def _clock(seconds: float) -> str:
+    """H:MM:SS."""
+    whole = int(round(seconds))
+    return f"{whole // 3600}:{whole // 60 % 60:02d}:{whole % 60:02d}"
 
 
 def _tracked_update(row: dict[str, Any]) -> dict[str, float]:

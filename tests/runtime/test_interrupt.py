@@ -61,10 +61,8 @@ def _stopped_line(text: str, run_dir: Path) -> int:
     """The update the one `interrupted at` line names (checked against the message)."""
     lines = [line for line in text.splitlines() if "interrupted at update" in line]
     assert len(lines) == 1, text
-    # (on a terminal, after the escape that shows the cursor again)
-    found = re.search(rf"(?:^|\x1b\[\?25h)invar: interrupted at update (\d+) of {UPDATES}; "
-                      rf"resume with: invar train --resume {re.escape(str(run_dir))}$",
-                      lines[0].strip())
+    found = re.fullmatch(rf"invar: interrupted at update (\d+) of {UPDATES}; resume with: "
+                         rf"invar train --resume {re.escape(str(run_dir))}", lines[0].strip())
     assert found, lines[0]
     return int(found.group(1))
 
@@ -125,11 +123,13 @@ def test_ctrl_c_on_a_terminal_stops_cleanly_and_the_run_resumes(tmp_path, rt):
         _, status = os.waitpid(pid, 0)
     finally:
         os.close(terminal)
-    text = output.decode(errors="replace")
+    # What the terminal shows, without its escape sequences (colours, cursor).
+    text = re.sub(r"\x1b\[[0-9;?]*[A-Za-z]", "", output.decode(errors="replace"))
     assert os.waitstatus_to_exitcode(status) == 130, text
     assert not [noise for noise in NOISE if noise in text], text
     stopped = _stopped_line(text, run_dir)
     assert STOP_AFTER_COMMITS <= stopped < UPDATES
+    assert re.search(r"upd/s \d:\d\d:\d\d ETA \d:\d\d:\d\d", text), text  # the bar
     assert _journal_committed(run_dir) == stopped  # the journal was synced to that point
     _assert_all_gone(children)
     _resume_to_the_end(rt, run_dir)
@@ -159,6 +159,11 @@ def test_sigterm_stops_a_piped_run_cleanly(tmp_path, rt):
         rt.cli("train", *(arg for item in overrides for arg in ("--set", item))), run_dir)
     assert status == 143, text
     assert _journal_committed(run_dir) == _stopped_line(text, run_dir)
+    # Outside a terminal, plain progress lines (the first update's at least).
+    progress = re.findall(rf"^update (\d+)/{UPDATES}  reward \d\.\d{{3}}  staleness [01]  "
+                          r"\d+\.\d\d upd/s  elapsed \d:\d\d:\d\d  ETA (?:\d:\d\d:\d\d|-)$",
+                          text, re.MULTILINE)
+    assert progress and progress[0] == "1", text
     _assert_all_gone(children)
 
 
