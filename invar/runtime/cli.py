@@ -1,5 +1,5 @@
 """`invar train [CONFIG.toml] [--set key=value ...] [--backend torch|mlx] [--resume RUN_DIR]
-[--serial]`; `invar report RUN_DIR... [--out DIR] [--threshold X]`;
+[--serial] [--print-config]`; `invar report RUN_DIR... [--out DIR] [--threshold X]`;
 `invar export RUN_DIR OUT_DIR [--version N]`."""
 
 from __future__ import annotations
@@ -9,6 +9,7 @@ import asyncio
 import dataclasses
 import json
 import logging
+import math
 import signal
 import sys
 from pathlib import Path
@@ -65,7 +66,11 @@ def train(config: TrainConfig, resume: bool = False, serial: bool = False,
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="invar", description=__doc__)
     commands = parser.add_subparsers(dest="command", required=True)
-    run = commands.add_parser("train", help="train the default policy (or CONFIG.toml)")
+    run = commands.add_parser(
+        "train", help="train the default policy (or CONFIG.toml)",
+        epilog="Every configuration key, with its default and what it does, is documented in "
+               "invar/runtime/config.py (the README's \"invar train\" section has the "
+               "overview); `invar train --print-config` prints them all, resolved, as TOML.")
     run.add_argument("config", nargs="?", help="TOML configuration (defaults if omitted)")
     run.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                      help="override a key, e.g. --set optim.lr=3e-4 (repeatable)")
@@ -76,6 +81,10 @@ def main(argv: list[str] | None = None) -> int:
                      help="continue the run in RUN_DIR from its journal and last commit")
     run.add_argument("--serial", action="store_true",
                      help="execute the schedule one command at a time, in one process")
+    run.add_argument("--print-config", action="store_true",
+                     help="print the resolved configuration (defaults, CONFIG.toml, --set, "
+                          "--resume's saved one) as TOML and exit: save it, edit it, pass it "
+                          "back as CONFIG.toml")
     shown = commands.add_parser("report", help="quality, throughput and resource cost of run "
                                              "directories (table + plots)")
     from invar.runtime.report import add_arguments
@@ -103,6 +112,9 @@ def main(argv: list[str] | None = None) -> int:
         what = "resume refused" if args.resume else "configuration refused"
         print(f"invar: {what}: {error}", file=sys.stderr)
         return 2
+    if args.print_config:
+        print(config_toml(to_dict(config)), end="")
+        return 0
     schedule = report(config.protocol)
     for note in schedule.notes:
         print(f"note: {note}", file=sys.stderr)
@@ -149,6 +161,48 @@ def main(argv: list[str] | None = None) -> int:
               f"held-out reward {'-' if heldout is None else f'{heldout:.3f}'}; "
               f"report: {run_dir / 'report.md'}")
     return 0
+
+
+def config_toml(data: dict[str, Any]) -> str:
+    """A configuration (`to_dict`) as TOML that `load_config` reads back to the same
+    configuration: a table per section, then its keys."""
+    lines = ["# invar train configuration, resolved; every key is documented in "
+             "invar/runtime/config.py"]
+
+    def table(values: dict[str, Any], path: tuple[str, ...]) -> None:
+        scalars = {k: v for k, v in values.items() if not isinstance(v, dict)}
+        if path and (scalars or not values):  # an empty table is written, to stay a table
+            lines.extend(["", f"[{'.'.join(_toml_key(part) for part in path)}]"])
+        lines.extend(f"{_toml_key(k)} = {_toml_value(v)}" for k, v in scalars.items())
+        for key, value in values.items():
+            if isinstance(value, dict):
+                table(value, (*path, key))
+
+    table(data, ())
+    return "\n".join(lines) + "\n"
+
+
+def _toml_key(key: str) -> str:
+    return key if key and all(c.isascii() and (c.isalnum() or c in "-_") for c in key) \
+        else json.dumps(key)
+
+
+def _toml_value(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, int):
+        return str(value)
+    if isinstance(value, float):
+        return ("nan" if math.isnan(value) else "inf" if value > 0 else "-inf") \
+            if not math.isfinite(value) else repr(value)
+    if isinstance(value, str):
+        return json.dumps(value)  # JSON's escapes are TOML's (ASCII: no raw DEL)
+    if isinstance(value, (list, tuple)):
+        return f"[{', '.join(_toml_value(item) for item in value)}]"
+    if isinstance(value, dict):
+        return "{" + ", ".join(f"{_toml_key(k)} = {_toml_value(v)}"
+                               for k, v in value.items()) + "}"
+    raise ValueError(f"{value!r} has no TOML form")
 
 
 def resume_config(run_dir: str, config_path: str | None, overrides: list[str]
