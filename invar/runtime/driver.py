@@ -147,6 +147,7 @@ class Driver:
         self.spawn_worker = spawn_worker or self._spawn_configured_worker
         self.learner_inputs = learner_inputs
         self.stats = Stats()
+        self.metrics.stats = self.stats  # its counts are recorded with the rows
         self.events: asyncio.Queue[Event | _Crash] = asyncio.Queue()
         self.learner_queue: asyncio.Queue[tuple[Command, State]] = asyncio.Queue()
         self.workers: dict[str, WorkerHandle] = {}

@@ -20,6 +20,8 @@ from invar.runtime.hint import HINT_AFTER
 from invar.runtime.tasks import describe
 from invar.runtime.weights import atomic_write
 
+LIFE_COUNTS = ("noops", "refused", "malformed_frames", "worker_deaths")
+"""What a life counts beside `counters` (`Stats`' fields), summed over the lives."""
 PROGRESS_EVERY_SECONDS = 10.0
 """Outside a terminal, the least time between two progress lines."""
 UPDATE_FIELDS = ("update", "reward", "staleness", "loss", "clip_fraction", "mean_ratio",
@@ -36,6 +38,10 @@ class MetricsLog:
     lost is dropped; the resumed run writes it again), and rewrites metrics.jsonl and
     metrics.csv from them (atomically, with the CSV header) before appending. `wall` in a row
     is seconds since the run began, counting earlier lives up to their last kept row.
+    Each life also records where it began (a `life` row) and its counts so far (a `counts`
+    row with each `write_out`, so that a life that crashes keeps them): a resumed run's
+    summary counts worker deaths, refusals, no-ops, malformed frames and `counters` over the
+    whole run, and an update row's `refused` and `noops` are the whole run's so far.
     Nothing is written until the first row (or `finish`). Each row also goes to the
     experiment trackers named in `trackers` (`invar.runtime.trackers`), once per step across
     the lives.
@@ -52,12 +58,20 @@ class MetricsLog:
         self.earlier_seconds = 0.0
         """Seconds of earlier lives of this run (to their last kept row)."""
         self.lives = 1
+        self.life_walls: dict[int, float] = {}
+        """Where each earlier life began, in run wall seconds (its `life` row)."""
+        self.life_counts: dict[int, dict[str, Any]] = {}
+        """Each earlier life's counts, as its last `counts` row recorded them."""
+        self.stats: Any = None
+        """The run's `Stats`, set by its caller: each `write_out` records their counts."""
+        self._counts_written: dict[str, Any] | None = None
         self.written: dict[str, set[int]] = {"update": set(), "evaluation": set()}
         """Update numbers and evaluated versions with a row in metrics.jsonl before this life
         (kept or not: each was logged to the trackers before it was written)."""
         jsonl_path = self.run_dir / "metrics.jsonl"
         if jsonl_path.exists():  # a resumed run: the report covers the whole run
             self._load(jsonl_path)
+        self._earlier_totals = self.earlier_counts()
         self._session_updates = 0  # rates of the progress bar are of this session
         self._jsonl: Any = None
         self._csv_file: Any = None
@@ -87,6 +101,11 @@ class MetricsLog:
                     evaluations[int(row["version"])] = row
                 elif kind == "life":
                     lives = max(lives, int(row["life"]))
+                    self.life_walls[int(row["life"])] = float(row.get("wall", 0.0))
+                elif kind == "counts":
+                    self.life_counts[int(row["life"])] = {
+                        **{key: int(row[key]) for key in LIFE_COUNTS},
+                        "counters": {str(k): int(v) for k, v in row["counters"].items()}}
             except (ValueError, KeyError, TypeError, AttributeError):
                 continue
         self.updates = [updates[u] for u in sorted(updates)]
@@ -94,6 +113,25 @@ class MetricsLog:
         self.written = {"update": set(updates), "evaluation": set(evaluations)}
         self.lives = lives + 1
         self._earlier()
+
+    def earlier_counts(self) -> dict[str, Any]:
+        """The counts of the earlier lives, summed (`LIFE_COUNTS` and `counters`)."""
+        total: dict[str, Any] = {key: 0 for key in LIFE_COUNTS}
+        counters: Counter[str] = Counter()
+        for counts in self.life_counts.values():
+            for key in LIFE_COUNTS:
+                total[key] += counts[key]
+            counters.update(counts["counters"])
+        return {**total, "counters": counters}
+
+    def _counts_row(self) -> dict[str, Any] | None:
+        """This life's counts so far, as a `counts` row (None without `stats`)."""
+        if self.stats is None:
+            return None
+        return {"kind": "counts", "life": self.lives,
+                **{key: int(getattr(self.stats, key)) for key in LIFE_COUNTS},
+                # One C-level copy: safe while the event loop's thread counts.
+                "counters": dict(self.counters)}
 
     def _earlier(self) -> None:
         walls = [float(r.get("wall", 0.0)) for r in (*self.updates, *self.evaluations)]
@@ -127,6 +165,10 @@ class MetricsLog:
         rows = [{"kind": "update", **r} for r in self.updates] + \
                [{"kind": "evaluation", **e} for e in self.evaluations]
         rows.sort(key=lambda r: float(r.get("wall", 0.0)))
+        rows = [{"kind": "life", "life": life, "wall": wall}
+                for life, wall in sorted(self.life_walls.items()) if life < self.lives] + \
+            [{"kind": "counts", "life": life, **counts}
+             for life, counts in sorted(self.life_counts.items()) if life < self.lives] + rows
         rows.append({"kind": "life", "life": self.lives, "wall": self.earlier_seconds})
         atomic_write(jsonl_path, "".join(json.dumps(r) + "\n" for r in rows).encode())
         table = io.StringIO(newline="")
@@ -170,8 +212,10 @@ class MetricsLog:
         generation and core + driver, and the count of rollout replies, since the previous
         row (JSONL only; for benchmarks)."""
         self.open()
+        earlier = self._earlier_totals
         row = {"update": update, "reward": reward, "staleness": staleness, **terms,
-               "seconds": seconds, "wall": self.wall(), "refused": refused, "noops": noops,
+               "seconds": seconds, "wall": self.wall(),
+               "refused": earlier["refused"] + refused, "noops": earlier["noops"] + noops,
                **(verifier or {}), **(timing or {})}
         while self.updates and self.updates[-1]["update"] >= update:
             self.updates.pop()  # a row written just before a crash, for an update redone
@@ -236,6 +280,11 @@ class MetricsLog:
             writes, self._unwritten = self._unwritten, []
         for write in writes:
             write()
+        counts = self._counts_row()
+        if counts is not None and counts != self._counts_written and self._jsonl is not None:
+            self._jsonl.write(json.dumps(counts) + "\n")
+            self._jsonl.flush()
+            self._counts_written = counts
 
     def _track(self, kind: str, step: int, metrics: dict[str, float]) -> None:
         """To the trackers, before the row is written to metrics.jsonl: a crash in between
@@ -303,7 +352,9 @@ class MetricsLog:
 
         The summary is of the whole run: every update, `wall_seconds` across its lives (the
         earlier ones up to their last recorded row), `events` the journal's (`events`, when
-        given); the `session_*` keys are of this life alone."""
+        given), and the counts (`noops`, `refused`, `malformed_frames`, `worker_deaths`,
+        `counters`) summed over the lives (each earlier one's as of its last `counts` row);
+        the `session_*` keys are of this life alone, as are the shares and seconds of work."""
         self.open()
         self.write_out()
         session = time.perf_counter() - stats.started
@@ -323,10 +374,8 @@ class MetricsLog:
                                      if self.evaluations else None),
             "events": stats.events if events is None else events,
             "session_events": stats.events,
-            "noops": stats.noops,
-            "refused": stats.refused,
-            "malformed_frames": stats.malformed_frames,
-            "worker_deaths": stats.worker_deaths,
+            **{key: self._earlier_totals[key] + getattr(stats, key) for key in LIFE_COUNTS},
+            **{f"session_{key}": getattr(stats, key) for key in LIFE_COUNTS},
             # Shares and seconds of work are of this life (what this process measured).
             "core_and_driver_share": stats.core_seconds / session if session else 0.0,
             "learner_busy_share": learner_seconds / session if session else 0.0,
@@ -340,7 +389,8 @@ class MetricsLog:
             "rollout_compute_seconds": getattr(stats, "rollout_seconds", 0.0),
             "rollout_load_seconds": getattr(stats, "load_seconds", 0.0),
             "rollout_replies": getattr(stats, "rollout_replies", 0),
-            "counters": dict(self.counters),
+            "counters": dict(self._earlier_totals["counters"] + self.counters),
+            "session_counters": dict(self.counters),
         }
         (self.run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
         write_report(self.run_dir, self.config, self.updates, self.evaluations, summary)

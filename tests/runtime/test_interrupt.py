@@ -21,10 +21,6 @@ STOP_AFTER_COMMITS = 3
 NOISE = ("Traceback", "KeyboardInterrupt", "CancelledError", "Exception ignored")
 
 
-def _commits_in(path: Path) -> int:
-    return path.read_text().count('"type":"UpdateCommitted"') if path.exists() else 0
-
-
 def _descendants(pid: int) -> set[int]:
     """The processes below `pid` now (its workers and their verifier processes)."""
     parents: dict[int, int] = {}
@@ -72,14 +68,6 @@ def _journal_committed(run_dir: Path) -> int:
     return state.committed
 
 
-def _wait_for_commits(run_dir: Path, is_running) -> None:  # noqa: ANN001
-    deadline = time.monotonic() + 120
-    while _commits_in(run_dir / "journal.jsonl") < STOP_AFTER_COMMITS:
-        assert is_running(), "invar train ended before it could be interrupted"
-        assert time.monotonic() < deadline, "invar train made no progress"
-        time.sleep(0.02)
-
-
 def _resume_to_the_end(rt, run_dir: Path) -> None:
     resumed = subprocess.run(rt.cli("train", "--resume", str(run_dir)), capture_output=True,
                              text=True, timeout=240)
@@ -113,7 +101,7 @@ def test_ctrl_c_on_a_terminal_stops_cleanly_and_the_run_resumes(tmp_path, rt):
         return os.waitpid(pid, os.WNOHANG) == (0, 0)
 
     try:
-        _wait_for_commits(run_dir, running)
+        rt.wait_for_commits(run_dir, STOP_AFTER_COMMITS, running)
         children = _descendants(pid)
         assert children, "no worker process found"
         os.write(terminal, b"\x03")  # Ctrl-C: SIGINT to the terminal's foreground group
@@ -135,12 +123,12 @@ def test_ctrl_c_on_a_terminal_stops_cleanly_and_the_run_resumes(tmp_path, rt):
     _resume_to_the_end(rt, run_dir)
 
 
-def _terminated(command: list[str], run_dir: Path) -> tuple[int, str, set[int]]:
+def _terminated(rt, command: list[str], run_dir: Path) -> tuple[int, str, set[int]]:
     """A piped run sent SIGTERM once its journal holds a few commits: its exit status, its
     output and the child processes it had."""
     process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
     try:
-        _wait_for_commits(run_dir, lambda: process.poll() is None)
+        rt.wait_for_commits(run_dir, STOP_AFTER_COMMITS, lambda: process.poll() is None)
         children = _descendants(process.pid)
         process.send_signal(signal.SIGTERM)
         text = process.communicate(timeout=60)[0].decode(errors="replace")
@@ -156,7 +144,7 @@ def test_sigterm_stops_a_piped_run_cleanly(tmp_path, rt):
     overrides = rt.tiny_overrides(run_dir, f"protocol.total_updates={UPDATES}",
                                   "output.progress=true")
     status, text, children = _terminated(
-        rt.cli("train", *(arg for item in overrides for arg in ("--set", item))), run_dir)
+        rt, rt.cli("train", *(arg for item in overrides for arg in ("--set", item))), run_dir)
     assert status == 143, text
     assert _journal_committed(run_dir) == _stopped_line(text, run_dir)
     # Outside a terminal, plain progress lines (the first update's at least).
@@ -171,7 +159,7 @@ def test_sigterm_stops_a_serial_run_and_says_it_cannot_be_resumed(tmp_path, rt):
     run_dir = tmp_path / "run"
     overrides = rt.tiny_overrides(run_dir, f"protocol.total_updates={UPDATES}")
     status, text, _ = _terminated(
-        rt.cli("train", "--serial", *(arg for item in overrides for arg in ("--set", item))),
+        rt, rt.cli("train", "--serial", *(arg for item in overrides for arg in ("--set", item))),
         run_dir)
     assert status == 143, text
     assert re.search(rf"interrupted at update \d+ of {UPDATES}; a serial run cannot be "
