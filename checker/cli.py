@@ -5,7 +5,7 @@ prove the schedule's arithmetic.
     invar-check SPEC.toml|DIR [--bfs|--dfs|--simulate N] [--processes N] [--max-states N]
                 [--json FILE] [--dot FILE] [--regression FILE]
     invar-check --model MODULE:FACTORY [--arg NAME=VALUE ...] [--bfs|--dfs|--simulate N] ...
-    invar-check --trace RUN_DIR/journal.jsonl
+    invar-check --trace RUN_DIR          (or RUN_DIR/journal.jsonl)
     invar-check --prove
 
 --model checks any model (a `checker.Model`): FACTORY is a class or function of the importable
@@ -65,7 +65,8 @@ def main(argv: list[str] | None = None) -> int:
                                                          "counterexamples")
     mode.add_argument("--dfs", action="store_true", help="depth-first")
     mode.add_argument("--simulate", type=int, metavar="N", help="N random walks")
-    mode.add_argument("--trace", metavar="JOURNAL", help="validate a run's journal.jsonl")
+    mode.add_argument("--trace", metavar="RUN_DIR|JOURNAL",
+                      help="validate a run's journal.jsonl (a run directory: the one in it)")
     mode.add_argument("--prove", action="store_true", help="prove the schedule lemmas (z3)")
     parser.add_argument("--processes", type=int, default=None, help="BFS worker processes")
     parser.add_argument("--max-states", type=int, help="stop after this many distinct states")
@@ -449,6 +450,12 @@ def _trace(path: Path, console: Console) -> int:
     does not accept); 2: not a journal this version can read (the message names the file and
     line: unreadable, not UTF-8, a bad line before the last, an unknown format)."""
     from invar.model.core import run_complete
+    if path.is_dir():  # a run directory: its journal
+        if not (path / "journal.jsonl").is_file():
+            print(f"invar-check: {path}: a directory without a journal.jsonl: not a run "
+                  "directory of `invar train`", file=sys.stderr)
+            return 2
+        path = path / "journal.jsonl"
     try:
         contents = journal_format.read_contents(path)
     except (OSError, journal_format.JournalError, ConfigError) as error:

@@ -327,7 +327,18 @@ class TrainConfig:
             if stray:
                 raise ConfigError(tuple(stray), f"apply to task.name = \"{kind}\", but "
                                                 f"task.name is {task.name!r}")
-        return build_task(task_section(self))
+        section = task_section(self)
+        from_model = task.tokenizer == AUTO_TOKENIZER and section["tokenizer"] == self.policy.path
+        if from_model and not Path(self.policy.path).expanduser().is_dir():
+            raise ConfigError(("policy.path",), f"{self.policy.path!r} is not a directory")
+        try:
+            return build_task(section)
+        except ConfigError as error:
+            if error.fields != ("task.tokenizer",) or not from_model:
+                raise
+            # The tokenizer is policy.path's (task.tokenizer = "auto"): the key the user set.
+            raise ConfigError(("policy.path",), f"{error.reason} (task.tokenizer = \"auto\" "
+                                                "reads the tokenizer of policy.path)") from None
 
     def _validate_policy(self, task: Any) -> None:
         """The policy can read the task: its vocabulary holds the task's tokens and its
