@@ -242,7 +242,10 @@ class Driver:
                 self.metrics.close(complete=True)
                 return self.state
         elif journal_path.exists() and journal_path.stat().st_size:
-            raise FileExistsError(f"{journal_path} exists: use --resume, or another run_dir")
+            raise FileExistsError(
+                f"{self.run_dir} holds a run already ({journal_path.name}): continue it with "
+                f"`invar train --resume {self.run_dir}`, or start another with "
+                f"--set output.run_dir=runs/NEW_NAME")
         if self._ssh is not None and self.spawn_worker == self._spawn_configured_worker:
             # Every host reachable, verified, accepting our key and able to run a worker, or
             # the run does not start: an SshRefused naming the host (no fallback to local).

@@ -57,7 +57,8 @@ def run_serial(config: TrainConfig, learner: LearnerBackend) -> State:
     run_dir.mkdir(parents=True, exist_ok=True)
     journal_path = run_dir / "journal.jsonl"
     if journal_path.exists() and journal_path.stat().st_size:
-        raise FileExistsError(f"{journal_path} exists: a serial run needs a new run_dir")
+        raise FileExistsError(f"{run_dir} holds a run already ({journal_path.name}): a serial "
+                              "run needs a new one: --set output.run_dir=runs/NEW_NAME")
     task = build_task(task_section(config))
     metrics = MetricsLog(run_dir, config, tensorboard=False)
     heldout = prompt_rows(task, "heldout", range(heldout_count(task, config.task.heldout_prompts)))

@@ -173,3 +173,16 @@ def test_a_missing_model_directory_is_refused_against_policy_path(tmp_path, caps
                     "policy.path")
     assert line == (f"invar: configuration refused: policy.path: "
                     f"{str(tmp_path / 'absent')!r} is not a directory")
+
+
+def test_starting_a_run_where_one_is_says_how_to_go_on(finished, capsys, rt):
+    before = _tree(finished)
+    with rt.torch_globals_kept():
+        status = cli.main(["train", *(a for item in rt.tiny_overrides(finished)
+                                      for a in ("--set", item))])
+    err = capsys.readouterr().err.strip()
+    assert status == 1, err
+    assert err == (f"invar: cannot start: {finished} holds a run already (journal.jsonl): "
+                   f"continue it with `invar train --resume {finished}`, or start another "
+                   "with --set output.run_dir=runs/NEW_NAME")
+    assert _tree(finished) == before
