@@ -70,7 +70,7 @@ from invar.runtime.learner_executor import (
     LearnerInputs,
     learner_inputs,
 )
-from invar.runtime.metrics import MetricsLog
+from invar.runtime.metrics import MetricsLog, sampled_entropy
 from invar.runtime.run_stats import Stats, VerifierFailures
 from invar.runtime.store import WeightsStore, publish
 from invar.runtime.tasks import build_task, heldout_count, prompt_rows
@@ -715,7 +715,8 @@ class Driver:
 
     def _record_update(self, before: State) -> None:
         update = before.committed
-        rewards = completions_of(before.batches[0].slots).rewards
+        completions = completions_of(before.batches[0].slots)
+        rewards = completions.rewards
         terms = self._terms.pop(update, [])
         now = time.perf_counter()
         marks = (self.executor.busy_seconds, self.stats.rollout_seconds, self.stats.core_seconds,
@@ -735,6 +736,7 @@ class Driver:
             noops=self.stats.noops,
             verifier=self.verifier_failures.take(update),
             timing=timing,
+            entropy=sampled_entropy(completions),
         )
         self._update_started = now
         self._progress(update + 1, reward,

@@ -24,8 +24,10 @@ LIFE_COUNTS = ("noops", "refused", "malformed_frames", "worker_deaths")
 """What a life counts beside `counters` (`Stats`' fields), summed over the lives."""
 PROGRESS_EVERY_SECONDS = 10.0
 """Outside a terminal, the least time between two progress lines."""
+REWARD_PLOT = "reward_curve.png"
+"""A run's reward against updates (report.md)."""
 UPDATE_FIELDS = ("update", "reward", "staleness", "loss", "clip_fraction", "mean_ratio",
-                 "mean_behavior_weight", "kl", "seconds", "wall", "refused", "noops",
+                 "mean_behavior_weight", "kl", "entropy", "seconds", "wall", "refused", "noops",
                  "verifier_failures", "verifier_timeouts")
 
 
@@ -206,14 +208,15 @@ class MetricsLog:
     def update(self, update: int, reward: float, staleness: int, terms: dict[str, float],
                seconds: float, refused: int, noops: int,
                verifier: dict[str, int] | None = None,
-               timing: dict[str, float] | None = None) -> None:
+               timing: dict[str, float] | None = None, entropy: float | None = None) -> None:
         """`verifier`: the counts of the update's samples whose verifier failed or timed out
         (`verifier_failures`, `verifier_timeouts`); `timing`: seconds of learner work, worker
         generation and core + driver, and the count of rollout replies, since the previous
-        row (JSONL only; for benchmarks)."""
+        row (JSONL only; for benchmarks); `entropy`: `sampled_entropy` of the update's batch."""
         self.open()
         earlier = self._earlier_totals
         row = {"update": update, "reward": reward, "staleness": staleness, **terms,
+               **({} if entropy is None else {"entropy": entropy}),
                "seconds": seconds, "wall": self.wall(),
                "refused": earlier["refused"] + refused, "noops": earlier["noops"] + noops,
                **(verifier or {}), **(timing or {})}
@@ -230,7 +233,8 @@ class MetricsLog:
             self._csv.writerow(row)
             self._csv_file.flush()
             if self._tb is not None:
-                for key in ("reward", "staleness", *terms, *(verifier or {})):
+                for key in ("reward", "staleness", *terms, *(verifier or {}),
+                            *(() if entropy is None else ("entropy",))):
                     self._tb.add_scalar(f"train/{key}", row[key], update)
 
         self._emit(write)
@@ -393,7 +397,11 @@ class MetricsLog:
             "session_counters": dict(self.counters),
         }
         (self.run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
-        write_report(self.run_dir, self.config, self.updates, self.evaluations, summary)
+        resumes = [wall for life, wall in sorted(self.life_walls.items()) if life >= 2]
+        if self.lives > 1:
+            resumes.append(self.earlier_seconds)
+        write_report(self.run_dir, self.config, self.updates, self.evaluations, summary,
+                     resumes)
         return summary
 
     def close(self, complete: bool = False) -> None:
@@ -408,6 +416,14 @@ class MetricsLog:
         if self._trackers is not None:
             self._trackers.close(complete)
             self._trackers = None
+
+
+def sampled_entropy(completions: Any) -> float:
+    """The mean −log-probability of a batch's sampled tokens under the distribution that
+    sampled them: an estimate of its per-token entropy, in nats (a mean over the tokens the
+    batch holds anyway: no extra forward pass)."""
+    values = completions.behavior_logprobs.values
+    return float(-values.mean()) if len(values) else 0.0
 
 
 class _Pace:
@@ -454,28 +470,6 @@ def _tracked_evaluation(row: dict[str, Any]) -> dict[str, float]:
     return {"eval/heldout_reward": row["heldout_reward"]}
 
 
-def reward_figure(updates: list[dict[str, Any]], evaluations: list[dict[str, Any]]) -> Any:
-    """(figure, axis) of the reward curves; the legend sits below the axes, so it covers no
-    curve whatever the rewards."""
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    figure, axis = plt.subplots(figsize=(6.4, 3.6))
-    axis.plot([u["update"] + 1 for u in updates], [u["reward"] for u in updates],
-              label="train reward (sampled)")
-    if evaluations:
-        axis.plot([e["version"] for e in evaluations],
-                  [e["heldout_reward"] for e in evaluations], "o-",
-                  label="held-out reward (greedy)")
-    axis.set_xlabel("version (committed updates)")
-    axis.set_ylabel("mean reward")
-    axis.set_ylim(0, 1.02)
-    axis.grid(alpha=0.3)
-    figure.legend(loc="lower center", ncol=2, frameon=False)
-    figure.tight_layout(rect=(0, 0.08, 1, 1))
-    return figure, axis
-
-
 def describe_policy(policy: Any) -> str:
     """The policy in a few words: the built-in one's shape, a transformers one's source."""
     if policy.kind == "transformers":
@@ -485,13 +479,16 @@ def describe_policy(policy: Any) -> str:
 
 
 def write_report(run_dir: Path, config: Any, updates: list[dict[str, Any]],
-                 evaluations: list[dict[str, Any]], summary: dict[str, Any]) -> None:
-    plot = run_dir / "reward_curve.png"
-    if updates:
-        import matplotlib.pyplot as plt
-        figure, _ = reward_figure(updates, evaluations)
-        figure.savefig(plot, dpi=110, bbox_inches="tight")
-        plt.close(figure)
+                 evaluations: list[dict[str, Any]], summary: dict[str, Any],
+                 resumes: list[float] | None = None) -> None:
+    """report.md and its plots (`invar.runtime.plots`), next to the run's files; `resumes`:
+    the run wall seconds where each life after the first began."""
+    from invar.runtime.plots import TITLES, Curves, write_plots
+    run = Curves(run_dir.name, updates, evaluations, list(resumes or ()))
+    plots = write_plots(run_dir, [run], reward_name=REWARD_PLOT) if updates else []
+    titles = {**TITLES, REWARD_PLOT: TITLES["reward_vs_updates.png"]}
+    resumed = ", ".join(f"update {at} ({wall:.1f} s)"
+                        for at, wall in zip(run.resumed_at_updates(), run.resumes, strict=True))
     p = config.protocol
     lines = [
         f"# Run report: {run_dir.name}",
@@ -501,8 +498,9 @@ def write_report(run_dir: Path, config: Any, updates: list[dict[str, Any]],
         f"samples · S = {p.max_staleness}, P = {p.sync_period}, K = {p.optimizer_steps} · "
         f"loss {p.objective.loss}",
         "",
-        "![reward curve](reward_curve.png)",
-        "",
+        *(line for name in plots for line in (f"![{titles[name]}]({name})", "")),
+        *([f"Resumed {len(run.resumes)} time{'s' if len(run.resumes) > 1 else ''} (dashed "
+           f"lines in the plots): at {resumed}.", ""] if run.resumes else []),
         "| held-out version | greedy reward |",
         "|---|---|",
         *(f"| {e['version']} | {e['heldout_reward']:.3f} |" for e in evaluations),

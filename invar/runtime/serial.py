@@ -37,7 +37,7 @@ from invar.runtime.backend import LearnerBackend
 from invar.runtime.config import TrainConfig, task_section, to_dict, worker_names
 from invar.runtime.interrupts import Interrupted, Signalled
 from invar.runtime.learner_executor import LearnerExecutor, learner_inputs
-from invar.runtime.metrics import MetricsLog
+from invar.runtime.metrics import MetricsLog, sampled_entropy
 from invar.runtime.run_stats import Stats, VerifierFailures
 from invar.runtime.store import WeightsStore, publish
 from invar.runtime.tasks import build_task, heldout_count, prompt_rows
@@ -154,7 +154,8 @@ def _serial_row(config: TrainConfig, metrics: MetricsLog, before: State,
                 started: float, progress: Callable[[int, float, int], None]) -> float:
     """The metrics row of the update `before` commits (as the driver writes it)."""
     update = before.committed
-    rewards = completions_of(before.batches[0].slots).rewards
+    completions = completions_of(before.batches[0].slots)
+    rewards = completions.rewards
     applied = terms.pop(update, [])
     now = time.perf_counter()
     staleness = schedule.staleness(config.protocol, update)
@@ -162,7 +163,7 @@ def _serial_row(config: TrainConfig, metrics: MetricsLog, before: State,
                    terms={k: float(np.mean([t[k] for t in applied]))
                           for k in (applied[0] if applied else {})},
                    seconds=now - started, refused=0, noops=0,
-                   verifier=failures.take(update))
+                   verifier=failures.take(update), entropy=sampled_entropy(completions))
     progress(update + 1, float(np.mean(rewards)), staleness)
     return now
 

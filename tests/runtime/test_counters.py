@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 
@@ -55,6 +56,11 @@ def test_counts_survive_a_kill_and_sum_over_the_lives(tmp_path, rt):
         assert summary[key] >= summary[f"session_{key}"]
     report = (tmp_path / "report.md").read_text()
     assert "| malformed frames / worker deaths | 0 / 2 |" in report
+    # The resume is marked: said in the report, at the update the first life had committed.
+    resumed = re.search(r"Resumed 1 time \(dashed lines in the plots\): at update (\d+) ", report)
+    assert resumed and KILL_AFTER_COMMITS <= int(resumed.group(1)) < UPDATES, report
+    for name in ("reward_curve.png", "reward_vs_time.png", "throughput.png", "learner.png"):
+        assert f"]({name})" in report and (tmp_path / name).read_bytes().startswith(b"\x89PNG")
     # The update rows' refusals and no-ops are the whole run's so far: they never go down.
     rows = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     noops = [row["noops"] for row in rows if row["kind"] == "update"]
