@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from invar.runtime.hint import measure
-from invar.runtime.plots import TITLES, Curves
+from invar.runtime.plots import THROUGHPUT_WINDOW, TITLES, Curves
 from invar.runtime.tasks import describe
 
 DEFAULT_THRESHOLD = 0.8
@@ -191,7 +191,7 @@ def markdown(runs: list[RunFigures], threshold: float, plotted: list[str] | None
         "(stopped): no summary.json, the run ended before total_updates.",
         "", "Plots: dashed vertical lines are where a run was resumed (after a crash or a "
         "stop); the dotted line is the threshold; throughput over time is a rolling mean over "
-        "the last 10 updates.", "",
+        f"the last {THROUGHPUT_WINDOW} updates.", "",
         *(line for name in plotted or () for line in (f"![{TITLES[name]}]({name})", "")),
     ]
     return "\n".join(lines)
