@@ -102,16 +102,23 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     if args.backend:
         args.set.append(f"learner.backend={json.dumps(args.backend)}")
+    from invar.runtime.interrupts import Interrupted, Signalled, signals_raise
     restored = None
     try:
-        if args.resume:
-            config, restored = resume_config(args.resume, args.config, args.set)
-        else:
-            config = load_config(args.config, args.set)
+        # Checking the configuration may take a while (a task module, a tokenizer to load).
+        with signals_raise():
+            if args.resume:
+                config, restored = resume_config(args.resume, args.config, args.set)
+            else:
+                config = load_config(args.config, args.set)
     except ConfigError as error:
         what = "resume refused" if args.resume else "configuration refused"
         print(f"invar: {what}: {error}", file=sys.stderr)
         return 2
+    except (Signalled, KeyboardInterrupt) as error:
+        print("invar: interrupted while checking the configuration; nothing was written",
+              file=sys.stderr)
+        return 128 + getattr(error, "signum", signal.SIGINT)
     if args.print_config:
         print(config_toml(to_dict(config)), end="")
         return 0
@@ -122,7 +129,6 @@ def main(argv: list[str] | None = None) -> int:
     # command line and checking the configuration did without it.
     from invar.runtime.commits import CommitError
     from invar.runtime.driver import ResumeError, RunStopped
-    from invar.runtime.interrupts import Interrupted, Signalled, signals_raise
     from invar.runtime.journal import JournalError
     from invar.runtime.transport import TransportRefused
     try:

@@ -4,10 +4,12 @@ same configuration; `--help` says where the keys are documented."""
 from __future__ import annotations
 
 import math
+import signal
 import tomllib
 
 import pytest
 
+from invar.runtime import cli
 from invar.runtime.cli import config_toml, main
 from invar.runtime.config import load_config
 
@@ -50,3 +52,16 @@ def test_help_says_where_the_keys_are_documented(capsys):
         main(["train", "--help"])
     shown = " ".join(capsys.readouterr().out.split())
     assert "invar/runtime/config.py" in shown and "--print-config" in shown
+
+
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])
+def test_a_signal_while_the_configuration_is_checked_ends_in_one_line(signum, monkeypatch,
+                                                                      capsys):
+    def interrupted(*args, **kwargs):  # noqa: ANN002, ANN003, ANN202
+        signal.raise_signal(signum)
+
+    monkeypatch.setattr(cli, "load_config", interrupted)
+    assert cli.main(["train"]) == 128 + signum
+    assert capsys.readouterr().err == ("invar: interrupted while checking the configuration; "
+                                       "nothing was written\n")
+    assert signal.getsignal(signal.SIGTERM) == signal.SIG_DFL  # the handlers are put back
