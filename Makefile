@@ -31,8 +31,10 @@ test-all: $(STAMP)
 check: $(STAMP)
 	$(VENV)/bin/invar-check
 
+# Each `make train` is a new run, in its own directory (RUN=runs/NAME picks it).
+RUN ?= runs/train-$(shell date +%Y%m%d-%H%M%S)
 train: $(STAMP)
-	$(VENV)/bin/invar train
+	$(VENV)/bin/invar train --set output.run_dir='"$(RUN)"'
 
 bench: $(STAMP)
 	$(PY) -m pytest benchmarks --benchmark-enable -p no:cacheprovider

@@ -69,8 +69,8 @@ def main(argv: list[str] | None = None) -> int:
                                                          "counterexamples")
     mode.add_argument("--dfs", action="store_true", help="depth-first")
     mode.add_argument("--simulate", type=int, metavar="N", help="N random walks")
-    mode.add_argument("--trace", metavar="JOURNAL", help="validate a run's journal.jsonl "
-                                                         "(or the run directory's)")
+    mode.add_argument("--trace", metavar="RUN_DIR|JOURNAL",
+                      help="validate a run's journal.jsonl (a run directory: the one in it)")
     mode.add_argument("--prove", action="store_true", help="prove the schedule lemmas (z3)")
     parser.add_argument("--key", metavar="FILE",
                         help="with --trace: the journal key the run was started with "
@@ -467,7 +467,11 @@ def _trace(path: Path, console: Console, key_file: str | None = None,
     read (the message names the file and line: unreadable, not UTF-8, a bad line before the
     last, an unknown format), or a key or configuration that cannot be read."""
     from invar.model.core import run_complete
-    if path.is_dir():
+    if path.is_dir():  # a run directory: its journal
+        if not (path / "journal.jsonl").is_file():
+            print(f"invar-check: {path}: a directory without a journal.jsonl: not a run "
+                  "directory of `invar train`", file=sys.stderr)
+            return 2
         path = path / "journal.jsonl"
     try:
         key = None if key_file is None else journal_format.read_key(Path(key_file), path.parent)

@@ -1,5 +1,6 @@
 """`invar train [CONFIG.toml] [--set key=value ...] [--backend torch|mlx] [--resume RUN_DIR]
-[--serial] [--journal-key FILE]`; `invar report RUN_DIR... [--out DIR] [--threshold X]`;
+[--serial] [--journal-key FILE] [--print-config]`; `invar report RUN_DIR... [--out DIR]
+[--threshold X]`;
 `invar export RUN_DIR OUT_DIR [--version N]`."""
 
 from __future__ import annotations
@@ -9,6 +10,8 @@ import asyncio
 import dataclasses
 import json
 import logging
+import math
+import signal
 import sys
 from pathlib import Path
 from typing import Any
@@ -58,14 +61,18 @@ def train(config: TrainConfig, resume: bool = False, serial: bool = False,
         run_serial(config, learner, journal_key=journal_key)
         return json.loads((Path(config.output.run_dir) / "summary.json").read_text())
     asyncio.run(Driver(config, learner, resume=resume, restored=restored,
-                       journal_key=journal_key).run())
+                       journal_key=journal_key, stop_on_signals=True).run())
     return json.loads((Path(config.output.run_dir) / "summary.json").read_text())
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="invar", description=__doc__)
     commands = parser.add_subparsers(dest="command", required=True)
-    run = commands.add_parser("train", help="train the default policy (or CONFIG.toml)")
+    run = commands.add_parser(
+        "train", help="train the default policy (or CONFIG.toml)",
+        epilog="Every configuration key, with its default and what it does, is documented in "
+               "invar/runtime/config.py (the README's \"invar train\" section has the "
+               "overview); `invar train --print-config` prints them all, resolved, as TOML.")
     run.add_argument("config", nargs="?", help="TOML configuration (defaults if omitted)")
     run.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                      help="override a key, e.g. --set optim.lr=3e-4 (repeatable)")
@@ -79,6 +86,10 @@ def main(argv: list[str] | None = None) -> int:
     run.add_argument("--journal-key", metavar="FILE",
                      help="key the journal's digest chain with the bytes of FILE (kept outside "
                           "the run directory; resume and `invar-check --trace --key` need it)")
+    run.add_argument("--print-config", action="store_true",
+                     help="print the resolved configuration (defaults, CONFIG.toml, --set, "
+                          "--resume's saved one) as TOML and exit: save it, edit it, pass it "
+                          "back as CONFIG.toml")
     shown = commands.add_parser("report", help="quality, throughput and resource cost of run "
                                              "directories (table + plots)")
     from invar.runtime.report import add_arguments
@@ -96,18 +107,29 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     if args.backend:
         args.set.append(f"learner.backend={json.dumps(args.backend)}")
+    from invar.runtime.interrupts import Interrupted, Signalled, signals_raise
     restored = None
     try:
-        if args.resume:
-            journal_key = _journal_key(args.journal_key, args.resume)
-            config, restored = resume_config(args.resume, args.config, args.set, journal_key)
-        else:
-            config = load_config(args.config, args.set)
-            journal_key = _journal_key(args.journal_key, config.output.run_dir)
+        # Checking the configuration may take a while (a task module, a tokenizer to load).
+        with signals_raise():
+            if args.resume:
+                journal_key = _journal_key(args.journal_key, args.resume)
+                config, restored = resume_config(args.resume, args.config, args.set,
+                                                 journal_key)
+            else:
+                config = load_config(args.config, args.set)
+                journal_key = _journal_key(args.journal_key, config.output.run_dir)
     except ConfigError as error:
         what = "resume refused" if args.resume else "configuration refused"
         print(f"invar: {what}: {error}", file=sys.stderr)
         return 2
+    except (Signalled, KeyboardInterrupt) as error:
+        print("invar: interrupted while checking the configuration; nothing was written",
+              file=sys.stderr)
+        return 128 + getattr(error, "signum", signal.SIGINT)
+    if args.print_config:
+        print(config_toml(to_dict(config)), end="")
+        return 0
     schedule = report(config.protocol)
     for note in schedule.notes:
         print(f"note: {note}", file=sys.stderr)
@@ -118,8 +140,19 @@ def main(argv: list[str] | None = None) -> int:
     from invar.runtime.journal import JournalError
     from invar.runtime.transport import TransportRefused
     try:
-        summary = train(config, resume=bool(args.resume), serial=args.serial,
-                        restored=restored, journal_key=journal_key)
+        with signals_raise():
+            summary = train(config, resume=bool(args.resume), serial=args.serial,
+                            restored=restored, journal_key=journal_key)
+    except Interrupted as stopped:  # workers ended, journal synced: resumable
+        print(f"invar: {stopped.line()}", file=sys.stderr)
+        return stopped.exit_code
+    except (Signalled, KeyboardInterrupt) as error:  # while the run started, or closed
+        journal = Path(config.output.run_dir) / "journal.jsonl"
+        how = (f"resume with: invar train --resume {config.output.run_dir}"
+               if journal.is_file() and journal.stat().st_size and not args.serial
+               else "nothing was trained")
+        print(f"invar: interrupted while the run started or closed; {how}", file=sys.stderr)
+        return 128 + getattr(error, "signum", signal.SIGINT)
     except (CommitError, JournalError, ResumeError, FileExistsError) as error:
         # A run directory that cannot be (re)started as it is: say which file and why.
         print(f"invar: {'cannot resume' if args.resume else 'cannot start'}: {error}",
@@ -142,6 +175,48 @@ def main(argv: list[str] | None = None) -> int:
               f"held-out reward {'-' if heldout is None else f'{heldout:.3f}'}; "
               f"report: {run_dir / 'report.md'}")
     return 0
+
+
+def config_toml(data: dict[str, Any]) -> str:
+    """A configuration (`to_dict`) as TOML that `load_config` reads back to the same
+    configuration: a table per section, then its keys."""
+    lines = ["# invar train configuration, resolved; every key is documented in "
+             "invar/runtime/config.py"]
+
+    def table(values: dict[str, Any], path: tuple[str, ...]) -> None:
+        scalars = {k: v for k, v in values.items() if not isinstance(v, dict)}
+        if path and (scalars or not values):  # an empty table is written, to stay a table
+            lines.extend(["", f"[{'.'.join(_toml_key(part) for part in path)}]"])
+        lines.extend(f"{_toml_key(k)} = {_toml_value(v)}" for k, v in scalars.items())
+        for key, value in values.items():
+            if isinstance(value, dict):
+                table(value, (*path, key))
+
+    table(data, ())
+    return "\n".join(lines) + "\n"
+
+
+def _toml_key(key: str) -> str:
+    return key if key and all(c.isascii() and (c.isalnum() or c in "-_") for c in key) \
+        else json.dumps(key)
+
+
+def _toml_value(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, int):
+        return str(value)
+    if isinstance(value, float):
+        return ("nan" if math.isnan(value) else "inf" if value > 0 else "-inf") \
+            if not math.isfinite(value) else repr(value)
+    if isinstance(value, str):
+        return json.dumps(value)  # JSON's escapes are TOML's (ASCII: no raw DEL)
+    if isinstance(value, (list, tuple)):
+        return f"[{', '.join(_toml_value(item) for item in value)}]"
+    if isinstance(value, dict):
+        return "{" + ", ".join(f"{_toml_key(k)} = {_toml_value(v)}"
+                               for k, v in value.items()) + "}"
+    raise ValueError(f"{value!r} has no TOML form")
 
 
 def resume_config(run_dir: str, config_path: str | None, overrides: list[str],

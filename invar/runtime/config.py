@@ -234,8 +234,9 @@ class OutputConfig:
     trackers: tuple[str, ...] = ()
     """Experiment trackers that also get every metrics row, besides metrics.jsonl/csv (always
     written: resume and the report read them) and TensorBoard: "wandb", "mlflow" (each
-    needs its package: pip install 'invar[trackers]'). The logged step is the update number;
-    a resumed run continues the same tracker run (README, "Bring your own model and task")."""
+    needs its package: pip install -e '.[trackers]' in the Invar checkout). The logged step is
+    the update number; a resumed run continues the same tracker run (README, "Bring your own
+    model and task")."""
     wandb_project: str = "invar"
     """"wandb": the project (WANDB_MODE=offline keeps the run on this machine)."""
     mlflow_tracking_uri: str = ""
@@ -341,7 +342,18 @@ class TrainConfig:
             if stray:
                 raise ConfigError(tuple(stray), f"apply to task.name = \"{kind}\", but "
                                                 f"task.name is {task.name!r}")
-        return build_task(task_section(self))
+        section = task_section(self)
+        from_model = task.tokenizer == AUTO_TOKENIZER and section["tokenizer"] == self.policy.path
+        if from_model and not Path(self.policy.path).expanduser().is_dir():
+            raise ConfigError(("policy.path",), f"{self.policy.path!r} is not a directory")
+        try:
+            return build_task(section)
+        except ConfigError as error:
+            if error.fields != ("task.tokenizer",) or not from_model:
+                raise
+            # The tokenizer is policy.path's (task.tokenizer = "auto"): the key the user set.
+            raise ConfigError(("policy.path",), f"{error.reason} (task.tokenizer = \"auto\" "
+                                                "reads the tokenizer of policy.path)") from None
 
     def _validate_policy(self, task: Any) -> None:
         """The policy can read the task: its vocabulary holds the task's tokens and its
@@ -411,7 +423,8 @@ class TrainConfig:
                 import asyncssh  # noqa: F401
             except ImportError:
                 raise ConfigError(("rollout.transport",),
-                                  "\"ssh\" needs asyncssh: pip install 'invar[ssh]'") from None
+                                  "\"ssh\" needs asyncssh: pip install -e '.[ssh]' in the Invar "
+                                  "checkout") from None
             for index, key in enumerate(ssh.client_keys):
                 path = Path(key).expanduser()
                 if not os.access(path, os.R_OK):
@@ -588,7 +601,7 @@ def tracker_problem(tracker: str) -> str:
         return f"unknown tracker {tracker!r}; known: {', '.join(TRACKER_PACKAGES)} (metrics." \
                "jsonl is always written; TensorBoard is output.tensorboard)"
     if importlib.util.find_spec(TRACKER_PACKAGES[tracker]) is None:
-        return f"{tracker!r} is not installed: pip install 'invar[trackers]'"
+        return f"{tracker!r} is not installed: pip install -e '.[trackers]' in the Invar checkout"
     return ""
 
 

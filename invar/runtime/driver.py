@@ -27,6 +27,7 @@ import json
 import logging
 import os
 import statistics
+import sys
 import time
 from collections import deque
 from collections.abc import Awaitable, Callable
@@ -63,12 +64,13 @@ from invar.runtime import journal as journal_io
 from invar.runtime.backend import LearnerBackend
 from invar.runtime.config import TrainConfig, task_section, to_dict, worker_names
 from invar.runtime.faults import with_frame_faults
+from invar.runtime.interrupts import STOP_SIGNALS, Interrupted
 from invar.runtime.learner_executor import (
     LearnerExecutor,
     LearnerInputs,
     learner_inputs,
 )
-from invar.runtime.metrics import MetricsLog, response_terms
+from invar.runtime.metrics import MetricsLog, response_terms, sampled_entropy
 from invar.runtime.run_stats import Stats, VerifierFailures
 from invar.runtime.store import WeightsStore, heal, publish
 from invar.runtime.tasks import build_task, heldout_count, prompt_rows
@@ -115,13 +117,16 @@ class Driver:
     `spawn_worker(name, incarnation)`: a connected `Transport` to a new worker (default: a
     local process); `learner_inputs`: what the backend gets beside each learner command;
     `journal_key`: the key of the journal's chain (`journal.read_key`; None: unkeyed).
+    `stop_on_signals`: SIGINT and SIGTERM stop the run cleanly (`run` raises `Interrupted`;
+    the command line's choice: a library caller keeps its own handlers).
     """
 
     def __init__(self, config: TrainConfig, learner: LearnerBackend,
                  spawn_worker: SpawnWorker | None = None, resume: bool = False,
                  learner_inputs: LearnerInputs = learner_inputs,
                  restored: tuple[Any, State, int] | None = None,
-                 journal_key: bytes | None = None) -> None:
+                 journal_key: bytes | None = None,
+                 stop_on_signals: bool = False) -> None:
         self.config = config
         self.run_dir = Path(config.output.run_dir)
         self.run_dir.mkdir(parents=True, exist_ok=True)
@@ -144,6 +149,7 @@ class Driver:
         self.spawn_worker = spawn_worker or self._spawn_configured_worker
         self.learner_inputs = learner_inputs
         self.stats = Stats()
+        self.metrics.stats = self.stats  # its counts are recorded with the rows
         self.events: asyncio.Queue[Event | _Crash] = asyncio.Queue()
         self.learner_queue: asyncio.Queue[tuple[Command, State]] = asyncio.Queue()
         self.workers: dict[str, WorkerHandle] = {}
@@ -156,6 +162,9 @@ class Driver:
         self._last_progress = time.perf_counter()
         self._tasks: set[asyncio.Task] = set()
         self._stopping = False
+        self._stop_on_signals = stop_on_signals
+        self._signalled: int | None = None
+        """The first stop signal received, if any."""
         self._failures: dict[str, int] = {}
         self._connected: dict[str, int] = {}
         """The incarnation of each worker whose hello was received (WorkerConnected sent)."""
@@ -184,6 +193,40 @@ class Driver:
     # -- lifecycle ---------------------------------------------------------------------------
 
     async def run(self) -> State:
+        """Run to completion; with `stop_on_signals`, a SIGINT or SIGTERM ends the workers,
+        syncs the journal and raises `Interrupted` (the run stays resumable)."""
+        loop = asyncio.get_running_loop()
+        running = asyncio.current_task()
+        assert running is not None
+        handled = STOP_SIGNALS if self._stop_on_signals else ()
+        for signum in handled:
+            loop.add_signal_handler(signum, self._on_signal, signum, running)
+        try:
+            return await self._run()
+        except asyncio.CancelledError:
+            if self._signalled is None:
+                raise
+            running.uncancel()
+            raise Interrupted(self._signalled, self.state.committed,
+                              self.config.protocol.total_updates, self.run_dir) from None
+        finally:
+            for signum in handled:
+                loop.remove_signal_handler(signum)
+
+    def _on_signal(self, signum: int, running: asyncio.Task[State]) -> None:
+        """The first stop signal cancels the run at its next wait (the event path is never
+        cut in the middle of an event): `_run`'s cleanup ends the workers and syncs the
+        journal. A second one, while that cleanup waits, ends the process at once: the run
+        is left as a crash leaves it, still resumable."""
+        if self._signalled is not None:
+            print(f"invar: interrupted again: stopping at once; resume with: invar train "
+                  f"--resume {self.run_dir}", file=sys.stderr, flush=True)
+            os._exit(128 + signum)
+        self._signalled = signum
+        if not self._stopping:  # a run already shutting down finishes doing so
+            running.cancel()
+
+    async def _run(self) -> State:
         journal_path = self.run_dir / "journal.jsonl"
         if self.resume:
             protocol, self.state, self.seq = self.restored or journal_io.restore(
@@ -203,7 +246,10 @@ class Driver:
                 self.metrics.close(complete=True)
                 return self.state
         elif journal_path.exists() and journal_path.stat().st_size:
-            raise FileExistsError(f"{journal_path} exists: use --resume, or another run_dir")
+            raise FileExistsError(
+                f"{self.run_dir} holds a run already ({journal_path.name}): continue it with "
+                f"`invar train --resume {self.run_dir}`, or start another with "
+                f"--set output.run_dir=runs/NEW_NAME")
         if self._ssh is not None and self.spawn_worker == self._spawn_configured_worker:
             # Every host reachable, verified, accepting our key and able to run a worker, or
             # the run does not start: an SshRefused naming the host (no fallback to local).
@@ -701,6 +747,7 @@ class Driver:
             noops=self.stats.noops,
             verifier=self.verifier_failures.take(update),
             timing=timing,
+            entropy=sampled_entropy(completions),
         )
         self._update_started = now
         self._progress(update + 1, reward,

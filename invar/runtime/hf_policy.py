@@ -56,7 +56,7 @@ TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model",
 ATTENTION = "eager"
 """The attention implementation: plain matmul and softmax, the same kernels on every call."""
 
-INSTALL_HINT = "pip install 'invar[hf]'"
+INSTALL_HINT = "pip install -e '.[hf]' in the Invar checkout"
 
 
 def import_transformers() -> Any:

@@ -8,6 +8,7 @@ import contextlib
 import csv
 import io
 import json
+import math
 import threading
 import time
 from collections import Counter
@@ -22,8 +23,14 @@ from invar.runtime.hint import HINT_AFTER
 from invar.runtime.tasks import describe
 from invar.runtime.weights import atomic_write
 
+LIFE_COUNTS = ("noops", "refused", "malformed_frames", "worker_deaths")
+"""What a life counts beside `counters` (`Stats`' fields), summed over the lives."""
+PROGRESS_EVERY_SECONDS = 10.0
+"""Outside a terminal, the least time between two progress lines."""
+REWARD_PLOT = "reward_curve.png"
+"""A run's reward against updates (report.md)."""
 UPDATE_FIELDS = ("update", "reward", "staleness", "loss", "clip_fraction", "mean_ratio",
-                 "mean_behavior_weight", "kl", "response_length_mean",
+                 "mean_behavior_weight", "kl", "entropy", "response_length_mean",
                  "response_truncated_share", "seconds", "wall", "refused", "noops",
                  "verifier_failures", "verifier_timeouts")
 
@@ -45,6 +52,10 @@ class MetricsLog:
     lost is dropped; the resumed run writes it again), and rewrites metrics.jsonl and
     metrics.csv from them (atomically, with the CSV header) before appending. `wall` in a row
     is seconds since the run began, counting earlier lives up to their last kept row.
+    Each life also records where it began (a `life` row) and its counts so far (a `counts`
+    row with each `write_out`, so that a life that crashes keeps them): a resumed run's
+    summary counts worker deaths, refusals, no-ops, malformed frames and `counters` over the
+    whole run, and an update row's `refused` and `noops` are the whole run's so far.
     Nothing is written until the first row (or `finish`). Each row also goes to the
     experiment trackers named in `trackers` (`invar.runtime.trackers`), once per step across
     the lives.
@@ -61,12 +72,20 @@ class MetricsLog:
         self.earlier_seconds = 0.0
         """Seconds of earlier lives of this run (to their last kept row)."""
         self.lives = 1
+        self.life_walls: dict[int, float] = {}
+        """Where each earlier life began, in run wall seconds (its `life` row)."""
+        self.life_counts: dict[int, dict[str, Any]] = {}
+        """Each earlier life's counts, as its last `counts` row recorded them."""
+        self.stats: Any = None
+        """The run's `Stats`, set by its caller: each `write_out` records their counts."""
+        self._counts_written: dict[str, Any] | None = None
         self.written: dict[str, set[int]] = {"update": set(), "evaluation": set()}
         """Update numbers and evaluated versions with a row in metrics.jsonl before this life
         (kept or not: each was logged to the trackers before it was written)."""
         jsonl_path = self.run_dir / "metrics.jsonl"
         if jsonl_path.exists():  # a resumed run: the report covers the whole run
             self._load(jsonl_path)
+        self._earlier_totals = self.earlier_counts()
         self._session_updates = 0  # rates of the progress bar are of this session
         self._jsonl: Any = None
         self._csv_file: Any = None
@@ -96,6 +115,11 @@ class MetricsLog:
                     evaluations[int(row["version"])] = row
                 elif kind == "life":
                     lives = max(lives, int(row["life"]))
+                    self.life_walls[int(row["life"])] = float(row.get("wall", 0.0))
+                elif kind == "counts":
+                    self.life_counts[int(row["life"])] = {
+                        **{key: int(row[key]) for key in LIFE_COUNTS},
+                        "counters": {str(k): int(v) for k, v in row["counters"].items()}}
             except (ValueError, KeyError, TypeError, AttributeError):
                 continue
         self.updates = [updates[u] for u in sorted(updates)]
@@ -103,6 +127,25 @@ class MetricsLog:
         self.written = {"update": set(updates), "evaluation": set(evaluations)}
         self.lives = lives + 1
         self._earlier()
+
+    def earlier_counts(self) -> dict[str, Any]:
+        """The counts of the earlier lives, summed (`LIFE_COUNTS` and `counters`)."""
+        total: dict[str, Any] = {key: 0 for key in LIFE_COUNTS}
+        counters: Counter[str] = Counter()
+        for counts in self.life_counts.values():
+            for key in LIFE_COUNTS:
+                total[key] += counts[key]
+            counters.update(counts["counters"])
+        return {**total, "counters": counters}
+
+    def _counts_row(self) -> dict[str, Any] | None:
+        """This life's counts so far, as a `counts` row (None without `stats`)."""
+        if self.stats is None:
+            return None
+        return {"kind": "counts", "life": self.lives,
+                **{key: int(getattr(self.stats, key)) for key in LIFE_COUNTS},
+                # One C-level copy: safe while the event loop's thread counts.
+                "counters": dict(self.counters)}
 
     def _earlier(self) -> None:
         walls = [float(r.get("wall", 0.0)) for r in (*self.updates, *self.evaluations)]
@@ -136,6 +179,10 @@ class MetricsLog:
         rows = [{"kind": "update", **r} for r in self.updates] + \
                [{"kind": "evaluation", **e} for e in self.evaluations]
         rows.sort(key=lambda r: float(r.get("wall", 0.0)))
+        rows = [{"kind": "life", "life": life, "wall": wall}
+                for life, wall in sorted(self.life_walls.items()) if life < self.lives] + \
+            [{"kind": "counts", "life": life, **counts}
+             for life, counts in sorted(self.life_counts.items()) if life < self.lives] + rows
         rows.append({"kind": "life", "life": self.lives, "wall": self.earlier_seconds})
         atomic_write(jsonl_path, "".join(json.dumps(r) + "\n" for r in rows).encode())
         table = io.StringIO(newline="")
@@ -173,14 +220,17 @@ class MetricsLog:
     def update(self, update: int, reward: float, staleness: int, terms: dict[str, float],
                seconds: float, refused: int, noops: int,
                verifier: dict[str, int] | None = None,
-               timing: dict[str, float] | None = None) -> None:
+               timing: dict[str, float] | None = None, entropy: float | None = None) -> None:
         """`verifier`: the counts of the update's samples whose verifier failed or timed out
         (`verifier_failures`, `verifier_timeouts`); `timing`: seconds of learner work, worker
         generation and core + driver, and the count of rollout replies, since the previous
-        row (JSONL only; for benchmarks)."""
+        row (JSONL only; for benchmarks); `entropy`: `sampled_entropy` of the update's batch."""
         self.open()
+        earlier = self._earlier_totals
         row = {"update": update, "reward": reward, "staleness": staleness, **terms,
-               "seconds": seconds, "wall": self.wall(), "refused": refused, "noops": noops,
+               **({} if entropy is None else {"entropy": entropy}),
+               "seconds": seconds, "wall": self.wall(),
+               "refused": earlier["refused"] + refused, "noops": earlier["noops"] + noops,
                **(verifier or {}), **(timing or {})}
         while self.updates and self.updates[-1]["update"] >= update:
             self.updates.pop()  # a row written just before a crash, for an update redone
@@ -195,7 +245,8 @@ class MetricsLog:
             self._csv.writerow(row)
             self._csv_file.flush()
             if self._tb is not None:
-                for key in ("reward", "staleness", *terms, *(verifier or {})):
+                for key in ("reward", "staleness", *terms, *(verifier or {}),
+                            *(() if entropy is None else ("entropy",))):
                     self._tb.add_scalar(f"train/{key}", row[key], update)
 
         self._emit(write)
@@ -245,6 +296,11 @@ class MetricsLog:
             writes, self._unwritten = self._unwritten, []
         for write in writes:
             write()
+        counts = self._counts_row()
+        if counts is not None and counts != self._counts_written and self._jsonl is not None:
+            self._jsonl.write(json.dumps(counts) + "\n")
+            self._jsonl.flush()
+            self._counts_written = counts
 
     def _track(self, kind: str, step: int, metrics: dict[str, float]) -> None:
         """To the trackers, before the row is written to metrics.jsonl: a crash in between
@@ -258,13 +314,31 @@ class MetricsLog:
 
     @contextlib.contextmanager
     def progress(self, total: int, enabled: bool) -> Iterator[Callable[[int, float, int], None]]:
-        """A callable(updates_done, reward, staleness) that advances a rich progress bar."""
+        """A callable(updates_done, reward, staleness) that shows the run's progress: a rich
+        progress bar on a terminal; elsewhere (a pipe, a file, a batch scheduler's log) a
+        plain line for the session's first update, then at most one every
+        PROGRESS_EVERY_SECONDS, and one for the last update. Both show the update, the
+        sampled reward, the staleness, updates/s and the estimated time left."""
         if not enabled:
             yield lambda done, reward, staleness: None
             return
         import sys
+        pace = _Pace(total, self)
+        if not sys.stdout.isatty():
+            shown = [-math.inf]
 
-        from rich.console import Console
+            def line(done: int, reward: float, staleness: int) -> None:
+                now = time.perf_counter()
+                pace.advance(done, now)
+                if self._session_updates == 1 or done >= total or \
+                        now - shown[0] >= PROGRESS_EVERY_SECONDS:
+                    shown[0] = now
+                    print(f"update {done}/{total}  reward {reward:.3f}  staleness {staleness}  "
+                          f"{pace.rate:.2f} upd/s  elapsed {_clock(now - pace.began)}  "
+                          f"ETA {pace.eta()}", flush=True)
+
+            yield line
+            return
         from rich.progress import (
             BarColumn,
             MofNCompleteColumn,
@@ -272,20 +346,19 @@ class MetricsLog:
             TextColumn,
             TimeElapsedColumn,
         )
-        piped = not sys.stdout.isatty()  # piped: wide lines, not wrapped at 80 columns
-        console = Console(width=160 if piped else None, soft_wrap=piped)
         bar = Progress(TextColumn("[bold]train"), BarColumn(), MofNCompleteColumn(),
                        TextColumn("reward {task.fields[reward]:.3f}"),
                        TextColumn("staleness {task.fields[staleness]}"),
                        TextColumn("{task.fields[rate]:.2f} upd/s"), TimeElapsedColumn(),
-                       console=console)
-        began = time.perf_counter()
+                       TextColumn("ETA {task.fields[eta]}"))
         with bar:
-            task = bar.add_task("train", total=total, reward=0.0, staleness=0, rate=0.0)
+            task = bar.add_task("train", total=total, reward=0.0, staleness=0, rate=0.0,
+                                eta="-")
 
             def advance(done: int, reward: float, staleness: int) -> None:
-                rate = self._session_updates / max(time.perf_counter() - began, 1e-9)
-                bar.update(task, completed=done, reward=reward, staleness=staleness, rate=rate)
+                pace.advance(done, time.perf_counter())
+                bar.update(task, completed=done, reward=reward, staleness=staleness,
+                           rate=pace.rate, eta=pace.eta())
 
             yield advance
 
@@ -295,7 +368,9 @@ class MetricsLog:
 
         The summary is of the whole run: every update, `wall_seconds` across its lives (the
         earlier ones up to their last recorded row), `events` the journal's (`events`, when
-        given); the `session_*` keys are of this life alone."""
+        given), and the counts (`noops`, `refused`, `malformed_frames`, `worker_deaths`,
+        `counters`) summed over the lives (each earlier one's as of its last `counts` row);
+        the `session_*` keys are of this life alone, as are the shares and seconds of work."""
         self.open()
         self.write_out()
         session = time.perf_counter() - stats.started
@@ -315,10 +390,8 @@ class MetricsLog:
                                      if self.evaluations else None),
             "events": stats.events if events is None else events,
             "session_events": stats.events,
-            "noops": stats.noops,
-            "refused": stats.refused,
-            "malformed_frames": stats.malformed_frames,
-            "worker_deaths": stats.worker_deaths,
+            **{key: self._earlier_totals[key] + getattr(stats, key) for key in LIFE_COUNTS},
+            **{f"session_{key}": getattr(stats, key) for key in LIFE_COUNTS},
             # Shares and seconds of work are of this life (what this process measured).
             "core_and_driver_share": stats.core_seconds / session if session else 0.0,
             "learner_busy_share": learner_seconds / session if session else 0.0,
@@ -332,10 +405,15 @@ class MetricsLog:
             "rollout_compute_seconds": getattr(stats, "rollout_seconds", 0.0),
             "rollout_load_seconds": getattr(stats, "load_seconds", 0.0),
             "rollout_replies": getattr(stats, "rollout_replies", 0),
-            "counters": dict(self.counters),
+            "counters": dict(self._earlier_totals["counters"] + self.counters),
+            "session_counters": dict(self.counters),
         }
         (self.run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
-        write_report(self.run_dir, self.config, self.updates, self.evaluations, summary)
+        resumes = [wall for life, wall in sorted(self.life_walls.items()) if life >= 2]
+        if self.lives > 1:
+            resumes.append(self.earlier_seconds)
+        write_report(self.run_dir, self.config, self.updates, self.evaluations, summary,
+                     resumes)
         return summary
 
     def close(self, complete: bool = False) -> None:
@@ -352,6 +430,48 @@ class MetricsLog:
             self._trackers = None
 
 
+def sampled_entropy(completions: Any) -> float:
+    """The mean −log-probability of a batch's sampled tokens under the distribution that
+    sampled them: an estimate of its per-token entropy, in nats (a mean over the tokens the
+    batch holds anyway: no extra forward pass)."""
+    values = completions.behavior_logprobs.values
+    return float(-values.mean()) if len(values) else 0.0
+
+
+class _Pace:
+    """Updates/s and the time left, from this session's updates: the rate is measured from
+    the session's first update on (the start-up before it is no update's time)."""
+
+    def __init__(self, total: int, log: MetricsLog) -> None:
+        self.total = total
+        self.log = log
+        self.began = time.perf_counter()
+        self.first: float | None = None
+        self.done = 0
+        self.rate = 0.0
+
+    def advance(self, done: int, now: float) -> None:
+        self.done = done
+        session = self.log._session_updates
+        if self.first is None:
+            self.first = now
+        if session >= 2 and now > self.first:
+            self.rate = (session - 1) / (now - self.first)
+        else:
+            self.rate = session / max(now - self.began, 1e-9)
+
+    def eta(self) -> str:
+        """The time left at the rate so far, H:MM:SS ("-" before any rate)."""
+        left = self.total - self.done
+        return "0:00:00" if left <= 0 else _clock(left / self.rate) if self.rate else "-"
+
+
+def _clock(seconds: float) -> str:
+    """H:MM:SS."""
+    whole = int(round(seconds))
+    return f"{whole // 3600}:{whole // 60 % 60:02d}:{whole % 60:02d}"
+
+
 def _tracked_update(row: dict[str, Any]) -> dict[str, float]:
     """What the trackers get of an update's row (its step is the update number)."""
     return {f"train/{key}": value for key, value in row.items() if key != "update"}
@@ -360,28 +480,6 @@ def _tracked_update(row: dict[str, Any]) -> dict[str, float]:
 def _tracked_evaluation(row: dict[str, Any]) -> dict[str, float]:
     """What the trackers get of an evaluation's row (its step is the version)."""
     return {"eval/heldout_reward": row["heldout_reward"]}
-
-
-def reward_figure(updates: list[dict[str, Any]], evaluations: list[dict[str, Any]]) -> Any:
-    """(figure, axis) of the reward curves; the legend sits below the axes, so it covers no
-    curve whatever the rewards."""
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    figure, axis = plt.subplots(figsize=(6.4, 3.6))
-    axis.plot([u["update"] + 1 for u in updates], [u["reward"] for u in updates],
-              label="train reward (sampled)")
-    if evaluations:
-        axis.plot([e["version"] for e in evaluations],
-                  [e["heldout_reward"] for e in evaluations], "o-",
-                  label="held-out reward (greedy)")
-    axis.set_xlabel("version (committed updates)")
-    axis.set_ylabel("mean reward")
-    axis.set_ylim(0, 1.02)
-    axis.grid(alpha=0.3)
-    figure.legend(loc="lower center", ncol=2, frameon=False)
-    figure.tight_layout(rect=(0, 0.08, 1, 1))
-    return figure, axis
 
 
 def describe_policy(policy: Any) -> str:
@@ -393,13 +491,16 @@ def describe_policy(policy: Any) -> str:
 
 
 def write_report(run_dir: Path, config: Any, updates: list[dict[str, Any]],
-                 evaluations: list[dict[str, Any]], summary: dict[str, Any]) -> None:
-    plot = run_dir / "reward_curve.png"
-    if updates:
-        import matplotlib.pyplot as plt
-        figure, _ = reward_figure(updates, evaluations)
-        figure.savefig(plot, dpi=110, bbox_inches="tight")
-        plt.close(figure)
+                 evaluations: list[dict[str, Any]], summary: dict[str, Any],
+                 resumes: list[float] | None = None) -> None:
+    """report.md and its plots (`invar.runtime.plots`), next to the run's files; `resumes`:
+    the run wall seconds where each life after the first began."""
+    from invar.runtime.plots import TITLES, Curves, write_plots
+    run = Curves(run_dir.name, updates, evaluations, list(resumes or ()))
+    plots = write_plots(run_dir, [run], reward_name=REWARD_PLOT) if updates else []
+    titles = {**TITLES, REWARD_PLOT: TITLES["reward_vs_updates.png"]}
+    resumed = ", ".join(f"update {at} ({wall:.1f} s)"
+                        for at, wall in zip(run.resumed_at_updates(), run.resumes, strict=True))
     p = config.protocol
     lines = [
         f"# Run report: {run_dir.name}",
@@ -409,8 +510,9 @@ def write_report(run_dir: Path, config: Any, updates: list[dict[str, Any]],
         f"samples · S = {p.max_staleness}, P = {p.sync_period}, K = {p.optimizer_steps} · "
         f"loss {p.objective.loss}",
         "",
-        "![reward curve](reward_curve.png)",
-        "",
+        *(line for name in plots for line in (f"![{titles[name]}]({name})", "")),
+        *([f"Resumed {len(run.resumes)} time{'s' if len(run.resumes) > 1 else ''} (dashed "
+           f"lines in the plots): at {resumed}.", ""] if run.resumes else []),
         "| held-out version | greedy reward |",
         "|---|---|",
         *(f"| {e['version']} | {e['heldout_reward']:.3f} |" for e in evaluations),

@@ -26,7 +26,8 @@ class PolicyConfig:
     """
 
     kind: str = "gpt"
-    """"gpt" (the built-in policy) or "transformers" (needs `pip install 'invar[hf]'`)."""
+    """"gpt" (the built-in policy) or "transformers" (needs `pip install -e '.[hf]'` in the Invar
+    checkout)."""
     path: str = ""
     """For kind "transformers": a local Hugging Face model directory (config.json, weights as
     *.safetensors or pytorch_model.bin, and a tokenizer); never downloaded."""

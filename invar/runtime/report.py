@@ -12,11 +12,13 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
 from invar.runtime.hint import measure
+from invar.runtime.plots import THROUGHPUT_WINDOW, TITLES, Curves
 from invar.runtime.tasks import describe
 
 DEFAULT_THRESHOLD = 0.8
@@ -71,9 +73,8 @@ class RunFigures:
     core_and_driver_share: float | None
 
 
-def load_run(path: Path, argument: str) -> tuple[dict[str, Any], list[dict[str, Any]],
-                                                 list[dict[str, Any]], dict[str, Any] | None]:
-    """(config, update rows, evaluation rows, summary or None) of a run directory."""
+def load_run(path: Path, argument: str) -> tuple[dict[str, Any], Curves, dict[str, Any] | None]:
+    """(config, its rows and resume points, summary or None) of a run directory."""
     if not path.is_dir():
         raise ReportError(argument, "does not exist" if not path.exists()
                           else "is not a directory")
@@ -100,7 +101,8 @@ def load_run(path: Path, argument: str) -> tuple[dict[str, Any], list[dict[str, 
             summary = json.loads((path / "summary.json").read_text(encoding="utf-8"))
         except (OSError, UnicodeDecodeError, ValueError) as error:
             raise ReportError(argument, f"summary.json is not readable JSON ({error})") from None
-    return config, log.updates, log.evaluations, summary
+    resumes = [wall for life, wall in sorted(log.life_walls.items()) if life >= 2]
+    return config, Curves(path.name, log.updates, log.evaluations, resumes), summary
 
 
 def figures(run: str, config: dict[str, Any], updates: list[dict[str, Any]],
@@ -154,7 +156,7 @@ def _f(value: float | int | None, fmt: str = ".3f") -> str:
         else format(value, fmt)
 
 
-def markdown(runs: list[RunFigures], threshold: float) -> str:
+def markdown(runs: list[RunFigures], threshold: float, plotted: list[str] | None = None) -> str:
     """The tables of the report (quality, throughput, resource cost), one row per run."""
     lines = [
         f"# Invar runs: quality, throughput, resource cost ({len(runs)} run"
@@ -187,8 +189,10 @@ def markdown(runs: list[RunFigures], threshold: float) -> str:
         "s/update: learner + rollout + core/driver busy seconds per update (the run's own "
         "accounting, wall seconds of each part, not CPU time). Shares are of wall time. "
         "(stopped): no summary.json, the run ended before total_updates.",
-        "", "![held-out reward against wall time](reward_vs_time.png)", "",
-        "![throughput and cost per run](throughput_cost.png)", "",
+        "", "Plots: dashed vertical lines are where a run was resumed (after a crash or a "
+        "stop); the dotted line is the threshold; throughput over time is a rolling mean over "
+        f"the last {THROUGHPUT_WINDOW} updates.", "",
+        *(line for name in plotted or () for line in (f"![{TITLES[name]}]({name})", "")),
     ]
     return "\n".join(lines)
 
@@ -197,34 +201,25 @@ def _pct(value: float | None) -> str:
     return "–" if value is None else f"{100 * value:.1f} %"
 
 
-def plots(out: Path, runs: list[RunFigures],
-          curves: dict[str, tuple[list[dict[str, Any]], list[dict[str, Any]]]],
-          threshold: float) -> None:
-    """reward_vs_time.png (held-out reward, or train reward where a run has no evaluation,
-    against wall seconds) and throughput_cost.png (updates/s and busy s/update per run)."""
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    figure, axis = plt.subplots(figsize=(7, 4))
+def plots(out: Path, runs: list[RunFigures], curves: dict[str, Curves], threshold: float
+          ) -> list[str]:
+    """The runs' curves (`invar.runtime.plots.write_plots`: reward against updates and wall
+    time, throughput over time, the learner's figures, resumes marked; the threshold dotted
+    on the reward plots) and throughput_cost.png (updates/s and busy s/update per run);
+    returns the names written."""
+    from invar.runtime.plots import save, write_plots
     for r in runs:
-        updates, evaluations = curves[r.run]
-        if evaluations:
-            axis.plot([e["wall"] for e in evaluations], [e["heldout_reward"] for e in evaluations],
-                      "o-", markersize=3, label=f"{r.label} (held-out)")
-        else:
-            axis.plot([u["wall"] for u in updates], [u["reward"] for u in updates],
-                      label=f"{r.label} (train, no evaluation)")
-    axis.axhline(threshold, color="grey", linestyle=":", linewidth=1)
-    axis.set_xlabel("driver wall seconds")
-    axis.set_ylabel("reward")
-    axis.set_ylim(0, 1.02)
-    axis.grid(alpha=0.3)
-    figure.legend(loc="lower center", ncol=min(3, len(runs)), frameon=False, fontsize=8)
-    figure.tight_layout(rect=(0, 0.06 + 0.04 * math.ceil(len(runs) / 3), 1, 1))
-    figure.savefig(out / "reward_vs_time.png", dpi=110)
-    plt.close(figure)
+        curves[r.run].label = r.label
+    written = write_plots(out, [curves[r.run] for r in runs], threshold=threshold)
+    save(throughput_cost_figure(runs), out / "throughput_cost.png")
+    return [*written, "throughput_cost.png"]
 
-    figure, (left, right) = plt.subplots(1, 2, figsize=(9, 0.5 * len(runs) + 1.6))
+
+def throughput_cost_figure(runs: list[RunFigures]) -> Any:
+    """Updates/s and busy seconds per update (learner; rollout + core/driver) per run, as
+    bars; the legend below the axes, where it hides no bar."""
+    from invar.runtime.plots import legend_below, pyplot
+    figure, (left, right) = pyplot().subplots(1, 2, figsize=(9, 0.5 * len(runs) + 2.0))
     labels = [r.label for r in runs]
     left.barh(labels, [r.updates_per_second for r in runs], color="tab:blue")
     left.set_xlabel("updates / s")
@@ -235,21 +230,20 @@ def plots(out: Path, runs: list[RunFigures],
                label="rollout + core/driver")
     right.set_xlabel("busy seconds / update")
     right.set_yticklabels([])
-    right.legend(fontsize=8, frameon=False)
     for axis in (left, right):
         axis.invert_yaxis()
         axis.grid(axis="x", alpha=0.3)
-    figure.tight_layout()
-    figure.savefig(out / "throughput_cost.png", dpi=110)
-    plt.close(figure)
+    legend_below(figure, [right])
+    return figure
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("run_dirs", nargs="+", metavar="RUN_DIR",
                         help="run directories written by `invar train` (output.run_dir)")
-    parser.add_argument("--out", default="invar-report", metavar="DIR",
-                        help="where report.md, report.json and the plots go "
-                             "(default: ./invar-report)")
+    parser.add_argument("--out", metavar="DIR",
+                        help="where report.md, report.json and the plots go (default: next "
+                             "to the runs: RUN_DIR-report for one run, PARENT/report-A-vs-B "
+                             "for several)")
     parser.add_argument("--threshold", default=DEFAULT_THRESHOLD, type=float,
                         help=f"held-out reward for 'time to threshold' (default "
                              f"{DEFAULT_THRESHOLD})")
@@ -269,31 +263,43 @@ def report(run_dirs: list[str], out: Path, threshold: float) -> list[RunFigures]
         if path.resolve() in seen:
             raise ReportError(f"RUN_DIR {given!r}", "given twice")
         seen.add(path.resolve())
-        config, updates, evaluations, summary = load_run(path, f"RUN_DIR {given!r}")
-        runs.append(figures(given, config, updates, evaluations, summary, threshold))
-        curves[given] = (updates, evaluations)
+        config, curve, summary = load_run(path, f"RUN_DIR {given!r}")
+        runs.append(figures(given, config, curve.updates, curve.evaluations, summary,
+                            threshold))
+        curves[given] = curve
     labels = [r.label for r in runs]
     for r in runs:  # equal directory names (a/run, b/run): label by the path given
         if labels.count(r.label) > 1:
             r.label = r.run
     out.mkdir(parents=True, exist_ok=True)
-    (out / "report.md").write_text(markdown(runs, threshold))
+    written = plots(out, runs, curves, threshold)
+    (out / "report.md").write_text(markdown(runs, threshold, written))
     (out / "report.json").write_text(json.dumps(
         {"threshold": threshold, "runs": [asdict(r) for r in runs]}, indent=2))
-    plots(out, runs, curves, threshold)
     return runs
+
+
+def default_out(run_dirs: list[str]) -> Path:
+    """Next to the runs: RUN_DIR-report beside one run; beside several, in their common
+    parent, report-A-vs-B-... (report-of-N-runs when the names make too long a name)."""
+    paths = [Path(given).resolve() for given in run_dirs]
+    if len(paths) == 1:
+        return Path(run_dirs[0].rstrip("/") + "-report")
+    parent = Path(os.path.commonpath([p.parent for p in paths]))
+    name = "report-" + "-vs-".join(p.name for p in paths)
+    return parent / (name if len(name) <= 80 else f"report-of-{len(paths)}-runs")
 
 
 def main(args: argparse.Namespace) -> int:
     """`invar report`: 0 when written, 2 (one line naming the argument) on unusable input."""
     import sys
+    out = Path(args.out) if args.out else default_out(args.run_dirs)
     try:
-        runs = report(args.run_dirs, Path(args.out), args.threshold)
+        runs = report(args.run_dirs, out, args.threshold)
     except ReportError as error:
         print(f"invar: report refused: {error}", file=sys.stderr)
         return 2
-    out = Path(args.out)
     print(markdown(runs, args.threshold).split("\n## Throughput")[0].rstrip())
-    print(f"\nreport: {out / 'report.md'} (+ report.json, reward_vs_time.png, "
-          f"throughput_cost.png)")
+    pngs = ", ".join(sorted(p.name for p in out.glob("*.png")))
+    print(f"\nreport: {out / 'report.md'} (+ report.json, {pngs})")
     return 0

@@ -2,8 +2,9 @@
 
 One SSH connection per worker incarnation. It is opened with the host verified against
 known_hosts (an unknown host refused unless trust-on-first-use was asked for; a changed key
-always refused), public-key authentication only (keys from the configuration or the agent;
-no password, no prompt), a connect timeout and a keepalive; then the worker is started as the
+always refused, with its own message: both fingerprints and the known_hosts line),
+public-key authentication only (keys from the configuration or the agent; no password, no
+prompt), a connect timeout and a keepalive; then the worker is started as the
 fixed command of `invar.runtime.sshspec.remote_command` and frames travel over its
 stdin/stdout exactly as over a local worker's pipes (the transport never looks inside them).
 Weights travel in the load frames with their parameter digest, which the worker verifies
@@ -142,6 +143,9 @@ class SshWorkers:
                 keepalive_interval=options.keepalive_interval,
                 keepalive_count_max=options.keepalive_count)
         except asyncssh.HostKeyNotVerifiable as error:
+            changed = await self._changed_key(host)
+            if changed:
+                raise SshRefused(changed) from None
             raise SshRefused(
                 f"ssh {host}: host key not verified against {self.known_hosts} "
                 f"({error.reason}): add the host's key there after checking its fingerprint "
@@ -160,6 +164,55 @@ class SshWorkers:
         if tofu:
             self._trust(host, connection)
         return connection
+
+    def _recorded(self, host: HostSpec) -> list[tuple[int, asyncssh.SSHKey]]:
+        """The keys known_hosts records for this host, with their line numbers."""
+        try:
+            lines = self.known_hosts.read_text(encoding="utf-8", errors="replace").splitlines()
+        except OSError:
+            return []
+        recorded: list[tuple[int, asyncssh.SSHKey]] = []
+        for number, line in enumerate(lines, 1):
+            if not line.strip() or line.lstrip().startswith("#"):
+                continue
+            try:
+                keys = asyncssh.import_known_hosts(line).match(host.host, host.host, host.port)[0]
+            except (ValueError, asyncssh.KeyImportError):
+                continue
+            # (a key matched by name and by address is listed twice)
+            unique = {key.get_fingerprint(): key for key in keys}
+            recorded.extend((number, key) for key in unique.values())
+        return recorded
+
+    async def _changed_key(self, host: HostSpec) -> str:
+        """When known_hosts records other keys for the host than the one it presents: the
+        message that says so (OpenSSH's loud warning, with both fingerprints and where the
+        old key is recorded); "" otherwise (an unknown host, or a key that cannot be read)."""
+        recorded = self._recorded(host)
+        if not recorded:
+            return ""
+        algorithms = list(dict.fromkeys(algorithm.decode() for _, key in recorded
+                                        for algorithm in key.sig_algorithms))
+        try:
+            presented = await asyncio.wait_for(asyncssh.get_server_host_key(
+                host.host, host.port, server_host_key_algs=algorithms),
+                self.options.connect_timeout)
+        except (OSError, TimeoutError, asyncssh.Error):
+            presented = None
+        if presented is None:
+            return ""
+        new = presented.get_fingerprint()
+        if any(key.get_fingerprint() == new for _, key in recorded):
+            return ""  # recorded after all: not verified for another reason
+        where = ", ".join(f"line {number} ({key.get_fingerprint()})" for number, key in recorded)
+        pattern = host.host if host.port == 22 else f"[{host.host}]:{host.port}"
+        return (f"ssh {host}: the host key has CHANGED: {self.known_hosts} {where} records "
+                f"another key than the {presented.get_algorithm()} key {new} the host presents "
+                "now. Someone may be intercepting the connection (a man-in-the-middle attack), "
+                "or the host was reinstalled or given a new key. Check the new fingerprint "
+                "with the host's administrator; only if the change is expected, remove the "
+                f"old key (ssh-keygen -R '{pattern}' -f {self.known_hosts}) and add the new one. "
+                "rollout.ssh.trust_on_first_use cannot help: it never replaces a recorded key")
 
     def _known(self, host: HostSpec) -> bool:
         """Whether known_hosts has any entry for this host (matching or not)."""

@@ -134,7 +134,8 @@ class HuggingFaceTokenizer:
         except ImportError:
             raise ConfigError(("task.tokenizer",), "a Hugging Face tokenizer needs the "
                                                    "transformers and tokenizers packages: "
-                                                   "pip install 'invar[hf]'") from None
+                                                   "pip install -e '.[hf]' in the Invar "
+                                                   "checkout") from None
         transformers.logging.set_verbosity_error()
         try:
             self._tokenizer = transformers.AutoTokenizer.from_pretrained(

@@ -18,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import signal
 import struct
 import sys
 from pathlib import Path
@@ -159,6 +160,10 @@ class LocalProcessTransport(StreamTransport):
         def pin() -> None:  # runs in the child before exec
             if cpus:
                 os.sched_setaffinity(0, cpus)
+            # Ctrl-C on a terminal reaches the whole foreground process group: the driver
+            # decides, and ends its workers by closing their stdin (kept across exec, and by
+            # the worker's own verifier processes).
+            signal.signal(signal.SIGINT, signal.SIG_IGN)
 
         # The child gets its own copy of the log's descriptor; ours closes once it is spawned.
         with open(log_path, "ab") as log:

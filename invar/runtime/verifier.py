@@ -167,7 +167,10 @@ class _Lane:
         self.buffer = b""
         self.child = subprocess.Popen(
             [sys.executable, "-m", "invar.runtime.verifier", json.dumps(self.task_config)],
-            stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+            # Out of the terminal's process group: Ctrl-C is the driver's to handle, and the
+            # child ends when its stdin does.
+            process_group=0)
         line = self._read_line(time.monotonic() + STARTUP_SECONDS)
         if line == b"ready":
             return ""

@@ -6,7 +6,8 @@ import asyncio
 import contextlib
 import json
 import sys
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -120,6 +121,21 @@ def assert_same_weights(a: dict[str, Any], b: dict[str, Any]) -> None:
         assert torch.equal(a["model"][name], b["model"][name]), f"{name} differs"
 
 
+def commits_in(run_dir: Path) -> int:
+    """UpdateCommitted lines in a run's journal so far (0 before it exists)."""
+    path = Path(run_dir) / "journal.jsonl"
+    return path.read_text().count('"type":"UpdateCommitted"') if path.exists() else 0
+
+
+def wait_for_commits(run_dir: Path, count: int, running: Callable[[], bool]) -> None:
+    """Until a running `invar train`'s journal holds `count` commits (to stop it then)."""
+    deadline = time.monotonic() + RUN_TIMEOUT
+    while commits_in(run_dir) < count:
+        assert running(), "invar train ended before it could be stopped"
+        assert time.monotonic() < deadline, "invar train made no progress"
+        time.sleep(0.01)
+
+
 def cli(*args: str) -> list[str]:
     """The command line of `invar ...`: the installed script, else the module."""
     script = Path(sys.executable).parent / "invar"
@@ -135,4 +151,5 @@ def rt() -> SimpleNamespace:
         TINY=TINY, tiny_overrides=tiny_overrides, tiny_config=tiny_config,
         run_driver=run_driver, run_serial=run_serial, summary=summary,
         journal_events=journal_events, final_weights=final_weights,
-        assert_same_weights=assert_same_weights, cli=cli, torch_globals_kept=torch_globals_kept)
+        assert_same_weights=assert_same_weights, cli=cli, torch_globals_kept=torch_globals_kept,
+        commits_in=commits_in, wait_for_commits=wait_for_commits)

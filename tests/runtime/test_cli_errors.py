@@ -147,3 +147,42 @@ def test_trace_of_a_non_utf8_file_is_bad_input(finished, tmp_path):
     assert done.returncode == 2, (done.stdout, done.stderr)
     assert str(path) in done.stderr + done.stdout
     assert "Traceback" not in done.stderr
+
+
+def test_trace_of_a_run_directory_validates_its_journal(finished, tmp_path):
+    done = subprocess.run([sys.executable, "-m", "checker.cli", "--trace", str(finished)],
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, (done.stdout, done.stderr)
+    assert f"{finished / 'journal.jsonl'}: complete run" in " ".join(done.stdout.split())
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    done = subprocess.run([sys.executable, "-m", "checker.cli", "--trace", str(empty)],
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2, (done.stdout, done.stderr)
+    assert done.stderr.strip() == (f"invar-check: {empty}: a directory without a journal.jsonl: "
+                                   "not a run directory of `invar train`")
+
+
+def test_a_missing_model_directory_is_refused_against_policy_path(tmp_path, capsys):
+    """A JSONL task reads policy.path's tokenizer (task.tokenizer = "auto"): the key at
+    fault is policy.path, which the user set, not task.tokenizer, which they did not."""
+    line = _refused(capsys, ["train", "--set", "policy.kind=transformers",
+                             "--set", f"policy.path={json.dumps(str(tmp_path / 'absent'))}",
+                             "--set", "task.name=jsonl", "--set", "task.verifier=numeric",
+                             "--set", "task.path=invar/runtime/data/addition.jsonl"],
+                    "policy.path")
+    assert line == (f"invar: configuration refused: policy.path: "
+                    f"{str(tmp_path / 'absent')!r} is not a directory")
+
+
+def test_starting_a_run_where_one_is_says_how_to_go_on(finished, capsys, rt):
+    before = _tree(finished)
+    with rt.torch_globals_kept():
+        status = cli.main(["train", *(a for item in rt.tiny_overrides(finished)
+                                      for a in ("--set", item))])
+    err = capsys.readouterr().err.strip()
+    assert status == 1, err
+    assert err == (f"invar: cannot start: {finished} holds a run already (journal.jsonl): "
+                   f"continue it with `invar train --resume {finished}`, or start another "
+                   "with --set output.run_dir=runs/NEW_NAME")
+    assert _tree(finished) == before

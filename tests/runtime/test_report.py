@@ -64,7 +64,8 @@ def test_quality_throughput_and_cost_come_from_the_rows(tmp_path, rt):
     assert "| b | reverse 4 digits | 1 | decoupled_ppo | pinned | 16 (stopped) |" in text
     saved = json.loads((tmp_path / "out" / "report.json").read_text())
     assert [r["label"] for r in saved["runs"]] == ["a", "b"]
-    for plot in ("reward_vs_time.png", "throughput_cost.png"):
+    for plot in ("reward_vs_updates.png", "reward_vs_time.png", "throughput.png",
+                 "throughput_cost.png"):
         assert (tmp_path / "out" / plot).read_bytes().startswith(b"\x89PNG")
 
 
@@ -121,7 +122,23 @@ def test_bad_input_is_refused_in_one_line_naming_the_argument(tmp_path, rt):
         line = refusal(tmp_path, rt, *args)
         assert line.startswith(f"invar: report refused: {argument}"), line
         assert why in line, line
-    assert not (tmp_path / "invar-report").exists()  # nothing written on a refusal
+    assert not list(tmp_path.glob("*report*"))  # nothing written on a refusal
+
+
+def test_the_report_goes_next_to_the_runs_unless_told(tmp_path, rt):
+    one = make_run(tmp_path / "runs" / "a", rt)
+    two = make_run(tmp_path / "runs" / "b", rt)
+    for args, where in (((str(one),), tmp_path / "runs" / "a-report"),
+                        ((str(one), str(two)), tmp_path / "runs" / "report-a-vs-b")):
+        done = subprocess.run(rt.cli("report", *args), capture_output=True, text=True,
+                              timeout=120, cwd=tmp_path)
+        assert done.returncode == 0, done.stderr
+        assert done.stdout.strip().splitlines()[-1].startswith(
+            f"report: {where}/report.md (+ report.json, reward_vs_time.png, ")
+        text = (where / "report.md").read_text()
+        for name in ("reward_vs_updates.png", "reward_vs_time.png", "throughput.png",
+                     "throughput_cost.png"):
+            assert f"]({name})" in text and (where / name).read_bytes().startswith(b"\x89PNG")
 
 
 def test_invar_report_on_a_real_run(tmp_path, rt):
@@ -138,3 +155,16 @@ def test_invar_report_on_a_real_run(tmp_path, rt):
     assert saved["wall_seconds"] == summary["wall_seconds"]
     assert saved["threshold_updates"] == 0  # version 0 already scores >= 0.01
     assert saved["learning_seconds"] > 0 and saved["rollout_seconds"] > 0
+
+
+def test_the_throughput_cost_legend_hides_no_bar(tmp_path, rt):
+    from invar.runtime.report import throughput_cost_figure
+    runs = report([str(make_run(tmp_path / name, rt)) for name in ("a", "b", "c")],
+                  tmp_path / "out", threshold=0.8)
+    figure = throughput_cost_figure(runs)
+    figure.canvas.draw()
+    renderer = figure.canvas.get_renderer()
+    legend = figure.legends[0].get_window_extent(renderer)
+    bars = [patch for axis in figure.axes for patch in axis.patches]
+    assert len(bars) == 9
+    assert not [bar for bar in bars if legend.overlaps(bar.get_window_extent(renderer))]

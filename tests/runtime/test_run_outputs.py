@@ -57,14 +57,16 @@ def test_the_store_keeps_only_what_is_retained(tmp_path, rt):
 
 
 def test_the_legend_covers_no_curve():
-    from invar.runtime.metrics import reward_figure
-    updates = [{"update": u, "reward": 0.05 + 0.001 * u} for u in range(40)]
-    evaluations = [{"version": v, "heldout_reward": 0.1} for v in (0, 20, 40)]
-    figure, axis = reward_figure(updates, evaluations)
-    figure.canvas.draw()
-    renderer = figure.canvas.get_renderer()
-    legend = figure.legends[0].get_window_extent(renderer)
-    assert not legend.overlaps(axis.get_window_extent(renderer))
+    from invar.runtime.plots import Curves, reward_figure
+    updates = [{"update": u, "reward": 0.05 + 0.001 * u, "wall": 0.5 * u} for u in range(40)]
+    evaluations = [{"version": v, "heldout_reward": 0.1, "wall": 0.5 * v} for v in (0, 20, 40)]
+    for against in ("update", "wall"):
+        figure, axis = reward_figure([Curves("run", updates, evaluations, [7.0])], against, 0.8)
+        figure.canvas.draw()
+        renderer = figure.canvas.get_renderer()
+        legend = figure.legends[0].get_window_extent(renderer)
+        assert not legend.overlaps(axis.get_window_extent(renderer))
+        assert len(figure.legends[0].get_texts()) == 4  # train, held-out, resumed, threshold
 
 
 def test_piped_messages_are_not_wrapped(tmp_path):

@@ -298,14 +298,21 @@ def test_a_verified_host_and_authorized_key_pass_the_check(server):
     check(server)
 
 
-def test_a_wrong_host_key_is_refused_naming_the_host(server):
+def test_a_changed_host_key_is_refused_naming_the_host_the_keys_and_the_line(server):
     server.write_known_hosts(server.rogue_key)  # known_hosts says another key
-    with pytest.raises(SshRefused, match=rf"ssh 127\.0\.0\.1:{server.port}: host key not "
-                                         "verified"):
-        check(server)
+    old = server.rogue_key.get_fingerprint()
+    new = server.host_key.get_fingerprint()
     # Trust on first use does not override a known host's different key.
-    with pytest.raises(SshRefused, match="host key not verified"):
-        check(server, trust_on_first_use=True)
+    for trust in (False, True):
+        with pytest.raises(SshRefused) as refused:
+            check(server, trust_on_first_use=trust)
+        message = str(refused.value)
+        assert message.startswith(f"ssh 127.0.0.1:{server.port}: the host key has CHANGED: "
+                                  f"{server.known_hosts} line 1 ({old}) records another key "
+                                  f"than the ssh-ed25519 key {new} the host presents now")
+        assert "man-in-the-middle" in message
+        assert f"ssh-keygen -R '[127.0.0.1]:{server.port}' -f {server.known_hosts}" in message
+        assert "trust_on_first_use cannot help" in message
 
 
 def test_an_unknown_host_is_refused_unless_trust_on_first_use_is_asked_for(server, caplog):

@@ -67,7 +67,7 @@ def test_an_unknown_or_missing_tracker_is_refused_naming_it(monkeypatch):
     with pytest.raises(ConfigError) as caught:
         load_config(None, ['output.trackers=["wandb"]'])
     assert caught.value.fields == ("output.trackers[0]",)
-    assert "pip install 'invar[trackers]'" in str(caught.value)
+    assert "pip install -e '.[trackers]' in the Invar checkout" in str(caught.value)
 
 
 def row(log: MetricsLog, update: int) -> None:

@@ -1,0 +1,96 @@
+"""The README's figures are the reports' and the repository's, and its examples can be pasted
+in order: each training example writes its own run directory, and `make train` starts a new
+one each time."""
+
+from __future__ import annotations
+
+import json
+import re
+import shlex
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+README = (ROOT / "README.md").read_text(encoding="utf-8")
+
+
+def _default_run() -> dict:
+    """The default `invar train` run of reports/async_benchmark.json (section 4)."""
+    return json.loads((ROOT / "reports" / "async_benchmark.json").read_text())["runs"]["default"]
+
+
+def test_the_gate_size_is_the_number_of_bounds():
+    bounds = len(list((ROOT / "spec" / "gate").glob("*.toml")))
+    assert f"is a suite of {bounds} small bounds" in README
+
+
+def test_the_default_run_s_done_line_is_the_report_s():
+    summary = _default_run()["summary"]
+    line = (f"done: {summary['updates']} updates in {summary['wall_seconds']:.1f} s, held-out "
+            f"reward {summary['final_heldout_reward']:.3f}; report: runs/default/report.md")
+    assert f"    {line}\n" in README
+
+
+def test_the_held_out_curve_is_the_report_s():
+    evaluations = _default_run()["evaluations"]
+    # Versions from the last change on are said once: "1.000 (60 and after)".
+    last = len(evaluations) - 1
+    while last and round(evaluations[last - 1]["heldout_reward"], 3) == \
+            round(evaluations[last]["heldout_reward"], 3):
+        last -= 1
+    points = [f"{e['heldout_reward']:.3f} ({e['version']})" for e in evaluations[:last]]
+    points.append(f"{evaluations[last]['heldout_reward']:.3f} ({evaluations[last]['version']} "
+                  f"and after)")
+    points[0] = points[0].replace("(0)", "(version 0)")
+    said = " ".join(README.split())
+    assert f"Held-out greedy reward goes {' → '.join(points)}." in said, points
+
+
+def _shell_examples() -> list[tuple[str, str]]:
+    """Each `$ ...` command in the README's indented blocks (continuation lines joined), with
+    the line that follows it."""
+    lines = README.splitlines()
+    found = []
+    index = 0
+    while index < len(lines):
+        line = lines[index].strip()
+        index += 1
+        if not line.startswith("$ "):
+            continue
+        command = line[2:]
+        while command.endswith("\\") and index < len(lines):
+            command = command[:-1] + " " + lines[index].strip()
+            index += 1
+        after = lines[index].strip() if index < len(lines) else ""
+        found.append((command.split(" # ")[0].strip(), after))
+    return found
+
+
+def test_every_training_example_writes_its_own_run_directory():
+    run_dirs = []
+    for command, after in _shell_examples():
+        words = shlex.split(command.replace("...", ""))
+        if "train" not in words or not any(w.endswith("invar") for w in words):
+            continue
+        if after.startswith("invar: ") or {"--resume", "--print-config"} & set(words):
+            continue  # a refusal shown, a resume, or no run
+        given = [w.split("=", 1)[1] for w in words if w.startswith("output.run_dir=")]
+        run_dirs.append(given[-1] if given else "runs/default")
+    assert len(run_dirs) >= 5, run_dirs
+    assert len(set(run_dirs)) == len(run_dirs), run_dirs
+
+
+@pytest.mark.skipif(shutil.which("make") is None, reason="no make")
+def test_make_train_starts_a_new_run_directory_each_time():
+    def planned(*args: str) -> str:
+        done = subprocess.run(["make", "-n", "train", *args], cwd=ROOT, capture_output=True,
+                              text=True, timeout=60)
+        assert done.returncode == 0, done.stderr
+        return done.stdout.strip().splitlines()[-1]
+
+    assert re.search(r"invar train --set output\.run_dir='\"runs/train-\d{8}-\d{6}\"'$",
+                     planned()), planned()
+    assert planned("RUN=runs/mine").endswith("--set output.run_dir='\"runs/mine\"'")
