@@ -21,6 +21,7 @@ from typing import Any, Union
 from invar.model.config import RunConfig
 from invar.model.errors import ConfigError
 from invar.model.objective import ObjectiveConfig
+from invar.runtime.gguf import is_gguf
 from invar.runtime.policy_config import PolicyConfig
 from invar.runtime.tasks import AUTO_TOKENIZER, build_task, make_tokenizer
 
@@ -344,8 +345,10 @@ class TrainConfig:
                                                 f"task.name is {task.name!r}")
         section = task_section(self)
         from_model = task.tokenizer == AUTO_TOKENIZER and section["tokenizer"] == self.policy.path
-        if from_model and not Path(self.policy.path).expanduser().is_dir():
-            raise ConfigError(("policy.path",), f"{self.policy.path!r} is not a directory")
+        model = Path(self.policy.path).expanduser()
+        if from_model and not (model.is_dir() or (is_gguf(model) and model.is_file())):
+            raise ConfigError(("policy.path",), f"{self.policy.path!r} is neither a model "
+                                                "directory nor a .gguf file")
         try:
             return build_task(section)
         except ConfigError as error:

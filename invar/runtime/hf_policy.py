@@ -299,12 +299,17 @@ class HFPolicy(nn.Module):
     def load_state_dict(self, state_dict: Any, strict: bool = True, assign: bool = False) -> Any:
         return self.model.load_state_dict(state_dict, strict=strict, assign=assign)
 
+    keeps_last_logits = True
+    """`forward(..., last=k)` computes the output layer for the last k positions alone."""
+
     def forward(self, tokens: Tensor, attention_mask: Tensor | None = None,
-                positions: Tensor | None = None) -> Tensor:
-        """Logits [B, T, V] over the task's tokens for every position of `tokens` [B, T];
-        `attention_mask` [B, T] and `positions` [B, T] for left-padded rows (the built-in
-        `Policy.forward_with_cache` says what they are)."""
+                positions: Tensor | None = None, last: int = 0) -> Tensor:
+        """Logits [B, T, V] over the task's tokens for every position of `tokens` [B, T] (for
+        the last `last` positions only, when it is > 0); `attention_mask` [B, T] and
+        `positions` [B, T] for left-padded rows (the built-in `Policy.forward_with_cache` says
+        what they are)."""
         return self._task_logits(self.model(input_ids=self._model_ids(tokens), use_cache=False,
+                                            logits_to_keep=last,
                                             **_padding(attention_mask, positions)))
 
     def forward_with_cache(self, tokens: Tensor, cache: Any, attention_mask: Tensor | None = None,

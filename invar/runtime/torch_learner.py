@@ -20,7 +20,6 @@ with `torch.use_deterministic_algorithms(True)` and `CUBLAS_WORKSPACE_CONFIG=:40
 
 from __future__ import annotations
 
-import copy
 import hashlib
 import json
 from collections.abc import Mapping
@@ -68,13 +67,17 @@ def response_logprobs(policy: torch.nn.Module, tokens: Tensor, response_start: i
                       padding: tuple[Tensor, Tensor] | None = None) -> Tensor:
     """Float64 log-probs [n, L - response_start] of the response tokens of `tokens` [n, L];
     `padding`: the (attention mask, positions) [n, L] of left-padded prompts."""
-    # The logits at position t predict token t + 1, so the last position is never needed.
-    if padding is None:
-        logits = policy(tokens[:, :-1])
+    # The logits at position t predict token t + 1, so the last position is never needed,
+    # and only those that predict a response token are (a policy that can skip the others'
+    # output layer is told so: with a large vocabulary it is a fifth of the model's work).
+    responses = tokens.shape[1] - response_start
+    mask, positions = (None, None) if padding is None else (padding[0][:, :-1],
+                                                            padding[1][:, :-1])
+    if getattr(policy, "keeps_last_logits", False):
+        logits = policy(tokens[:, :-1], mask, positions, last=responses)
     else:
-        mask, positions = padding
-        logits = policy(tokens[:, :-1], mask[:, :-1], positions[:, :-1])
-    return sequence_logprobs(logits[:, response_start - 1 :], tokens[:, response_start:])
+        logits = policy(tokens[:, :-1], mask, positions)[:, response_start - 1:]
+    return sequence_logprobs(logits, tokens[:, response_start:])
 
 
 class TorchLearner(CommittedLearner):
@@ -98,8 +101,8 @@ class TorchLearner(CommittedLearner):
         # identical runs write byte-identical commits.
         torch.manual_seed(derive_seed(seed, "learner", "torch_rng"))
         self.model: Any = build_policy(policy_config, seed, task_vocabulary).to(self.device)
-        # The reference is the initial policy, frozen: the anchor for KL penalties.
-        self.reference = copy.deepcopy(self.model).requires_grad_(False)
+        self._task_vocabulary = task_vocabulary
+        self._reference: Any = None
         self.optimizer = torch.optim.AdamW(
             self.model.parameters(),
             lr=optim_config.lr,
@@ -107,6 +110,17 @@ class TorchLearner(CommittedLearner):
             eps=optim_config.eps,
             weight_decay=optim_config.weight_decay,
         )
+
+    @property
+    def reference(self) -> Any:
+        """The initial policy, frozen: the anchor for KL penalties. Built the first time it is
+        asked for (from the seed or the model's own weights, as the policy was), so a run
+        without a KL term never holds a second copy of the model."""
+        if self._reference is None:
+            self._reference = build_policy(self.policy_config, self.seed,
+                                           self._task_vocabulary).to(self.device)
+            self._reference.requires_grad_(False)
+        return self._reference
 
     # -- the state commits hold --------------------------------------------------------------
 

@@ -172,7 +172,8 @@ def test_a_missing_model_directory_is_refused_against_policy_path(tmp_path, caps
                              "--set", "task.path=invar/runtime/data/addition.jsonl"],
                     "policy.path")
     assert line == (f"invar: configuration refused: policy.path: "
-                    f"{str(tmp_path / 'absent')!r} is not a directory")
+                    f"{str(tmp_path / 'absent')!r} is neither a model directory nor a .gguf "
+                    "file")
 
 
 def test_starting_a_run_where_one_is_says_how_to_go_on(finished, capsys, rt):
