@@ -22,8 +22,9 @@ from invar.runtime.config import TrainConfig, load_config, task_section
 from invar.runtime.tasks import build_task
 from invar.runtime.verifier import Job, verify
 
-BUILT_IN = ("reverse", "jsonl")
-"""Tasks whose verifier is the package's own, microseconds a response: re-scored by default.
+BUILT_IN = ("reverse", "jsonl", "arithmetic")
+"""Tasks whose verifier is the package's own, at most about a millisecond a response (math-verify
+for "arithmetic"): re-scored by default.
 A "module" task's verifier is user code of unknown cost (it may run tests, call a solver):
 re-scored when asked (`--rescore`)."""
 
