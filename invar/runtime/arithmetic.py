@@ -13,9 +13,9 @@ is" statement, then the last number, and compares it with the sum: reward 1 or 0
 `format_reward` (default 0: off) is added when the response is the number alone and ended
 (its EOS reached within `response_length`): a shaping term for short, final answers.
 
-Difficulty, measured (reports/real_model.md): SmolLM2-135M-Instruct, sampled at temperature 1,
-answers about 1 in 8 of these sums right with `operand_max = 19` (about 2 in 5 greedy), which
-gives most groups of 8 samples both a right and a wrong answer, the signal GRPO learns from.
+Difficulty: `operand_max = 19` was picked by measuring SmolLM2-135M-Instruct, whose sampled
+accuracy then lies well inside (0, 1), so most groups of samples hold both a right and a wrong
+answer, the signal GRPO learns from (reports/real_model.md: the base model's figures).
 """
 
 from __future__ import annotations
