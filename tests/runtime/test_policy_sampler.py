@@ -204,3 +204,37 @@ def test_noise_drawn_position_by_position_is_each_row_s_generator_read_in_one_go
                    generator=torch.Generator().manual_seed(seed)) for seed in seeds])
     expected = -torch.log(-torch.log(drawn_at_once.clamp(min=torch.finfo(torch.float64).tiny)))
     assert torch.equal(gumbel_noise(seeds, new_tokens, vocabulary), expected)
+
+
+@pytest.mark.parametrize("use_cache", [True, False])
+def test_a_left_padded_prompt_samples_and_scores_what_it_does_alone(policy, use_cache):
+    """Prompts of different lengths, left-padded in one call: with the mask and positions each
+    row draws the tokens it draws alone, with its log-probs (to float32 rounding), and the
+    learner's scoring of the padded rows gives them too; an end token stops every row."""
+    from invar.runtime.padding import Prompts, Sequences, positions_of, response_lengths
+    from invar.runtime.torch_learner import response_logprobs
+
+    rows = [row[-length:] for row, length in
+            zip(TASK.prompts("train", range(6)).tolist(), (10, 4, 7, 2, 10, 5))]
+    prompts = Prompts.of(rows, 10)
+    seeds = list(range(40, 46))
+    tokens, logprobs = generate(policy, torch.as_tensor(prompts.tokens), 8, seeds,
+                                use_cache=use_cache, prompt_lengths=prompts.lengths, eos=3)
+    lengths = response_lengths(tokens.numpy(), 3)
+    assert tokens.shape[1] == lengths.max()
+    sequences = Sequences(np.concatenate([prompts.tokens, tokens.numpy()], axis=1), 10,
+                          prompts.lengths)
+    mask = sequences.attention_mask()
+    with torch.no_grad():
+        scored = response_logprobs(policy, torch.as_tensor(sequences.tokens), 10,
+                                   (torch.as_tensor(mask), torch.as_tensor(positions_of(mask))))
+    for i, row in enumerate(rows):
+        alone, alone_logprobs = generate(policy, torch.as_tensor([row]), 8, seeds[i:i + 1],
+                                         use_cache=use_cache, eos=3)
+        n = lengths[i]
+        assert tokens[i, :n].tolist() == alone[0, :n].tolist()
+        np.testing.assert_allclose(logprobs[i, :n], alone_logprobs[0, :n], rtol=0, atol=1e-5)
+        np.testing.assert_allclose(scored[i, :n], alone_logprobs[0, :n], rtol=0, atol=1e-5)
+    unmasked, _ = generate(policy, torch.as_tensor(prompts.tokens), 8, seeds,
+                           use_cache=use_cache)
+    assert unmasked[:, :tokens.shape[1]].tolist() != tokens.tolist()
