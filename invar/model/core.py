@@ -19,6 +19,7 @@ import hashlib
 import itertools
 import math
 import operator
+import typing
 from collections import Counter
 from collections.abc import Callable
 from types import NoneType
@@ -105,10 +106,17 @@ Result = tuple[State, tuple[Command, ...]] | ProtocolError
 
 def step(state: State, event: Event) -> Result:
     """Apply one event. Pure: `state` is never mutated; equal inputs give equal outputs."""
-    handler = _HANDLERS.get(type(event))
+    kind = type(event)
+    handler = _HANDLERS.get(kind)
     if handler is None:
         return ProtocolError(state, event, Reason.MALFORMED_PAYLOAD,
-                             f"not an event: {type(event).__name__}")
+                             f"not an event: {kind.__name__}")
+    for name, value_of, allowed in _FIELD_TYPES[kind]:
+        value = value_of(event)
+        if type(value) not in allowed:
+            return ProtocolError(state, event, Reason.MALFORMED_PAYLOAD,
+                                 f"{name}: expected {_expected(allowed)}, got "
+                                 f"{type(value).__name__}")
     outcome = handler(state, event)
     if isinstance(outcome, (ProtocolError, _NoOp)):
         if isinstance(outcome, ProtocolError):
@@ -269,9 +277,6 @@ def _on_requests_completed(state: State, event: RequestsCompleted) -> Handled:
     """Each completion of the frame fills its slot, repeats it (duplicate) or contradicts it
     (divergent); the frame is refused whole, changing nothing, if any completion is bad."""
     frame = event.completions
-    if type(frame) is not Completions:
-        return ProtocolError(state, event, Reason.MALFORMED_PAYLOAD,
-                             f"completions: expected Completions, got {type(frame).__name__}")
     if not len(frame):
         return ProtocolError(state, event, Reason.MALFORMED_PAYLOAD,
                              "completions: an empty frame (a reply has at least one)")
@@ -629,6 +634,38 @@ _HANDLERS: dict[type, Callable[[State, Any], Handled]] = {
     CheckpointWritten: _on_checkpoint_written,
     TimerFired: _on_timer_fired,
 }
+
+
+_ACCEPTED_TYPES: dict[Any, frozenset[type]] = {
+    int: frozenset({int}),  # not bool, as decoding
+    float: frozenset({float, int, np.float64}),
+    str: frozenset({str}),
+    Ragged: frozenset({Ragged}),
+    Ragged | None: frozenset({Ragged, NoneType}),
+    Completions: frozenset({Completions}),
+    ObservationId: frozenset({ObservationId}),
+}
+
+
+def _field_types(kind: type) -> tuple[tuple[str, Callable[[Any], Any], frozenset[type]], ...]:
+    """Each field of event type `kind` (an observation's own after it), a getter and the exact
+    types it may hold: what `decode` makes of it. `step` checks them before any handler
+    reads a field, so an event built by hand with a wrong type is refused, naming the field,
+    instead of raising wherever the handler first uses it."""
+    fields: list[tuple[str, Callable[[Any], Any], frozenset[type]]] = []
+    for name, hint in typing.get_type_hints(kind).items():
+        fields.append((name, operator.attrgetter(name), _ACCEPTED_TYPES[hint]))
+        if hint is ObservationId:
+            fields += [(f"{name}.{part}", operator.attrgetter(f"{name}.{part}"),
+                        _ACCEPTED_TYPES[int]) for part in ObservationId._fields]
+    return tuple(fields)
+
+
+_FIELD_TYPES = {kind: _field_types(kind) for kind in _HANDLERS}
+
+
+def _expected(allowed: frozenset[type]) -> str:
+    return " or ".join(sorted(kind.__name__ for kind in allowed))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -1119,12 +1156,10 @@ def _frame_plausible(config: RunConfig, admitted: int, frame: Completions) -> bo
     return _logprobs(logprobs.values) and bool(np.isfinite(frame.rewards).all())
 
 
-def _not_a_matrix(name: str, matrix: Any) -> str:
-    """What is wrong with the type of a log-prob matrix field (empty: it is a `Matrix`):
-    checked before anything reads it, as decoding would (a hand-built event may hold rows of
-    Python floats, which `Ragged.of` turns into a matrix)."""
-    if type(matrix) is not Ragged:
-        return f"{name}: expected a Ragged of float64 log-probs, got {type(matrix).__name__}"
+def _not_a_matrix(name: str, matrix: Ragged) -> str:
+    """What is wrong with the values' type of a log-prob matrix field (empty: float64): checked
+    before anything reads them, as decoding would (a hand-built event may hold rows of Python
+    ints, which `Ragged.of` turns into an int64 matrix)."""
     if matrix.values.dtype != FLOAT:
         return f"{name}: expected float64 log-probs, got {matrix.values.dtype}"
     return ""
