@@ -372,6 +372,39 @@ def duplicate(world: World, key: str) -> World:
     return _send(world, msg)
 
 
+OBSERVATIONS = (WorkerConnected, WorkerLost, LearnerStarted, TimerFired)
+"""Connection-level events: the driver's own observations (a worker's connection or loss, the
+learner's start, the timer's expiry), not messages on a wire. Never lost, they may be delayed
+behind others and observed twice (`repeat_observation`): a transport that reports a
+connection again, a loss seen by two tasks, a resume that re-reads what it already knew."""
+
+
+def is_observation(msg: Message) -> bool:
+    return msg.to == CORE and type(msg.body) in OBSERVATIONS
+
+
+def repeat_observation(world: World, key: str) -> World:
+    """The driver observes the connection-level event `key` in flight a second time."""
+    msg = next(m for m in world.network if m.key == key)
+    if not is_observation(msg):
+        raise ValueError(f"not a connection-level event: {key!r}")
+    return _send(world, msg)
+
+
+def observed_too_early(world: World, msg: Message) -> bool:
+    """A worker's loss is observed after its connection (one reader task sees both): a
+    `WorkerLost` waits while that connection is in flight and not yet observed (a repeat of
+    an observed connection may come after the loss)."""
+    body = msg.body
+    if type(body) is not WorkerLost or msg.to != CORE:
+        return False
+    known = world.core.worker(body.worker)
+    if known is not None and known.incarnation == body.incarnation:
+        return False
+    connection = message(CORE, WorkerConnected(body.worker, body.incarnation)).key
+    return any(m.key == connection for m in world.network)
+
+
 def merge_replies(world: World, first: str, second: str) -> World:
     """Two reply frames of one worker incarnation travel as one (the worker answered both
     launches in one call). With replies sent one per launch, merging reaches every way a

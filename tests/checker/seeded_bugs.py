@@ -32,9 +32,17 @@ from invar.model.messages import (
     RequestsCompleted,
     RetainVersion,
     VersionPublished,
+    WorkerConnected,
 )
 from invar.model.shell import deliver
-from invar.model.state import LearnerPhase, Sample, evolve, initial_state
+from invar.model.state import (
+    LearnerPhase,
+    Sample,
+    WorkerPhase,
+    WorkerState,
+    evolve,
+    initial_state,
+)
 from invar.model.transitions import learner_accepts
 
 REFUSED = "correct_components_never_refused"
@@ -223,6 +231,21 @@ def _version_released_too_early(mp: Any) -> None:
     mp.setattr(core, "_version_needed", needed)
 
 
+def _repeated_connection_resets_the_worker(mp: Any) -> None:
+    def handler(state, event):
+        known = state.worker(event.worker)
+        # The bug: `<` for `<=`, so a repeat of the current incarnation's connection is taken
+        # for a new worker, which takes back its requests and starts its loads again.
+        if known is not None and event.incarnation < known.incarnation:
+            return core._LATE
+        if known is not None:
+            state = core._requeue(state, known)
+        fresh = WorkerState(event.worker, event.incarnation, WorkerPhase.IDLE, None, 0, 0)
+        return core._put_worker(state, fresh), []
+
+    mp.setitem(core._HANDLERS, WorkerConnected, handler)
+
+
 SEEDED_BUGS: tuple[SeededBug, ...] = (
     SeededBug("duplicate_completion_applied_twice",
               "a re-delivered completion is applied (and counted) again",
@@ -262,6 +285,11 @@ SEEDED_BUGS: tuple[SeededBug, ...] = (
               "a version is released once its batches are admitted, though still incomplete",
               Bounds(), "version_retained_while_in_use",
               "version 0 released while batch 1 is incomplete", _version_released_too_early),
+    # Only a world that repeats a connection sees it (`Bounds.repeats`): no other fault does.
+    SeededBug("repeated_connection_resets_the_worker",
+              "a repeat of the current incarnation's WorkerConnected resets the worker",
+              Bounds(repeats=1), TRANSITION, "every_event_counts",
+              _repeated_connection_resets_the_worker),
 )
 
 BY_NAME = {bug.name: bug for bug in SEEDED_BUGS}

@@ -41,6 +41,8 @@ ASPECTS = {
     "driver restart from the journal after a release":
         lambda b: b.driver_restarts > 0 and b.total_updates >= 3,
     "drops": lambda b: b.drops > 0,
+    "a connection-level event repeated, around a worker's loss":
+        lambda b: b.repeats > 0 and b.worker_crashes > 0,
     "duplicates": lambda b: b.duplicates > 0,
     "early timers": lambda b: b.early_timers > 0,
     "non-reproducible forwards": lambda b: not b.reproducible_forwards,
@@ -78,6 +80,7 @@ def test_gate_bounds_have_witnesses_for_what_they_exercise(name: str) -> None:
         "a_lost_worker_stays_lost_and_the_run_completes":
             bounds.worker_crashes > 0 and not bounds.worker_restarts,
         "driver_restarts": bounds.driver_restarts > 0,
+        "a_connection_level_event_is_repeated": bounds.repeats > 0,
         "an_update_takes_several_steps": bounds.optimizer_steps > 1,
     }
     assert {n for n, wanted in expected.items() if wanted} <= names
