@@ -78,6 +78,9 @@ class Bounds:
     """Workers also answer in frames of several completions: any two reply frames of one
     worker incarnation in flight may merge (which, from one frame per launch, reaches every
     grouping a worker can send), and merged frames are dropped and duplicated whole."""
+    launch_frames: bool = False
+    """A worker answers the launches of one decision in one frame (`World.launch_frames`), as
+    the runtime's do: with B x G of 16 or more, the core's column paths for large frames."""
     forgeries: bool = False
     """Also check, in every state, that the core refuses (a ProtocolError, not a no-op) every
     event no correct component could send there (`invar.model.world.forgeries`)."""
@@ -106,7 +109,8 @@ def load_bounds(path: str | Path) -> tuple[Bounds, dict[str, Any]]:
     for key, value in model.items():
         if key not in names:
             raise ConfigError((f"model.{key}",), f"unknown key in {path}")
-        if key in ("reproducible_forwards", "forgeries", "frames", "worker_restarts"):
+        if key in ("reproducible_forwards", "forgeries", "frames", "worker_restarts",
+                   "launch_frames"):
             if not isinstance(value, bool):
                 raise ConfigError((f"model.{key}",), "expected true or false")
             continue
@@ -191,7 +195,8 @@ class InvarModel(BaseModel[Explored, tuple]):
 
     def init_states(self) -> list[Explored]:
         b = self.bounds
-        world = w.new_world(self.config, self.worker_names, b.reproducible_forwards)
+        world = w.new_world(self.config, self.worker_names, b.reproducible_forwards,
+                            b.launch_frames)
         self._core_of_value(world.core)  # later cores of its value become this very object
         return [Explored(world, Budget(b.drops, b.duplicates, b.worker_crashes,
                                        b.learner_crashes, b.driver_restarts, b.early_timers,
