@@ -66,6 +66,7 @@ from invar.model.messages import (
 )
 from invar.model.objective import (
     ObjectiveInputs,
+    ObjectiveTerms,
     checked_objective,
     group_advantages,
     objective_inputs,
@@ -524,6 +525,9 @@ def _on_forward_observed(state: State, event: ForwardObserved) -> Handled:
     if problem:
         return ProtocolError(state, event, Reason.MALFORMED_PAYLOAD, problem)
     command = _cotangent(state.config, inputs.steps[learner.step], event)
+    if isinstance(command, str):
+        return ProtocolError(state, event, Reason.DIVERGED,
+                             f"update {state.committed} step {learner.step}: {command}")
     learner = evolve(learner, phase=LearnerPhase.APPLYING, cotangent=command,
                      forward_digest=command.forward_digest)
     return evolve(state, learner=learner), [command]
@@ -767,16 +771,47 @@ def _batch_inputs(config: RunConfig, batch: BatchState,
 
 
 def _cotangent(config: RunConfig, inputs: ObjectiveInputs,
-               event: ForwardObserved) -> ApplyCotangent:
+               event: ForwardObserved) -> ApplyCotangent | str:
     """Objective terms and dL/d(current log-prob) of one minibatch (see objective.py), from
     log-probs checked as they came (`_matrix_problem`) and the step's inputs built when the
-    batch was scored."""
+    batch was scored; or, when a term or the cotangent is not finite (the policy diverged:
+    finite log-probs whose ratios overflow), what overflowed, where."""
     logprobs = event.current_logprobs
     current = logprobs.padded_values(inputs.mask)
-    terms, cotangent = checked_objective(config.objective, inputs, current)
+    with np.errstate(over="ignore", invalid="ignore"):  # overflows are looked for below
+        terms, cotangent = checked_objective(config.objective, inputs, current)
+    if not (np.isfinite(np.add.reduce(cotangent, axis=None))
+            and all(map(math.isfinite, (terms.loss, terms.mean_ratio, terms.kl)))):
+        return _divergence(config, inputs, current, terms)
     return ApplyCotangent(event.observation, event.attempt, event.pre_step_digest,
                           matrix_digest(logprobs), logprobs.unpadded(cotangent, inputs.mask),
                           terms)
+
+
+_LOG_FLOAT_MAX = math.log(np.finfo(FLOAT).max)
+"""The largest log-ratio whose exp is a float64."""
+
+
+def _divergence(config: RunConfig, inputs: ObjectiveInputs, current: np.ndarray,
+                terms: ObjectiveTerms) -> str:
+    """What made a minibatch's objective non-finite: the first ratio whose exp overflows, with
+    its row (in the step's order) and token, else the terms themselves."""
+    anchor, name = ((inputs.behavior, "behavior") if config.objective.loss != "decoupled_ppo"
+                    else (inputs.proximal, "proximal"))
+    ratios = [(f"exp(current - {name})", ("current", current), (name, anchor))]
+    if inputs.reference is not None:
+        ratios.append(("exp(reference - current) of the KL term",
+                       ("reference", inputs.reference), ("current", current)))
+    for quantity, (top, above), (bottom, below) in ratios:
+        log_ratio = above - below
+        over = np.argwhere(log_ratio > _LOG_FLOAT_MAX)
+        if len(over):
+            row, token = over[0].tolist()
+            return (f"the ratio {quantity} overflows (log-ratio {log_ratio[row, token]:.1f}: "
+                    f"{top} {above[row, token]:.1f}, {bottom} {below[row, token]:.1f}) at row "
+                    f"{row}, token {token} of the minibatch: the policy diverged")
+    return (f"the objective is not finite (loss {terms.loss}, mean_ratio {terms.mean_ratio}, "
+            f"kl {terms.kl}): the policy diverged")
 
 
 def _observation_status(state: State, observation: ObservationId, attempt: int) -> str:
