@@ -915,11 +915,15 @@ def forgeries(state: State) -> tuple[Event, ...]:
             # A frame is judged whole: a good completion does not carry a bad one in.
             out.append(RequestsCompleted(sender.name, sender.incarnation, _forged_frame(
                 forged, evolve(forged, request=request._replace(sample=config.group_size)))))
-            # A negative token id, in a small frame and in one judged by its columns.
+            # A negative token id; then it, a request never launched and a wrong version in a
+            # frame the core judges by its columns.
             negative = evolve(forged, tokens=(-1,))
-            out += [RequestsCompleted(sender.name, sender.incarnation, _forged_frame(negative)),
-                    RequestsCompleted(sender.name, sender.incarnation,
-                                      _forged_frame(*(negative,) * LARGE_FRAME))]
+            out.append(RequestsCompleted(sender.name, sender.incarnation,
+                                         _forged_frame(negative)))
+            for bad in (negative, evolve(forged, request=request._replace(
+                    sample=config.group_size)), evolve(forged, version=version + 1)):
+                out.append(RequestsCompleted(sender.name, sender.incarnation,
+                                             _forged_frame(*(bad,) * LARGE_FRAME)))
         if sender is not None:
             wrong = version + 1 if batch is not None else version  # unadmitted: any version
             out.append(RequestsCompleted(sender.name, sender.incarnation,
