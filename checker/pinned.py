@@ -21,15 +21,21 @@ from invar.model.config import RunConfig
 
 PINNED = Path(__file__).resolve().parent.parent / "spec" / "gate" / "pinned.json"
 
+_SMALL = dict(prompts_per_batch=2, group_size=2, optimizer_steps=2)
+"""Batches small enough to pin their every seed and plan (versions and boundaries do not depend
+on B, G or K)."""
+
 SCHEDULE_CONFIGS: dict[str, dict[str, Any]] = {
     # Seeds, plans and prompt indices (B, G, K and the seed); no boundary but the last.
     "plans": dict(prompts_per_batch=2, group_size=3, optimizer_steps=4, max_staleness=1,
                   sync_period=1, total_updates=4, seed=0),
     # Staleness 2 with publication every 3 (P > S + 1 is refused: 3 = S + 1), no boundaries.
-    "sparse": dict(max_staleness=2, sync_period=3, total_updates=9, seed=7),
+    "sparse": dict(max_staleness=2, sync_period=3, total_updates=9, seed=7, **_SMALL),
     # Checkpoints every 5 without evaluations, and evaluations without checkpoints.
-    "checkpoints": dict(max_staleness=3, sync_period=2, checkpoint_every=5, total_updates=12),
-    "evaluations": dict(max_staleness=11, sync_period=12, eval_every=10, total_updates=30),
+    "checkpoints": dict(max_staleness=3, sync_period=2, checkpoint_every=5, total_updates=12,
+                        **_SMALL),
+    "evaluations": dict(max_staleness=11, sync_period=12, eval_every=10, total_updates=30,
+                        **_SMALL),
     "both": dict(max_staleness=2, sync_period=1, eval_every=3, checkpoint_every=4,
                  total_updates=9, prompts_per_batch=3, group_size=2, optimizer_steps=2, seed=1),
 }
@@ -53,6 +59,9 @@ def _decisions(config: RunConfig) -> dict[str, Any]:
         "batches_of_version": {v: list(schedule.batches_of_version(config, v))
                                for v in versions},
         "seeds": {b: schedule.batch_seeds(config, b) for b in (0, n - 1)},
+        "sampling_seeds": [schedule.sampling_seed(config, request)
+                           for request in schedule.request_ids(config, n - 1)],
+        "plan_keys": schedule.seed_words(config.seed, "plan", 0, count=4).tolist(),
         "derived_seed": schedule.derive_seed(config.seed, "pinned", 1),
         "prompt_indices": schedule.batch_prompt_indices(config, n - 1),
         "plans": {u: schedule.minibatch_plan(config, u) for u in (0, n - 1)},

@@ -7,6 +7,7 @@ reachable (so no bound is vacuous). The bounds themselves run as the gate (`.ci/
 
 from __future__ import annotations
 
+import struct
 import tomllib
 from dataclasses import replace
 from pathlib import Path
@@ -163,3 +164,43 @@ def test_the_schedule_is_held_to_its_pinned_decisions(monkeypatch: pytest.Monkey
     monkeypatch.setattr(schedule, "derive_seed", lambda root, *path: 0)
     failed = pinned.schedule_result()
     assert not failed.holds and "derived_seed" in failed.detail
+
+
+def _without_if_every(config: RunConfig) -> frozenset[int]:
+    """`schedule.hard_boundaries` with `if every:` dropped (finding 7's schedule mutant)."""
+    n = config.total_updates
+    points = {0, n}
+    for every in (config.eval_every, config.checkpoint_every):
+        points.update(range(0, n + 1, every))
+    return frozenset(points)
+
+
+def _seeds_of_62_bits(root: int, *path: object, count: int) -> list[int]:
+    """`schedule.seed_stream` with the words shifted right by 2 (the seed's bit width)."""
+    words = struct.unpack(f">{count}Q", schedule._stream_bytes(root, path, count))
+    return [word >> 2 for word in words]
+
+
+@pytest.fixture
+def fresh_schedule():
+    """The schedule's memos forgotten before and after: a patched definition is then what
+    every decision is made from."""
+    def forget() -> None:
+        for value in vars(schedule).values():
+            getattr(value, "cache_clear", lambda: None)()
+    forget()
+    yield
+    forget()
+
+
+@pytest.mark.parametrize("name, mutant", [("hard_boundaries", _without_if_every),
+                                          ("seed_stream", _seeds_of_62_bits),
+                                          ("group_seeds", lambda config, batch, prompt: (0,))])
+def test_schedule_mutants_that_every_run_shares_fail_prove(
+        name, mutant, fresh_schedule, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The runs and the canonical schedule they are compared with share these definitions, so
+    no bound can see them: `--prove` (the gate's first check) does."""
+    from checker.prove import python_schedule_is_the_definition
+    monkeypatch.setattr(schedule, name, mutant)
+    results = [pinned.schedule_result(), python_schedule_is_the_definition()]
+    assert not all(result.holds for result in results), results
