@@ -327,8 +327,9 @@ def _suite(folder: Path, jobs: int, console: Console, fail_fast: bool = False) -
     for name, covers, code, doc, output, seconds in results:
         verdict = ("[green]holds[/green]" if code == 0 else "skipped" if code == -1
                    else f"[red]exit {code}[/red]")
-        table.add_row(name, covers, f"{doc.get('distinct_states', 0):,}",
-                      f"{doc.get('states_generated', 0):,}", f"{seconds:.0f}", verdict)
+        states = [f"{doc[key]:,}" if key in doc else "-"  # the schedule has no states
+                  for key in ("distinct_states", "states_generated")]
+        table.add_row(name, covers, *states, f"{seconds:.0f}", verdict)
         if code > 0:
             failed += 1
             console.print(f"[red bold]{name}[/red bold] failed:\n{output}")
