@@ -782,7 +782,7 @@ def _cotangent(config: RunConfig, inputs: ObjectiveInputs,
         terms, cotangent = checked_objective(config.objective, inputs, current)
     if not (np.isfinite(np.add.reduce(cotangent, axis=None))
             and all(map(math.isfinite, (terms.loss, terms.mean_ratio, terms.kl)))):
-        return _divergence(config, inputs, current, terms)
+        return _divergence(config, inputs, current, terms, event.observation)
     return ApplyCotangent(event.observation, event.attempt, event.pre_step_digest,
                           matrix_digest(logprobs), logprobs.unpadded(cotangent, inputs.mask),
                           terms)
@@ -793,9 +793,9 @@ _LOG_FLOAT_MAX = math.log(np.finfo(FLOAT).max)
 
 
 def _divergence(config: RunConfig, inputs: ObjectiveInputs, current: np.ndarray,
-                terms: ObjectiveTerms) -> str:
+                terms: ObjectiveTerms, observation: ObservationId) -> str:
     """What made a minibatch's objective non-finite: the first ratio whose exp overflows, with
-    its row (in the step's order) and token, else the terms themselves."""
+    its request and token, else the terms themselves."""
     anchor, name = ((inputs.behavior, "behavior") if config.objective.loss != "decoupled_ppo"
                     else (inputs.proximal, "proximal"))
     ratios = [(f"exp(current - {name})", ("current", current), (name, anchor))]
@@ -807,9 +807,12 @@ def _divergence(config: RunConfig, inputs: ObjectiveInputs, current: np.ndarray,
         over = np.argwhere(log_ratio > _LOG_FLOAT_MAX)
         if len(over):
             row, token = over[0].tolist()
+            # The step's rows are its forward's, in the order of its RunForward's requests.
+            request = schedule.minibatch_requests(config, observation.update)[
+                observation.step][row]
             return (f"the ratio {quantity} overflows (log-ratio {log_ratio[row, token]:.1f}: "
-                    f"{top} {above[row, token]:.1f}, {bottom} {below[row, token]:.1f}) at row "
-                    f"{row}, token {token} of the minibatch: the policy diverged")
+                    f"{top} {above[row, token]:.1f}, {bottom} {below[row, token]:.1f}) at "
+                    f"request {tuple(request)}, token {token}: the policy diverged")
     return (f"the objective is not finite (loss {terms.loss}, mean_ratio {terms.mean_ratio}, "
             f"kl {terms.kl}): the policy diverged")
 

@@ -24,6 +24,7 @@ from invar.model import (  # noqa: E402
     Reason,
     outstanding_commands,
     run_complete,
+    schedule,  # noqa: E402
     step,
 )
 from invar.model.messages import ApplyCotangent, ForwardObserved, ProbabilitiesReported  # noqa: E402
@@ -125,3 +126,17 @@ def test_step_never_emits_a_non_finite_cotangent(loss, proximal, reference, curr
             terms = command.terms
             assert all(map(math.isfinite, (terms.loss, terms.clip_fraction, terms.mean_ratio,
                                            terms.mean_behavior_weight, terms.kl))), terms
+
+
+def test_the_refusal_names_the_request_whose_ratio_overflowed():
+    d = Driver(PLAIN)
+    d.pump_to_phase(LearnerPhase.SCORING)
+    scores = learner_reply(d)
+    position = schedule.minibatch_plan(PLAIN, 0)[0][-1]  # the last sample of step 0
+    rows = list(scores.proximal.rows())
+    rows[position] = (-800.0,) * len(rows[position])  # scores come in request id order
+    scored(d, proximal=Ragged.of(rows))
+    outcome = step(d.state, learner_reply(d))
+    assert isinstance(outcome, ProtocolError) and outcome.reason is Reason.DIVERGED, outcome
+    request = schedule.request_ids(PLAIN, 0)[position]
+    assert f"at request {tuple(request)}, token 0" in outcome.detail, outcome.detail
