@@ -20,7 +20,8 @@ it on every module's imports, deferred ones included, and that the import graph 
 9. `checker`              – this package: the public API.
 10. models and tools: `checker.examples` (two-phase commit, the engine's benchmark),
    `checker.invar_model` and `checker.prove` (the Invar protocol: they import `invar.model`
-   and `invar.testing`), `checker.cli` (`invar-check`; trace validation reads journals with
+   and `invar.testing`), `checker.pinned` (the gate's pinned values, held against the schedule
+   and `checker.prove`), `checker.cli` (`invar-check`; trace validation reads journals with
    `invar.journal_format`, never with the runtime's shell).  Layers 1–9 know nothing of Invar.
 
 Typical use::

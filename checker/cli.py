@@ -44,6 +44,7 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
+from checker import pinned
 from checker.invar_model import CORE, Bounds, Explored, InvarModel, load_bounds
 from checker.report import ProgressPrinter, print_result
 from checker.result import Verdict
@@ -284,49 +285,85 @@ def _suite(folder: Path, jobs: int, console: Console, fail_fast: bool = False) -
     """Check every bound of `folder`, `jobs` at a time (each in its own process, so a bound
     keeps its own options, livelock included); one table at the end, the output of any bound
     that fails in full. Exit 0 only when every bound holds. With `fail_fast`, bounds not yet
-    started are skipped once one fails."""
+    started are skipped once one fails.
+
+    The gate itself (`folder` is spec/gate/) also proves the schedule (`--prove`: its lemmas,
+    the code against the proven definitions, its decisions against the pinned ones) and
+    holds every bound to its pinned state counts (`checker.pinned`): the runs cannot see a
+    wrong schedule (the canonical one they are compared with shares it), and a change to the
+    state space is a change to review and regenerate (`spec/generate.py --measure`)."""
     specs = sorted(folder.glob("*.toml"))
     if not specs:
         print(f"invar-check: {folder}: no *.toml bounds", file=sys.stderr)
         return 2
+    gate = folder.resolve() == GATE
+    pinned_values = pinned.load() if gate else {}
+    extra = ["--fail-fast"] if fail_fast else []
+    checks: list[tuple[str, str, Path | None]] = [
+        (spec.stem, tomllib.loads(spec.read_text()).get("covers", ""), spec) for spec in specs]
+    if gate:
+        checks.insert(0, ("schedule", "--prove: lemmas, code and pinned decisions", None))
 
-    failures: list[Path] = []
+    failures: list[str] = []
 
-    def check(spec: Path) -> tuple[Path, int, dict[str, Any], str, float]:
+    def check(item: tuple[str, str, Path | None]) -> tuple[str, str, int, dict[str, Any], str,
+                                                          float]:
+        name, covers, spec = item
         if fail_fast and failures:
-            return spec, -1, {}, "skipped: an earlier bound failed", 0.0
-        out = Path(scratch) / f"{spec.stem}.json"
+            return name, covers, -1, {}, "skipped: an earlier bound failed", 0.0
+        out = Path(scratch) / f"{name}.json"
         began = time.perf_counter()
-        extra = ["--fail-fast"] if fail_fast else []
-        done = subprocess.run([sys.executable, "-m", "checker.cli", str(spec), "--quiet",
-                               "--json", str(out), *extra], capture_output=True, text=True)
-        if done.returncode != 0:
-            failures.append(spec)
-        seconds = time.perf_counter() - began
+        command = (["--prove"] if spec is None
+                   else [str(spec), "--quiet", "--json", str(out), *extra])
+        done = subprocess.run([sys.executable, "-m", "checker.cli", *command],
+                              capture_output=True, text=True)
+        code, output = done.returncode, done.stdout + done.stderr
         doc = json.loads(out.read_text()) if out.exists() else {}
-        return spec, done.returncode, doc, done.stdout + done.stderr, seconds
+        if code == 0 and gate and spec is not None:
+            differs = _unpinned_counts(name, doc, pinned_values)
+            if differs:
+                code, output = 1, differs
+        if code != 0:
+            failures.append(name)
+        return name, covers, code, doc, output, time.perf_counter() - began
 
-    console.print(f"[bold]invar-check[/bold] gate {folder}: {len(specs)} bounds, {jobs} at a time")
+    console.print(f"[bold]invar-check[/bold] gate {folder}: {len(specs)} bounds"
+                  f"{' and the schedule' if gate else ''}, {jobs} at a time")
     began = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="invar-gate-") as scratch, \
             ThreadPoolExecutor(max_workers=jobs) as pool:
-        results = list(pool.map(check, specs))
+        results = list(pool.map(check, checks))
     table = Table(title=f"gate: {time.perf_counter() - began:.0f} s wall")
     for column in ("bound", "covers", "distinct", "generated", "s", "verdict"):
         table.add_column(column, justify="right" if column in ("distinct", "generated", "s")
                          else "left")
     failed = 0
-    for spec, code, doc, output, seconds in results:
-        covers = tomllib.loads(spec.read_text()).get("covers", "")
+    for name, covers, code, doc, output, seconds in results:
         verdict = ("[green]holds[/green]" if code == 0 else "skipped" if code == -1
                    else f"[red]exit {code}[/red]")
-        table.add_row(spec.stem, covers, f"{doc.get('distinct_states', 0):,}",
-                      f"{doc.get('states_generated', 0):,}", f"{seconds:.0f}", verdict)
+        states = [f"{doc[key]:,}" if key in doc else "-"  # the schedule has no states
+                  for key in ("distinct_states", "states_generated")]
+        table.add_row(name, covers, *states, f"{seconds:.0f}", verdict)
         if code > 0:
             failed += 1
-            console.print(f"[red bold]{spec}[/red bold] failed:\n{output}")
+            console.print(f"[red bold]{name}[/red bold] failed:\n{output}")
     console.print(table)
     return 1 if failed else 0
+
+
+def _unpinned_counts(name: str, doc: dict[str, Any], values: dict[str, Any]) -> str:
+    """Why gate bound `name`'s state counts in `doc` are not its pinned ones (empty: they
+    are)."""
+    counts = (doc.get("distinct_states"), doc.get("states_generated"))
+    expected = pinned.bound_counts(values, name)
+    if expected is None:
+        return (f"{name}: no state counts pinned in {pinned.PINNED} (measured {counts[0]:,} / "
+                f"{counts[1]:,}): run spec/generate.py --measure")
+    if counts != expected:
+        return (f"{name}: {counts[0]:,} distinct / {counts[1]:,} generated states, pinned "
+                f"{expected[0]:,} / {expected[1]:,} in {pinned.PINNED}: the protocol's state "
+                f"space changed (if intended, regenerate: spec/generate.py --measure)")
+    return ""
 
 
 def _exit_status(result: Any, console: Console) -> int:
@@ -545,8 +582,13 @@ def _rescore(path: Path, config: Any, entries: list[journal_format.Entry],
 
 
 def _prove(console: Console, assume_valid: bool) -> int:
-    from checker.prove import check_lemmas, format_results
+    """The lemmas for all parameter values; with them (not with `--drop-validity`, which
+    asks what fails without a rule), the code against the proven definitions and the
+    schedule's decisions against the pinned ones."""
+    from checker.prove import check_lemmas, format_results, python_schedule_is_the_definition
     results = check_lemmas(assume_valid=assume_valid)
+    if assume_valid:
+        results += [python_schedule_is_the_definition(), pinned.schedule_result()]
     console.print(format_results(results))
     return 0 if all(r.holds for r in results) else 1
 

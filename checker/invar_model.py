@@ -34,11 +34,8 @@ from invar.model.errors import ConfigError
 from invar.model.invariants import INVARIANTS, IncrementalInvariants, transition_violations
 from invar.model.memo import IdentityMemo
 from invar.model.messages import (
-    LearnerStarted,
     RequestsCompleted,
     TimerFired,
-    WorkerConnected,
-    WorkerLost,
 )
 from invar.model.objective import ObjectiveConfig
 from invar.model.shell import Delivery
@@ -71,6 +68,9 @@ class Bounds:
     driver_restarts: int = 0
     early_timers: int = 0
     """Timer expiries while messages are still in flight (each re-sends everything)."""
+    repeats: int = 0
+    """Connection-level events observed twice (`invar.model.world.repeat_observation`: a
+    worker's connection or loss, the learner's start, a resume's timer)."""
     kl_coef: float = 0.0
     reproducible_forwards: bool = True
     """False: a forward re-run in a new learner attempt returns other log-probs."""
@@ -78,6 +78,9 @@ class Bounds:
     """Workers also answer in frames of several completions: any two reply frames of one
     worker incarnation in flight may merge (which, from one frame per launch, reaches every
     grouping a worker can send), and merged frames are dropped and duplicated whole."""
+    launch_frames: bool = False
+    """A worker answers the launches of one decision in one frame (`World.launch_frames`), as
+    the runtime's do: with B x G of 16 or more, the core's column paths for large frames."""
     forgeries: bool = False
     """Also check, in every state, that the core refuses (a ProtocolError, not a no-op) every
     event no correct component could send there (`invar.model.world.forgeries`)."""
@@ -106,7 +109,8 @@ def load_bounds(path: str | Path) -> tuple[Bounds, dict[str, Any]]:
     for key, value in model.items():
         if key not in names:
             raise ConfigError((f"model.{key}",), f"unknown key in {path}")
-        if key in ("reproducible_forwards", "forgeries", "frames", "worker_restarts"):
+        if key in ("reproducible_forwards", "forgeries", "frames", "worker_restarts",
+                   "launch_frames"):
             if not isinstance(value, bool):
                 raise ConfigError((f"model.{key}",), "expected true or false")
             continue
@@ -139,6 +143,7 @@ class Budget(NamedTuple):
     learner_crashes: int
     driver_restarts: int
     early_timers: int
+    repeats: int
 
 
 class Explored(NamedTuple):
@@ -190,10 +195,12 @@ class InvarModel(BaseModel[Explored, tuple]):
 
     def init_states(self) -> list[Explored]:
         b = self.bounds
-        world = w.new_world(self.config, self.worker_names, b.reproducible_forwards)
+        world = w.new_world(self.config, self.worker_names, b.reproducible_forwards,
+                            b.launch_frames)
         self._core_of_value(world.core)  # later cores of its value become this very object
         return [Explored(world, Budget(b.drops, b.duplicates, b.worker_crashes,
-                                       b.learner_crashes, b.driver_restarts, b.early_timers))]
+                                       b.learner_crashes, b.driver_restarts, b.early_timers,
+                                       b.repeats))]
 
     def actions(self, state: Explored) -> list[tuple]:
         world, budget = state.world, state.budget
@@ -201,7 +208,8 @@ class InvarModel(BaseModel[Explored, tuple]):
             return []
         network = world.network
         distinct = sorted({m.key for m in network})
-        drops, duplicates, worker_crashes, learner_crashes, driver_restarts, early_timers = budget
+        (drops, duplicates, worker_crashes, learner_crashes, driver_restarts, early_timers,
+         repeats) = budget
         learner_alive = world.learner.alive
         if (self._ample_possible and learner_alive and not (
                 worker_crashes or learner_crashes or driver_restarts or early_timers)):
@@ -214,15 +222,17 @@ class InvarModel(BaseModel[Explored, tuple]):
                     out.append(("duplicate", ample))
                 return out
         out = [("deliver", key) for key in distinct
-               if not (key.startswith(_LOST) and _overtakes_connection(world, key))]
+               if not (key.startswith(_LOST) and _lost_before_connected(world, key))]
         # Connections, losses and restarts are the driver's own observations, not messages
-        # on the wire: they may be delayed behind others, never dropped or duplicated.
+        # on the wire: they may be delayed behind others and repeated, never dropped.
         if drops or duplicates:
-            wire = [k for k in distinct if not k.startswith(_LOCAL_FACTS)]
+            wire = [k for k in distinct if not k.startswith(_OBSERVATIONS)]
             if drops:
                 out += [("drop", key) for key in wire]
             if duplicates:
                 out += [("duplicate", key) for key in wire]
+        if repeats:
+            out += [("repeat", key) for key in distinct if key.startswith(_OBSERVATIONS)]
         if self._frames:
             out += [("merge", pair) for pair in _mergeable_pairs(world)]
         if world.timer and (not network or early_timers):
@@ -267,7 +277,7 @@ class InvarModel(BaseModel[Explored, tuple]):
             budget = less
         if kind == "deliver":
             world = w.deliver_message(world, arg, self._delivered, self._answers)
-        elif kind in ("drop", "duplicate"):
+        elif kind in _KEYED:
             world = _KEYED[kind](world, arg)
         elif kind == "merge":
             world = w.merge_replies(world, *arg)
@@ -342,6 +352,9 @@ class InvarModel(BaseModel[Explored, tuple]):
         if b.drops:
             props.append(Property.sometimes("a_message_is_dropped",
                                             lambda s: s.budget.drops < b.drops))
+        if b.repeats:
+            props.append(Property.sometimes("a_connection_level_event_is_repeated",
+                                            lambda s: s.budget.repeats < b.repeats))
         if b.reproducible_forwards:
             # Every component of this world is deterministic: a repeat is never "divergent".
             props.append(Property.always("deterministic_components_never_diverge",
@@ -409,7 +422,7 @@ class InvarModel(BaseModel[Explored, tuple]):
         if known is None:
             kind, arg = action
             known = kind
-            if kind in ("deliver", "drop", "duplicate") and isinstance(arg, str):
+            if kind in ("deliver", *_KEYED) and isinstance(arg, str):
                 body = arg.split("|", 1)[1]
                 known = f"{kind}:{body.split('(', 1)[0]}"
             self._kinds[action] = known
@@ -627,9 +640,10 @@ def _mergeable_pairs(world: World) -> list[tuple[str, str]]:
 
 _CORES_KEPT = 1 << 17
 _NONE_ID = id(None)
-_SPENDS = {"drop": "drops", "duplicate": "duplicates", "crash_worker": "worker_crashes",
+_SPENDS = {"drop": "drops", "duplicate": "duplicates", "repeat": "repeats",
+           "crash_worker": "worker_crashes",
            "crash_learner": "learner_crashes", "restart_driver": "driver_restarts"}
-_KEYED = {"drop": w.drop, "duplicate": w.duplicate}
+_KEYED = {"drop": w.drop, "duplicate": w.duplicate, "repeat": w.repeat_observation}
 _NAMED = {"crash_worker": w.crash_worker, "restart_worker": w.restart_worker}
 _WHOLE = {"crash_learner": w.crash_learner, "restart_learner": w.restart_learner,
           "restart_driver": w.restart_driver}
@@ -638,8 +652,7 @@ _TO_CORE = f"{CORE}|"
 _LOST = f"{CORE}|WorkerLost("
 _COMPLETIONS = f"{CORE}|{RequestsCompleted.__name__}("
 _KEY_OF = operator.attrgetter("key")
-_LOCAL_FACTS = tuple(f"{CORE}|{t.__name__}(" for t in (WorkerConnected, WorkerLost, LearnerStarted,
-                                                        TimerFired))
+_OBSERVATIONS = tuple(f"{CORE}|{t.__name__}(" for t in w.OBSERVATIONS)
 
 
 def _generating_versions(config: RunConfig) -> list[int]:
@@ -653,13 +666,9 @@ def _schedule_part(projection: tuple) -> tuple:
                    tuple((s.step, s.positions) for s in r.steps)) for r in ledger), *rest)
 
 
-def _overtakes_connection(world: World, key: str) -> bool:
-    """A worker's loss is observed after its connection (one reader task sees both)."""
-    if not key.startswith(_LOST):
-        return False
-    lost = next(m.body for m in world.network if m.key == key)
-    return message(CORE, WorkerConnected(lost.worker, lost.incarnation)).key in \
-        {m.key for m in world.network}
+def _lost_before_connected(world: World, key: str) -> bool:
+    """The loss `key` may not be delivered yet: `invar.model.world.observed_too_early`."""
+    return w.observed_too_early(world, next(m for m in world.network if m.key == key))
 
 
 class _Renaming:

@@ -4,22 +4,34 @@
     .venv/bin/python spec/generate.py            # print every generated block
     .venv/bin/python spec/generate.py --write    # rewrite the blocks in PROTOCOL.md, and
                                                  # phases.dot (and phases.svg if `dot` exists)
-    .venv/bin/python spec/generate.py --check    # exit 1 if PROTOCOL.md or phases.dot is stale
+    .venv/bin/python spec/generate.py --check    # exit 1 if PROTOCOL.md or phases.dot is stale,
+                                                 # or spec/gate/pinned.json is not the code's
+    .venv/bin/python spec/generate.py --measure  # run every gate bound and pin its state
+                                                 # counts and the schedule's decisions in
+                                                 # spec/gate/pinned.json, then --write
+
+The gate's state counts come from `spec/gate/pinned.json` (`checker.pinned`), which only
+--measure writes: the gate fails a bound whose counts differ from the pinned ones, and --check
+fails when the file's schedule or its bounds are not the code's and the gate's.
 
 A block sits between `<!-- BEGIN generated: NAME -->` and `<!-- END generated: NAME -->`.
 """
 
 from __future__ import annotations
 
+import json
 import re
 import shutil
 import subprocess
 import sys
+import tempfile
 import tomllib
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from checker import pinned  # noqa: E402
 from checker.invar_model import load_bounds  # noqa: E402
 from invar.model import schedule, transitions  # noqa: E402
 from invar.model.config import RunConfig  # noqa: E402
@@ -101,7 +113,8 @@ FAULTS = (("drops", "drop", "drops"), ("duplicates", "duplicate", "duplicates"),
           ("worker_crashes", "worker crash", "worker crashes"),
           ("learner_crashes", "learner crash", "learner crashes"),
           ("driver_restarts", "driver restart", "driver restarts"),
-          ("early_timers", "early timer", "early timers"))
+          ("early_timers", "early timer", "early timers"),
+          ("repeats", "repeated connection-level event", "repeated connection-level events"))
 
 
 def gate_bounds() -> list:
@@ -109,8 +122,10 @@ def gate_bounds() -> list:
 
 
 def gate_table() -> str:
-    """One row per bound of the gate (spec/gate/*.toml), as `load_bounds` reads it."""
-    lines = ["| bound | covers | protocol | faults | options | measured |",
+    """One row per bound of the gate (spec/gate/*.toml), as `load_bounds` reads it, with its
+    pinned state counts."""
+    values = pinned.load()
+    lines = ["| bound | covers | protocol | faults | options | states (distinct / generated) |",
              "|---|---|---|---|---|---|"]
     for spec, bounds, options in gate_bounds():
         data = tomllib.loads(spec.read_text())
@@ -135,9 +150,11 @@ def gate_table() -> str:
             ("livelock", options.get("livelock", False)),
             ("symmetry", options.get("symmetry", True) and b.workers > 1),
             ("reduction", options.get("reduction", True))) if on]
+        counts = pinned.bound_counts(values, spec.stem)
+        states = "not pinned" if counts is None else f"{counts[0]:,} / {counts[1]:,}"
         lines.append(f"| `{spec.name}` | {covers} | {', '.join(sizes)} | "
                      f"{', '.join(faults) or 'none'} | {', '.join(flags) or 'none'} | "
-                     f"see closing note |")
+                     f"{states} |")
     return "\n".join(lines)
 
 
@@ -205,6 +222,48 @@ def blocks() -> dict[str, str]:
     }
 
 
+def measure() -> dict[str, dict[str, int]]:
+    """Every gate bound's state counts, each checked as `invar-check` checks it (its own
+    process and options), two at a time."""
+    specs = [spec for spec, _, _ in gate_bounds()]
+
+    def counts(spec: Path) -> tuple[str, dict[str, int]]:
+        out = Path(scratch) / f"{spec.stem}.json"
+        done = subprocess.run([sys.executable, "-m", "checker.cli", str(spec), "--quiet",
+                               "--json", str(out)], capture_output=True, text=True,
+                              cwd=HERE.parent)
+        if done.returncode != 0:
+            raise SystemExit(f"{spec}: the bound fails, nothing pinned:\n{done.stdout}"
+                             f"{done.stderr}")
+        doc = json.loads(out.read_text())
+        return spec.stem, {key: doc[key] for key in ("distinct_states", "states_generated")}
+
+    with tempfile.TemporaryDirectory(prefix="invar-pin-") as scratch, \
+            ThreadPoolExecutor(max_workers=2) as pool:
+        return dict(pool.map(counts, specs))
+
+
+def pinned_text(bounds: dict[str, dict[str, int]]) -> str:
+    return json.dumps({"bounds": bounds, "schedule": pinned.schedule_values()}, indent=1,
+                      sort_keys=True) + "\n"
+
+
+def pinned_problem() -> str:
+    """Why spec/gate/pinned.json is not the code's and the gate's (empty: it is)."""
+    if not pinned.PINNED.exists():
+        return f"{pinned.PINNED} is missing (run spec/generate.py --measure)"
+    values = pinned.load()
+    bounds = values.get("bounds", {})
+    names = sorted(spec.stem for spec, _, _ in gate_bounds())
+    if sorted(bounds) != names:
+        return (f"{pinned.PINNED} pins the bounds {sorted(bounds)}, the gate has {names} (run "
+                f"spec/generate.py --measure)")
+    if pinned.PINNED.read_text() != pinned_text(bounds):
+        return (f"{pinned.PINNED} is not the schedule's decisions as generated (run "
+                f"spec/generate.py --measure)")
+    return ""
+
+
 def render(text: str, generated: dict[str, str]) -> str:
     for name, body in generated.items():
         pattern = re.compile(rf"(<!-- BEGIN generated: {name} -->\n)(?:.*?\n)?"
@@ -216,6 +275,9 @@ def render(text: str, generated: dict[str, str]) -> str:
 
 
 def main() -> int:
+    if "--measure" in sys.argv:
+        pinned.PINNED.write_text(pinned_text(measure()))
+        sys.argv.append("--write")
     generated = blocks()
     if "--check" not in sys.argv and "--write" not in sys.argv:
         for name, body in generated.items():
@@ -232,6 +294,10 @@ def main() -> int:
                  if not ok]
         if stale:
             print(f"out of date: {', '.join(stale)} (run spec/generate.py --write)")
+            return 1
+        problem = pinned_problem()
+        if problem:
+            print(problem)
             return 1
         return 0
     spec.write_text(wanted)

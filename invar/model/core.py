@@ -19,6 +19,7 @@ import hashlib
 import itertools
 import math
 import operator
+import typing
 from collections import Counter
 from collections.abc import Callable
 from types import NoneType
@@ -65,6 +66,7 @@ from invar.model.messages import (
 )
 from invar.model.objective import (
     ObjectiveInputs,
+    ObjectiveTerms,
     checked_objective,
     group_advantages,
     objective_inputs,
@@ -105,10 +107,17 @@ Result = tuple[State, tuple[Command, ...]] | ProtocolError
 
 def step(state: State, event: Event) -> Result:
     """Apply one event. Pure: `state` is never mutated; equal inputs give equal outputs."""
-    handler = _HANDLERS.get(type(event))
+    kind = type(event)
+    handler = _HANDLERS.get(kind)
     if handler is None:
         return ProtocolError(state, event, Reason.MALFORMED_PAYLOAD,
-                             f"not an event: {type(event).__name__}")
+                             f"not an event: {kind.__name__}")
+    for name, value_of, allowed in _FIELD_TYPES[kind]:
+        value = value_of(event)
+        if type(value) not in allowed:
+            return ProtocolError(state, event, Reason.MALFORMED_PAYLOAD,
+                                 f"{name}: expected {_expected(allowed)}, got "
+                                 f"{type(value).__name__}")
     outcome = handler(state, event)
     if isinstance(outcome, (ProtocolError, _NoOp)):
         if isinstance(outcome, ProtocolError):
@@ -269,9 +278,6 @@ def _on_requests_completed(state: State, event: RequestsCompleted) -> Handled:
     """Each completion of the frame fills its slot, repeats it (duplicate) or contradicts it
     (divergent); the frame is refused whole, changing nothing, if any completion is bad."""
     frame = event.completions
-    if type(frame) is not Completions:
-        return ProtocolError(state, event, Reason.MALFORMED_PAYLOAD,
-                             f"completions: expected Completions, got {type(frame).__name__}")
     if not len(frame):
         return ProtocolError(state, event, Reason.MALFORMED_PAYLOAD,
                              "completions: an empty frame (a reply has at least one)")
@@ -519,6 +525,9 @@ def _on_forward_observed(state: State, event: ForwardObserved) -> Handled:
     if problem:
         return ProtocolError(state, event, Reason.MALFORMED_PAYLOAD, problem)
     command = _cotangent(state.config, inputs.steps[learner.step], event)
+    if isinstance(command, str):
+        return ProtocolError(state, event, Reason.DIVERGED,
+                             f"update {state.committed} step {learner.step}: {command}")
     learner = evolve(learner, phase=LearnerPhase.APPLYING, cotangent=command,
                      forward_digest=command.forward_digest)
     return evolve(state, learner=learner), [command]
@@ -631,6 +640,38 @@ _HANDLERS: dict[type, Callable[[State, Any], Handled]] = {
 }
 
 
+_ACCEPTED_TYPES: dict[Any, frozenset[type]] = {
+    int: frozenset({int}),  # not bool, as decoding
+    float: frozenset({float, int, np.float64}),
+    str: frozenset({str}),
+    Ragged: frozenset({Ragged}),
+    Ragged | None: frozenset({Ragged, NoneType}),
+    Completions: frozenset({Completions}),
+    ObservationId: frozenset({ObservationId}),
+}
+
+
+def _field_types(kind: type) -> tuple[tuple[str, Callable[[Any], Any], frozenset[type]], ...]:
+    """Each field of event type `kind` (an observation's own after it), a getter and the exact
+    types it may hold: what `decode` makes of it. `step` checks them before any handler
+    reads a field, so an event built by hand with a wrong type is refused, naming the field,
+    instead of raising wherever the handler first uses it."""
+    fields: list[tuple[str, Callable[[Any], Any], frozenset[type]]] = []
+    for name, hint in typing.get_type_hints(kind).items():
+        fields.append((name, operator.attrgetter(name), _ACCEPTED_TYPES[hint]))
+        if hint is ObservationId:
+            fields += [(f"{name}.{part}", operator.attrgetter(f"{name}.{part}"),
+                        _ACCEPTED_TYPES[int]) for part in ObservationId._fields]
+    return tuple(fields)
+
+
+_FIELD_TYPES = {kind: _field_types(kind) for kind in _HANDLERS}
+
+
+def _expected(allowed: frozenset[type]) -> str:
+    return " or ".join(sorted(kind.__name__ for kind in allowed))
+
+
 # ---------------------------------------------------------------------------------------------
 # The learner's path through one update.
 
@@ -735,16 +776,50 @@ def _batch_inputs(config: RunConfig, batch: BatchState,
 
 
 def _cotangent(config: RunConfig, inputs: ObjectiveInputs,
-               event: ForwardObserved) -> ApplyCotangent:
+               event: ForwardObserved) -> ApplyCotangent | str:
     """Objective terms and dL/d(current log-prob) of one minibatch (see objective.py), from
     log-probs checked as they came (`_matrix_problem`) and the step's inputs built when the
-    batch was scored."""
+    batch was scored; or, when a term or the cotangent is not finite (the policy diverged:
+    finite log-probs whose ratios overflow), what overflowed, where."""
     logprobs = event.current_logprobs
     current = logprobs.padded_values(inputs.mask)
-    terms, cotangent = checked_objective(config.objective, inputs, current)
+    with np.errstate(over="ignore", invalid="ignore"):  # overflows are looked for below
+        terms, cotangent = checked_objective(config.objective, inputs, current)
+    if not (np.isfinite(np.add.reduce(cotangent, axis=None))
+            and all(map(math.isfinite, (terms.loss, terms.mean_ratio, terms.kl)))):
+        return _divergence(config, inputs, current, terms, event.observation)
     return ApplyCotangent(event.observation, event.attempt, event.pre_step_digest,
                           matrix_digest(logprobs), logprobs.unpadded(cotangent, inputs.mask),
                           terms)
+
+
+_LOG_FLOAT_MAX = math.log(np.finfo(FLOAT).max)
+"""The largest log-ratio whose exp is a float64."""
+
+
+def _divergence(config: RunConfig, inputs: ObjectiveInputs, current: np.ndarray,
+                terms: ObjectiveTerms, observation: ObservationId) -> str:
+    """What made a minibatch's objective non-finite: the first ratio whose exp overflows, with
+    its request and token, else the terms themselves."""
+    anchor, name = ((inputs.behavior, "behavior") if config.objective.loss != "decoupled_ppo"
+                    else (inputs.proximal, "proximal"))
+    ratios = [(f"exp(current - {name})", ("current", current), (name, anchor))]
+    if inputs.reference is not None:
+        ratios.append(("exp(reference - current) of the KL term",
+                       ("reference", inputs.reference), ("current", current)))
+    for quantity, (top, above), (bottom, below) in ratios:
+        log_ratio = above - below
+        over = np.argwhere(log_ratio > _LOG_FLOAT_MAX)
+        if len(over):
+            row, token = over[0].tolist()
+            # The step's rows are its forward's, in the order of its RunForward's requests.
+            request = schedule.minibatch_requests(config, observation.update)[
+                observation.step][row]
+            return (f"the ratio {quantity} overflows (log-ratio {log_ratio[row, token]:.1f}: "
+                    f"{top} {above[row, token]:.1f}, {bottom} {below[row, token]:.1f}) at "
+                    f"request {tuple(request)}, token {token}: the policy diverged")
+    return (f"the objective is not finite (loss {terms.loss}, mean_ratio {terms.mean_ratio}, "
+            f"kl {terms.kl}): the policy diverged")
 
 
 def _observation_status(state: State, observation: ObservationId, attempt: int) -> str:
@@ -1124,12 +1199,10 @@ def _frame_plausible(config: RunConfig, admitted: int, frame: Completions) -> bo
     return _logprobs(logprobs.values) and bool(np.isfinite(frame.rewards).all())
 
 
-def _not_a_matrix(name: str, matrix: Any) -> str:
-    """What is wrong with the type of a log-prob matrix field (empty: it is a `Matrix`):
-    checked before anything reads it, as decoding would (a hand-built event may hold rows of
-    Python floats, which `Ragged.of` turns into a matrix)."""
-    if type(matrix) is not Ragged:
-        return f"{name}: expected a Ragged of float64 log-probs, got {type(matrix).__name__}"
+def _not_a_matrix(name: str, matrix: Ragged) -> str:
+    """What is wrong with the values' type of a log-prob matrix field (empty: float64): checked
+    before anything reads them, as decoding would (a hand-built event may hold rows of Python
+    ints, which `Ragged.of` turns into an int64 matrix)."""
     if matrix.values.dtype != FLOAT:
         return f"{name}: expected float64 log-probs, got {matrix.values.dtype}"
     return ""

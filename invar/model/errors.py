@@ -37,6 +37,10 @@ class Reason(enum.Enum):
     UNKNOWN_COMMIT = "unknown_commit"
     UNREQUESTED_PUBLICATION = "unrequested_publication"
     UNREQUESTED_BOUNDARY = "unrequested_boundary"
+    DIVERGED = "diverged"
+    """Not a faulty component: the learner's log-probs are finite, but the objective of its
+    forward is not (a ratio of the policies overflows). Nothing can be applied: the run
+    stops, resumable from its last commit."""
 
 
 @dataclass(frozen=True)

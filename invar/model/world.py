@@ -309,6 +309,10 @@ class World:
     store: tuple[int, ...]
     """Versions whose weights the store holds."""
     reproducible_forwards: bool = True
+    launch_frames: bool = False
+    """A worker answers the launches one decision gave it (in flight together) in one frame,
+    as the runtime's workers do, instead of one frame per launch: a batch of B x G samples
+    then arrives as one large frame (the core's column paths for large frames)."""
     timer: bool = False
     """The driver's retry timer: armed by SetTimer, disarmed when it fires (the core only asks;
     a core that never re-arms it is left without one)."""
@@ -326,7 +330,7 @@ class World:
 
 
 def new_world(config: RunConfig, workers: tuple[str, ...] = ("w0",),
-              reproducible_forwards: bool = True) -> World:
+              reproducible_forwards: bool = True, launch_frames: bool = False) -> World:
     from invar.model.state import initial_state
     core = initial_state(config)
     network = tuple(message(CORE, e) for e in (
@@ -335,7 +339,7 @@ def new_world(config: RunConfig, workers: tuple[str, ...] = ("w0",),
     return World(core=core, journal=core, network=network,
                  learner=Learner(True, rules, commits=(version_digest(0),)),
                  workers=tuple(Worker(n, 0, True) for n in workers), store=(),
-                 reproducible_forwards=reproducible_forwards)
+                 reproducible_forwards=reproducible_forwards, launch_frames=launch_frames)
 
 
 # -- messages ---------------------------------------------------------------------------------
@@ -380,6 +384,39 @@ def drop(world: World, key: str) -> World:
 def duplicate(world: World, key: str) -> World:
     msg = next(m for m in world.network if m.key == key)
     return _send(world, msg)
+
+
+OBSERVATIONS = (WorkerConnected, WorkerLost, LearnerStarted, TimerFired)
+"""Connection-level events: the driver's own observations (a worker's connection or loss, the
+learner's start, the timer's expiry), not messages on a wire. Never lost, they may be delayed
+behind others and observed twice (`repeat_observation`): a transport that reports a
+connection again, a loss seen by two tasks, a resume that re-reads what it already knew."""
+
+
+def is_observation(msg: Message) -> bool:
+    return msg.to == CORE and type(msg.body) in OBSERVATIONS
+
+
+def repeat_observation(world: World, key: str) -> World:
+    """The driver observes the connection-level event `key` in flight a second time."""
+    msg = next(m for m in world.network if m.key == key)
+    if not is_observation(msg):
+        raise ValueError(f"not a connection-level event: {key!r}")
+    return _send(world, msg)
+
+
+def observed_too_early(world: World, msg: Message) -> bool:
+    """A worker's loss is observed after its connection (one reader task sees both): a
+    `WorkerLost` waits while that connection is in flight and not yet observed (a repeat of
+    an observed connection may come after the loss)."""
+    body = msg.body
+    if type(body) is not WorkerLost or msg.to != CORE:
+        return False
+    known = world.core.worker(body.worker)
+    if known is not None and known.incarnation == body.incarnation:
+        return False
+    connection = message(CORE, WorkerConnected(body.worker, body.incarnation)).key
+    return any(m.key == connection for m in world.network)
 
 
 def merge_replies(world: World, first: str, second: str) -> World:
@@ -730,10 +767,31 @@ def _kept(store: tuple[int, ...], command: Command) -> tuple[int, ...]:
 def _to_worker(world: World, network: tuple[Message, ...],
                command: LoadWeights | LaunchRequest, answers: Answers) -> World:
     worker = world.worker(command.worker)
+    if world.launch_frames and type(command) is LaunchRequest:
+        return _launch_frame(world, network, command, answers)
     after, reply = answers.worker(worker, command)
     workers = world.workers if after is worker else _with_worker(world.workers, after)
     return evolve(world, workers=workers,
                   network=network + (reply,) if reply is not None else network)
+
+
+def _launch_frame(world: World, network: tuple[Message, ...], command: LaunchRequest,
+                  answers: Answers) -> World:
+    """`command` and the launches in flight beside it from the same decision (to its worker
+    incarnation, for its version) taken together: their replies travel as one frame."""
+    together = [m for m in network if m.to == command.worker and type(m.body) is LaunchRequest
+                and (m.body.incarnation, m.body.version) == (command.incarnation,
+                                                             command.version)]
+    taken = set(map(id, together))
+    worker = world.worker(command.worker)
+    replies = [reply for reply in (answers.worker(worker, launch)[1]
+                                   for launch in (command, *(m.body for m in together)))
+               if reply is not None]
+    network = tuple(m for m in network if id(m) not in taken)
+    if replies:
+        frame = functools.reduce(merged, (reply.body for reply in replies))
+        network += (message(CORE, frame),)
+    return evolve(world, network=network)
 
 
 def _worker_answer(worker: Worker, command: LoadWeights | LaunchRequest
@@ -821,6 +879,9 @@ INTRUDER = "intruder"
 """A worker name that never connected."""
 
 
+LARGE_FRAME = 16
+"""Completions in a forged frame that the core judges by its columns (`core._COLUMNS_FROM`)."""
+
 _FORGED_ROW = Ragged.of(((-0.5,),))
 """One log-prob row, well formed: made once (a matrix is a value, shared by every forgery)."""
 
@@ -830,8 +891,8 @@ def forgeries(state: State) -> tuple[Event, ...]:
     ProtocolError), neither accept it nor pass it off as a duplicate or late reply. Forged from
     the state, each wrong in one respect only (payloads well formed where the check under
     probe comes after them): a stranger's messages, a future incarnation or attempt, a load or
-    forward never requested, a wrong version, a digest that is not the real one, a malformed
-    score matrix, a commit or boundary acknowledgement out of turn."""
+    forward never requested, a wrong version, a negative token id, a digest that is not the
+    real one, a malformed score matrix, a commit or boundary acknowledgement out of turn."""
     config = state.config
     row = _FORGED_ROW
     out: list[Event] = [WorkerLost(INTRUDER, 0), WeightsLoaded(INTRUDER, 0, 1, 0)]
@@ -864,6 +925,15 @@ def forgeries(state: State) -> tuple[Event, ...]:
             # A frame is judged whole: a good completion does not carry a bad one in.
             out.append(RequestsCompleted(sender.name, sender.incarnation, _forged_frame(
                 forged, evolve(forged, request=request._replace(sample=config.group_size)))))
+            # A negative token id; then it, a request never launched and a wrong version in a
+            # frame the core judges by its columns.
+            negative = evolve(forged, tokens=(-1,))
+            out.append(RequestsCompleted(sender.name, sender.incarnation,
+                                         _forged_frame(negative)))
+            for bad in (negative, evolve(forged, request=request._replace(
+                    sample=config.group_size)), evolve(forged, version=version + 1)):
+                out.append(RequestsCompleted(sender.name, sender.incarnation,
+                                             _forged_frame(*(bad,) * LARGE_FRAME)))
         if sender is not None:
             wrong = version + 1 if batch is not None else version  # unadmitted: any version
             out.append(RequestsCompleted(sender.name, sender.incarnation,

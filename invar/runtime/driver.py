@@ -37,6 +37,7 @@ from typing import Any
 
 from invar.model import schedule
 from invar.model.core import run_complete
+from invar.model.errors import Reason
 from invar.model.messages import (
     Command,
     DecodeError,
@@ -376,6 +377,13 @@ class Driver:
             self.stats.refused += 1
             self.metrics.count(f"refused_{delivery.error.reason.value}")
             log.warning("%s", delivery.error)
+            if delivery.error.reason is Reason.DIVERGED:
+                # Re-sending the forward would bring the same log-probs back: a stall.
+                raise RunStopped(
+                    f"the policy diverged: {delivery.error.detail}; the run stops at update "
+                    f"{self.state.committed} of {self.config.protocol.total_updates} and can "
+                    f"be resumed from its last commit (version {self.state.committed}) with "
+                    f"`invar train --resume {self.run_dir}`")
         elif delivery.verdict is Verdict.NOOP:
             self.stats.noops += 1
             self.state = delivery.state  # keeps the no-op counts

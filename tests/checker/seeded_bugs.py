@@ -20,26 +20,40 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
+
 from checker.invar_model import Bounds, InvarModel
 from invar.model import core, schedule
 from invar.model.core import logical_projection, run_complete
 from invar.model.errors import ProtocolError
 from invar.model.invariants import transition_violations, violations
 from invar.model.messages import (
+    Completions,
     ForwardObserved,
     LearnerStarted,
     Publish,
     RequestsCompleted,
     RetainVersion,
     VersionPublished,
+    WorkerConnected,
 )
+from invar.model.ragged import Ragged
 from invar.model.shell import deliver
-from invar.model.state import LearnerPhase, Sample, evolve, initial_state
+from invar.model.state import (
+    LearnerPhase,
+    Sample,
+    WorkerPhase,
+    WorkerState,
+    evolve,
+    initial_state,
+)
 from invar.model.transitions import learner_accepts
+from invar.model.world import unrefused_forgery
 
 REFUSED = "correct_components_never_refused"
 TRANSITION = "transition_invariants"
 FINAL = "completed_run_matches_canonical_schedule"
+FORGED = "forged_events_are_refused"
 
 
 @dataclass(frozen=True)
@@ -223,6 +237,43 @@ def _version_released_too_early(mp: Any) -> None:
     mp.setattr(core, "_version_needed", needed)
 
 
+def _repeated_connection_resets_the_worker(mp: Any) -> None:
+    def handler(state, event):
+        known = state.worker(event.worker)
+        # The bug: `<` for `<=`, so a repeat of the current incarnation's connection is taken
+        # for a new worker, which takes back its requests and starts its loads again.
+        if known is not None and event.incarnation < known.incarnation:
+            return core._LATE
+        if known is not None:
+            state = core._requeue(state, known)
+        fresh = WorkerState(event.worker, event.incarnation, WorkerPhase.IDLE, None, 0, 0)
+        return core._put_worker(state, fresh), []
+
+    mp.setitem(core._HANDLERS, WorkerConnected, handler)
+
+
+def _negative_tokens_accepted(mp: Any) -> None:
+    original = core._sample_problem
+
+    def problem(tokens, logprobs, reward):
+        # The bug: the check of each completion never looks at a token's sign.
+        return original(tuple(map(abs, tokens)), logprobs, reward)
+
+    mp.setattr(core, "_sample_problem", problem)
+
+
+def _negative_tokens_plausible_in_a_large_frame(mp: Any) -> None:
+    original = core._frame_plausible
+
+    def plausible(config, admitted, frame):
+        # The bug: the column pass over a large frame never looks at a token's sign.
+        tokens = Ragged(np.abs(frame.tokens.values), frame.tokens.lengths)
+        return original(config, admitted, Completions._made(
+            frame.requests, frame.versions, tokens, frame.behavior_logprobs, frame.rewards))
+
+    mp.setattr(core, "_frame_plausible", plausible)
+
+
 SEEDED_BUGS: tuple[SeededBug, ...] = (
     SeededBug("duplicate_completion_applied_twice",
               "a re-delivered completion is applied (and counted) again",
@@ -262,6 +313,19 @@ SEEDED_BUGS: tuple[SeededBug, ...] = (
               "a version is released once its batches are admitted, though still incomplete",
               Bounds(), "version_retained_while_in_use",
               "version 0 released while batch 1 is incomplete", _version_released_too_early),
+    # Only a world that repeats a connection sees it (`Bounds.repeats`): no other fault does.
+    SeededBug("repeated_connection_resets_the_worker",
+              "a repeat of the current incarnation's WorkerConnected resets the worker",
+              Bounds(repeats=1), TRANSITION, "every_event_counts",
+              _repeated_connection_resets_the_worker),
+    # Only forgeries send a negative token id; the large frame reaches the column pass.
+    SeededBug("negative_token_accepted",
+              "a completion's negative token id is not refused", Bounds(forgeries=True),
+              FORGED, "tokens=(-1,)", _negative_tokens_accepted),
+    SeededBug("negative_token_plausible_in_a_large_frame",
+              "a large frame's column pass does not look at the tokens' sign",
+              Bounds(forgeries=True), FORGED, "tokens=(-1,)",
+              _negative_tokens_plausible_in_a_large_frame),
 )
 
 BY_NAME = {bug.name: bug for bug in SEEDED_BUGS}
@@ -294,6 +358,9 @@ def replay(events: list[Any], model: InvarModel) -> dict[str, str]:
                 broken[TRANSITION] = "; ".join(f"{k}: {v}" for k, v in moved.items())
             if run_complete(after) and logical_projection(after) != model.canonical_projection:
                 broken[FINAL] = "the completed run's projection is not the canonical one"
+            forgery = unrefused_forgery(after) if model.bounds.forgeries else ""
+            if forgery:
+                broken[FORGED] = forgery
         if delivery.durable:
             durable = after
         state = after

@@ -3,9 +3,6 @@ cross-validated against invar.model.schedule on concrete configurations."""
 
 from __future__ import annotations
 
-import itertools
-import random
-
 import pytest
 import z3
 from rich.console import Console
@@ -15,6 +12,7 @@ from checker import prove
 from checker.prove import (
     LEMMAS,
     LemmaResult,
+    agreement_cases,
     check_lemmas,
     format_results,
     gen_version_z3,
@@ -130,31 +128,8 @@ def test_preconditions_are_satisfiable() -> None:
 # --------------------------------------------------------------------------- cross-validation
 
 
-def _cases() -> list[tuple[int, int, int, int, int, int]]:
-    rng = random.Random(0)
-    cases = []
-    # Exhaustive over a small box, valid configurations and every batch ...
-    for s, e, c, n in itertools.product(range(3), (0, 1, 2, 3), (0, 2, 5), (1, 2, 5, 7)):
-        p = rng.randint(1, s + 1)
-        b = rng.randrange(n)
-        cases.append((s, p, e, c, n, b))
-    # ... random larger ones, including P > S + 1 (the definitions agree there too) ...
-    for _ in range(150):
-        s = rng.randint(0, 12)
-        p = rng.randint(1, s + 1) if rng.random() < 0.8 else rng.randint(s + 2, s + 8)
-        e, c = rng.choice([0, 0, rng.randint(1, 40)]), rng.choice([0, 0, rng.randint(1, 40)])
-        n = rng.randint(1, 60)
-        cases.append((s, p, e, c, n, rng.randrange(n)))
-    # ... and the edges: first and last batch, boundaries at and just past a batch.
-    for s, p, e, c, n in [(0, 1, 0, 0, 1), (3, 4, 0, 0, 10), (3, 4, 5, 0, 10), (5, 2, 3, 4, 13),
-                          (1, 1, 1, 1, 4), (7, 8, 100, 100, 9), (2, 3, 10, 0, 10)]:
-        for b in range(n):
-            cases.append((s, p, e, c, n, b))
-    return cases
-
-
 def test_z3_gen_version_agrees_with_the_python_schedule() -> None:
-    cases = _cases()
+    cases = agreement_cases()
     assert len(cases) >= 200
     for s, p, e, c, n, b in cases:
         config = RunConfig(max_staleness=s, sync_period=p, eval_every=e, checkpoint_every=c,

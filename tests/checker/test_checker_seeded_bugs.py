@@ -9,6 +9,7 @@ alarm, so each catch is the bug's and not the bounds'.
 
 from __future__ import annotations
 
+import dataclasses
 import sys
 import time
 from pathlib import Path
@@ -85,3 +86,17 @@ def test_every_seeded_bug_is_caught(monkeypatch: pytest.MonkeyPatch) -> None:
         print(f"  {name:40} {prop:42} {length:3} steps")
     assert set(caught) == set(BY_NAME), f"missed: {sorted(set(BY_NAME) - set(caught))}"
     assert len(SEEDED_BUGS) >= 8
+
+
+def test_a_repeated_connection_bug_needs_a_world_that_repeats_connections(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Finding 6: with connection-level events never repeated (the world before `repeats`),
+    a core that resets a worker on a repeat of its connection passes; with one repeat, the
+    checker catches it."""
+    bug = BY_NAME["repeated_connection_resets_the_worker"]
+    bug.apply(monkeypatch)
+    never_repeated = Checker(InvarModel(dataclasses.replace(bug.bounds, repeats=0)),
+                             processes=1).bfs()
+    assert never_repeated.ok and never_repeated.complete
+    _, caught = _catch(bug)
+    assert caught.verdict(bug.prop) is Verdict.VIOLATED

@@ -7,18 +7,21 @@ reachable (so no bound is vacuous). The bounds themselves run as the gate (`.ci/
 
 from __future__ import annotations
 
+import struct
 import tomllib
 from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
+from checker import pinned
+from checker.cli import _unpinned_counts
 from checker.fingerprint import canonical, hashes_by_value
 from checker.invar_model import Bounds, InvarModel, load_bounds
 from checker.model import PropertyKind
-from invar.model import RunConfig, initial_state
+from invar.model import RunConfig, core, initial_state, schedule
 from invar.model.shell import deliver
-from invar.model.state import Sample
+from invar.model.state import BULK_FROM, Sample
 from invar.model.world import run_fifo
 from invar.testing import canonical_run
 
@@ -41,10 +44,14 @@ ASPECTS = {
     "driver restart from the journal after a release":
         lambda b: b.driver_restarts > 0 and b.total_updates >= 3,
     "drops": lambda b: b.drops > 0,
+    "a connection-level event repeated, around a worker's loss":
+        lambda b: b.repeats > 0 and b.worker_crashes > 0,
     "duplicates": lambda b: b.duplicates > 0,
     "early timers": lambda b: b.early_timers > 0,
     "non-reproducible forwards": lambda b: not b.reproducible_forwards,
     "forged (out-of-protocol) events": lambda b: b.forgeries,
+    "reply frames large enough for the core's bulk paths":
+        lambda b: b.launch_frames and b.prompts_per_batch * b.group_size >= BULK_FROM,
     "forged scores with a KL term (a reference matrix)": lambda b: b.forgeries and b.kl_coef > 0,
 }
 
@@ -78,6 +85,7 @@ def test_gate_bounds_have_witnesses_for_what_they_exercise(name: str) -> None:
         "a_lost_worker_stays_lost_and_the_run_completes":
             bounds.worker_crashes > 0 and not bounds.worker_restarts,
         "driver_restarts": bounds.driver_restarts > 0,
+        "a_connection_level_event_is_repeated": bounds.repeats > 0,
         "an_update_takes_several_steps": bounds.optimizer_steps > 1,
     }
     assert {n for n, wanted in expected.items() if wanted} <= names
@@ -114,3 +122,85 @@ def test_a_core_holding_samples_hashes_by_value_and_fingerprints_by_digest() -> 
                                                      sample.digest)
     forged = replace(sample, digest="0" * 24)
     assert (forged == sample, forged != sample) == (False, True)
+
+
+def test_the_large_frames_bound_fills_batches_in_bulk(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Its frames reach `_filled_in_bulk` (and so the column paths before it) and fill there:
+    a mutant of the bulk paths changes what that bound's runs hold."""
+    filled = []
+    original = core._filled_in_bulk
+
+    def counted(state, frame, *rest):
+        outcome = original(state, frame, *rest)
+        filled.append((len(frame), outcome is not None))
+        return outcome
+
+    monkeypatch.setattr(core, "_filled_in_bulk", counted)
+    model = InvarModel(BOUNDS["large_frames"][0])
+    world = run_fifo(model.init_states()[0].world)
+    assert world.core.committed == model.config.total_updates
+    assert filled and all(size >= BULK_FROM and bulk for size, bulk in filled), filled
+
+
+def test_every_gate_bound_has_pinned_state_counts() -> None:
+    """`spec/generate.py --measure` pinned every bound (PROTOCOL.md's table is rendered from
+    them; `--check` fails otherwise)."""
+    values = pinned.load()
+    assert all(pinned.bound_counts(values, name) for name in BOUNDS), sorted(BOUNDS)
+
+
+def test_the_gate_fails_a_bound_whose_state_counts_are_not_the_pinned_ones() -> None:
+    values = {"bounds": {"wire": {"distinct_states": 10, "states_generated": 20}}}
+    assert _unpinned_counts("wire", {"distinct_states": 10, "states_generated": 20}, values) == ""
+    assert "pinned 10 / 20" in _unpinned_counts(
+        "wire", {"distinct_states": 10, "states_generated": 21}, values)
+    assert "no state counts pinned" in _unpinned_counts(
+        "other", {"distinct_states": 1, "states_generated": 1}, values)
+
+
+def test_the_schedule_is_held_to_its_pinned_decisions(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A schedule mutant that every run shares (so no bound can see it) fails `--prove`."""
+    assert pinned.schedule_result().holds
+    monkeypatch.setattr(schedule, "derive_seed", lambda root, *path: 0)
+    failed = pinned.schedule_result()
+    assert not failed.holds and "derived_seed" in failed.detail
+
+
+def _without_if_every(config: RunConfig) -> frozenset[int]:
+    """`schedule.hard_boundaries` with `if every:` dropped (finding 7's schedule mutant)."""
+    n = config.total_updates
+    points = {0, n}
+    for every in (config.eval_every, config.checkpoint_every):
+        points.update(range(0, n + 1, every))
+    return frozenset(points)
+
+
+def _seeds_of_62_bits(root: int, *path: object, count: int) -> list[int]:
+    """`schedule.seed_stream` with the words shifted right by 2 (the seed's bit width)."""
+    words = struct.unpack(f">{count}Q", schedule._stream_bytes(root, path, count))
+    return [word >> 2 for word in words]
+
+
+@pytest.fixture
+def fresh_schedule():
+    """The schedule's memos forgotten before and after: a patched definition is then what
+    every decision is made from."""
+    def forget() -> None:
+        for value in vars(schedule).values():
+            getattr(value, "cache_clear", lambda: None)()
+    forget()
+    yield
+    forget()
+
+
+@pytest.mark.parametrize("name, mutant", [("hard_boundaries", _without_if_every),
+                                          ("seed_stream", _seeds_of_62_bits),
+                                          ("group_seeds", lambda config, batch, prompt: (0,))])
+def test_schedule_mutants_that_every_run_shares_fail_prove(
+        name, mutant, fresh_schedule, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The runs and the canonical schedule they are compared with share these definitions, so
+    no bound can see them: `--prove` (the gate's first check) does."""
+    from checker.prove import python_schedule_is_the_definition
+    monkeypatch.setattr(schedule, name, mutant)
+    results = [pinned.schedule_result(), python_schedule_is_the_definition()]
+    assert not all(result.holds for result in results), results

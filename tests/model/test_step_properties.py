@@ -3,8 +3,9 @@
 The runs here are driven in `invar.model.world`: the same `World`, components and actions the
 model checker explores (a learner that keeps `LearnerRules`, workers that hold one loaded
 version, a weights store, a journal that loses its unsynced suffix). Hypothesis draws which
-action happens next: deliver any message in flight, duplicate or drop one on the wire (never the
-driver's own observations: connections, losses, starts and timer firings), merge two reply
+action happens next: deliver any message in flight, duplicate or drop one on the wire, repeat
+one of the driver's own observations (connections, losses, starts and timer firings: never
+lost, but possibly observed twice), merge two reply
 frames of a worker or split one (every grouping of a worker's answers), fire the retry timer
 early, crash and restart a worker or the learner, restart the driver from its journal; each
 fault within a small budget. When nothing is in flight, dead components come back and then the
@@ -46,12 +47,9 @@ from invar.model import (
 from invar.model import world as w
 from invar.model.messages import (
     LaunchRequests,
-    LearnerStarted,
     LoadWeights,
     RequestsCompleted,
     TimerFired,
-    WorkerConnected,
-    WorkerLost,
 )
 from invar.model.shell import Delivery, Verdict, deliver
 from invar.model.state import (
@@ -66,9 +64,6 @@ from invar.model.state import (
 )
 from invar.model.world import CORE, World
 from invar.testing import canonical_run
-
-LOCAL_FACTS = (WorkerConnected, WorkerLost, LearnerStarted, TimerFired)
-"""The driver's own observations: delayed behind others, never lost or duplicated."""
 
 MAX_CORE_STEPS = 8_000
 
@@ -157,9 +152,10 @@ class Budget:
     worker_crashes: int = 2
     learner_crashes: int = 2
     driver_restarts: int = 1
+    repeats: int = 2
 
 
-NO_FAULTS = Budget(0, 0, 0, 0, 0, 0)
+NO_FAULTS = Budget(0, 0, 0, 0, 0, 0, 0)
 
 
 class Run:
@@ -229,7 +225,7 @@ class Run:
     def fault(self, kind: str, arg: Any = None) -> None:
         self.applied[kind] += 1
         self.log.append(f"!! {kind} {arg if arg is not None else ''}")
-        if kind in ("drop", "duplicate") or kind in ("crash_worker", "restart_worker"):
+        if kind in ("drop", "duplicate", "repeat_observation", "crash_worker", "restart_worker"):
             self.world = getattr(w, kind)(self.world, arg)
         else:
             self.world = getattr(w, kind)(self.world)
@@ -255,13 +251,11 @@ class Run:
         """Distinct keys in flight, in network order; a worker's loss is not seen before its
         connection (one reader task observes both)."""
         network = self.world.network
-        keys = {m.key for m in network}
         out = []
         for m in network:
             if m.key in out:
                 continue
-            if isinstance(m.body, WorkerLost) and m.to == CORE and w.message(
-                    CORE, WorkerConnected(m.body.worker, m.body.incarnation)).key in keys:
+            if w.observed_too_early(self.world, m):
                 continue
             out.append(m.key)
         return out
@@ -279,7 +273,10 @@ class Run:
 
     def wire(self) -> list[str]:
         return list(dict.fromkeys(m.key for m in self.world.network
-                                  if not (m.to == CORE and isinstance(m.body, LOCAL_FACTS))))
+                                  if not w.is_observation(m)))
+
+    def observations(self) -> list[str]:
+        return list(dict.fromkeys(m.key for m in self.world.network if w.is_observation(m)))
 
     def dead(self) -> list[str]:
         out = [x.name for x in self.world.workers if not x.alive]
@@ -348,6 +345,10 @@ def play(run: Run, choices, budget: Budget) -> None:
                 run.regroup("split", (frames[choices.index(len(frames))],))
             else:
                 run.deliver(run.deliverable()[0])
+        elif choice < 86 and budget.repeats and run.observations():
+            budget.repeats -= 1
+            keys = run.observations()
+            run.fault("repeat_observation", keys[choices.index(len(keys))])
         elif choice < 88 and budget.duplicates and run.wire():
             budget.duplicates -= 1
             keys = run.wire()
@@ -558,12 +559,13 @@ def test_seeded_sweep_exercises_every_fault():
         name = list(CONFIGS)[seed % len(CONFIGS)]
         config, workers = CONFIGS[name]
         run = Run(config, workers)
-        play(run, SeededChoices(seed, fault_rate=0.3), Budget(5, 5, 3, 3, 3, 2))
+        play(run, SeededChoices(seed, fault_rate=0.3), Budget(5, 5, 3, 3, 3, 2, 3))
         assert_canonical(run, name)
         applied.update(run.applied)
         noops.update({f.name: getattr(run.world.core.noops, f.name)
                       for f in fields(run.world.core.noops)})
-    for kind in ("duplicate", "drop", "early_timer", "crash_worker", "restart_worker",
-                 "crash_learner", "restart_learner", "restart_driver", "merge", "split"):
+    for kind in ("duplicate", "repeat_observation", "drop", "early_timer", "crash_worker",
+                 "restart_worker", "crash_learner", "restart_learner", "restart_driver",
+                 "merge", "split"):
         assert applied[kind] >= 4, applied
     assert noops["duplicates"] > 0 and noops["late"] > 0, noops

@@ -385,3 +385,30 @@ def test_the_journal_s_encoding_counts_as_the_driver_s_time(tmp_path, rt, monkey
     driver, _ = run(config_for(rt, tmp_path))
     assert driver.seq > 20
     assert driver.stats.core_seconds >= slow * driver.seq
+
+
+def test_a_diverged_policy_stops_the_run_which_resumes_from_its_last_commit(
+        tmp_path, rt, monkeypatch):
+    """Finding 4: a forward whose objective is not finite is refused (`Reason.DIVERGED`); the
+    learner would send the same log-probs again, so the driver stops with one line naming the
+    update and the ratio instead of stalling, and the run resumes from its last commit."""
+    from invar.model import core
+    from invar.runtime.driver import RunStopped
+    real = core._cotangent
+
+    def diverging_at_update_1(config, inputs, event):
+        if event.observation.update == 1:
+            return "the ratio exp(current - proximal) overflows (log-ratio 799.0)"
+        return real(config, inputs, event)
+
+    monkeypatch.setattr(core, "_cotangent", diverging_at_update_1)
+    config = config_for(rt, tmp_path)
+    with pytest.raises(RunStopped) as stopped:
+        run(config)
+    message = str(stopped.value)
+    assert message.startswith("the policy diverged: update 1 step 0: the ratio exp(current - "
+                              "proximal) overflows"), message
+    assert "stops at update 1 of" in message and "--resume" in message
+    monkeypatch.undo()
+    _, state = run(config, resume=True)
+    assert_canonical(config, state)
