@@ -17,6 +17,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
+from invar.model.messages import Matrix
 from invar.runtime.padding import Prompts, Sequences
 
 
@@ -29,13 +30,16 @@ class LearnerBackend(Protocol):
         ...
 
     def score(self, sequences: np.ndarray | Sequences, response_start: int, need_reference: bool
-              ) -> tuple[np.ndarray, np.ndarray | None]:
-        """Float64 log-probs [n, R] of the responses: proximal, and reference if asked."""
+              ) -> tuple[np.ndarray | Matrix, np.ndarray | Matrix | None]:
+        """Float64 log-probs [n, R] of the responses: proximal, and reference if asked (or
+        each as a `Matrix` of the responses' own lengths)."""
         ...
 
     def forward(self, update: int, step: int, observation: int,
-                sequences: np.ndarray | Sequences, response_start: int) -> tuple[str, np.ndarray]:
-        """(pre-step digest, current log-probs); the step waits for its bound cotangent."""
+                sequences: np.ndarray | Sequences, response_start: int
+                ) -> tuple[str, np.ndarray | Matrix]:
+        """(pre-step digest, current log-probs [n, R] or a `Matrix` of the responses' own
+        lengths); the step waits for its bound cotangent."""
         ...
 
     def apply_cotangent(self, update: int, step: int, observation: int, pre_step_digest: str,

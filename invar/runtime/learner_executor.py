@@ -240,10 +240,12 @@ class HeldoutScoring:
         return np.array([outcome.reward for outcome in outcomes], dtype=np.float64)
 
 
-def response_matrix(inputs: Sequences | np.ndarray, values: np.ndarray) -> Matrix:
+def response_matrix(inputs: Sequences | np.ndarray, values: np.ndarray | Matrix) -> Matrix:
     """A backend's log-probs of `inputs`' responses, (n, R), as a `Matrix` of each
     response's own length (what is computed past a response's end is dropped; rows given as
-    a plain array are whole)."""
+    a plain array are whole). A backend that answers with a `Matrix` has cut them itself."""
+    if isinstance(values, Ragged):
+        return values
     if not isinstance(inputs, Sequences) or inputs.response_lengths is None:
         return logprob_matrix(values)
     return Ragged.from_padded(np.asarray(values, dtype=np.float64),
@@ -323,12 +325,15 @@ class _BatchTable:
         tokens = whole.tokens[positions]
         prompt_lengths = None if whole.prompt_lengths is None else \
             whole.prompt_lengths[positions]
+        if prompt_lengths is not None and (prompt_lengths == whole.response_start).all():
+            prompt_lengths = None  # these rows' prompts are whole, as `_sequences` says it
         if whole.response_lengths is None:
             return Sequences(tokens, whole.response_start, prompt_lengths)
         response_lengths = whole.response_lengths[positions]
-        width = whole.response_start + int(response_lengths.max())
-        return Sequences(tokens[:, :width], whole.response_start, prompt_lengths,
-                         response_lengths)
+        longest = int(response_lengths.max())
+        return Sequences(tokens[:, :whole.response_start + longest], whole.response_start,
+                         prompt_lengths,
+                         None if (response_lengths == longest).all() else response_lengths)
 
 
 def _sequences(prompts: Prompts, responses: Ragged) -> Sequences:

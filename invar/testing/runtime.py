@@ -27,6 +27,7 @@ from invar.model.messages import (
     Command,
     Event,
     LoadWeights,
+    Matrix,
     ObservationId,
     RunForward,
     ScoreProbabilities,
@@ -101,23 +102,24 @@ class FakeLearner:
         return self._digest
 
     def score(self, rows: np.ndarray, start: int, need_reference: bool
-              ) -> tuple[np.ndarray, np.ndarray | None]:
+              ) -> tuple[Matrix, Matrix | None]:
+        """The synthetic log-probs, each row of its response's length (`Matrix`)."""
         self._called("score")
         assert self.committed_version is not None
         # Scoring is of the frozen weights of the update's start: the newest commit.
         reply = scores_reply(ScoreProbabilities(self.committed_version, 0, _requests(rows),
                                                 need_reference))
-        return (reply.proximal.padded()[0],
-                None if reply.reference is None else reply.reference.padded()[0])
+        return reply.proximal, reply.reference
 
     def forward(self, update: int, step: int, observation: int, rows: np.ndarray, start: int
-                ) -> tuple[str, np.ndarray]:
+                ) -> tuple[str, Matrix]:
         self._called("forward")
         command = RunForward(ObservationId(update, step, observation), 0, _requests(rows))
         reply = forward_reply(command, self.optimizer_steps)
         assert reply.pre_step_digest == self.state_digest(), "forward from an unexpected state"
-        current = reply.current_logprobs.padded()[0]
-        self._pending = ((update, step, observation, self.state_digest()), current.shape)
+        current = reply.current_logprobs
+        self._pending = ((update, step, observation, self.state_digest()),
+                         current.padded()[0].shape)
         return self.state_digest(), current
 
     def apply_cotangent(self, update: int, step: int, observation: int, pre_step_digest: str,
