@@ -290,7 +290,7 @@ class MLXLearner(CommittedLearner):
         logprobs = np.array(self._logprobs("logprobs", tokens, response_start))
         # The sequences are kept as numpy: the cotangent may arrive on another thread.
         self._pending = (Binding(update, step, observation, pre_step_digest), logprobs.shape,
-                         (np.asarray(sequences), response_start))
+                         (checked_sequences(sequences, response_start).tokens, response_start))
         return pre_step_digest, logprobs
 
     def apply_cotangent(
