@@ -172,7 +172,8 @@ def test_a_setting_of_another_kind_of_task_is_refused_not_ignored():
 
 def test_an_unknown_task_kind_is_refused():
     error = refused("task.name=sudoku")
-    assert error.fields == ("task.name",) and "known: reverse, arithmetic, jsonl, module" in str(error)
+    assert error.fields == ("task.name",)
+    assert "known: reverse, arithmetic, jsonl, module" in str(error)
 
 
 # -- verifiers: failures and time limits -----------------------------------------------------
