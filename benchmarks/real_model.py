@@ -135,6 +135,8 @@ def report() -> Path:
             f"{'-' if peak is None else f'{peak / 2**30:.1f} GiB'} |")
         lines.append(f"{run.name}: held-out greedy accuracy by version: "
                      + ", ".join(f"{v}: {r:.3f}" for v, r in zip(versions, rewards)) + ".")
+        if memory.get("note"):
+            lines.append(f"{run.name}, how it ran: {memory['note']}")
         lines.append("")
     for axis, label in ((by_update, "version (committed updates)"),
                         (by_time, "wall time (minutes)")):
