@@ -184,9 +184,18 @@ class Policy(nn.Module):
 def sequence_logprobs(logits: Tensor, tokens: Tensor) -> Tensor:
     """Float64 log-probability of each token under the matching logits row.
 
-    `logits` [..., V] and `tokens` [...]. A one-hot product picks the entries rather than
-    `gather`, whose CUDA backward is not deterministic.
+    `logits` [..., V] and `tokens` [...]. The rule is a one-hot product (`picked_by_one_hot`),
+    since `gather`'s CUDA backward is not deterministic; on the CPU, where it is, `gather`
+    picks the same values and gradients, bit for bit, without a [..., V] float64 one-hot (with
+    a 49k vocabulary, hundreds of MB per batch).
     """
     logprobs = torch.log_softmax(logits.double(), dim=-1)
-    chosen = F.one_hot(tokens, logits.shape[-1]).to(logprobs.dtype)
+    if logprobs.device.type == "cpu":
+        return logprobs.gather(-1, tokens[..., None])[..., 0]
+    return picked_by_one_hot(logprobs, tokens)
+
+
+def picked_by_one_hot(logprobs: Tensor, tokens: Tensor) -> Tensor:
+    """`logprobs[..., tokens]` as a one-hot product: deterministic on every device."""
+    chosen = F.one_hot(tokens, logprobs.shape[-1]).to(logprobs.dtype)
     return (logprobs * chosen).sum(dim=-1)

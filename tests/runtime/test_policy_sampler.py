@@ -238,3 +238,20 @@ def test_a_left_padded_prompt_samples_and_scores_what_it_does_alone(policy, use_
     unmasked, _ = generate(policy, torch.as_tensor(prompts.tokens), 8, seeds,
                            use_cache=use_cache)
     assert unmasked[:, :tokens.shape[1]].tolist() != tokens.tolist()
+
+
+def test_the_cpu_gather_picks_the_one_hot_rule_s_values_and_gradients_bit_for_bit():
+    from invar.runtime.policy import picked_by_one_hot, sequence_logprobs
+    generator = torch.Generator().manual_seed(3)
+    logits = torch.randn(5, 7, 300, generator=generator, dtype=torch.float32)
+    tokens = torch.randint(0, 300, (5, 7), generator=generator)
+    cotangent = torch.randn(5, 7, generator=generator, dtype=torch.float64)
+    results = []
+    for pick in (sequence_logprobs, lambda lg, tk: picked_by_one_hot(
+            torch.log_softmax(lg.double(), dim=-1), tk)):
+        leaf = logits.clone().requires_grad_(True)
+        values = pick(leaf, tokens)
+        values.backward(cotangent)
+        results.append((values.detach(), leaf.grad))
+    (fast, fast_grad), (rule, rule_grad) = results
+    assert torch.equal(fast, rule) and torch.equal(fast_grad, rule_grad)
