@@ -58,8 +58,11 @@ What does not match, and why it is left so:
 - Threads and processes: Invar runs its learner with learner.threads = 1 beside one rollout
   worker process; TRL runs everything in one process with torch's default thread count
   (recorded in config.json as torch_threads).
-- Positions: TRL's training forward passes the attention mask but no position ids (its
-  sampling, through `generate`, derives them from the mask); Invar passes both.
+- Positions: TRL's training forward passes the attention mask but no position ids, so a
+  left-padded row's positions start at its padding (its sampling, through `generate`,
+  derives them from the mask); Invar passes both. This model's rotary embeddings make
+  attention depend on position differences only, so the shift changes rounding, not the
+  function.
 - Timing: "seconds" is the training step alone (on_step_begin to on_step_end, before the
   evaluation the callback then runs); "wall" counts from the start of `run`, before the
   model is loaded, and includes the evaluations. TRL also computes per-token entropies for
