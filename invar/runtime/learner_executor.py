@@ -280,11 +280,11 @@ def learner_inputs(state: State, task: Task, command: Command) -> Sequences | No
         table = _batch_table(_ByIdentity(task), _ByIdentity(batch.slots), batch.batch, config)
         if table is not None:
             if requests is schedule.request_ids(config, first):  # all, in slot order
-                return table.rows(None)
+                return dataclasses.replace(table, tokens=table.tokens.copy())
             group = config.group_size
             positions = [p * group + g for b, p, g in requests if b == first]
             if len(positions) == len(requests):
-                return table.rows(np.array(positions, dtype=np.intp))
+                return table.take(np.array(positions, dtype=np.intp))
     return _request_rows(state, task, requests)
 
 
@@ -306,58 +306,23 @@ def _request_rows(state: State, task: Task, requests: tuple[RequestId, ...]
         assert isinstance(sample, Sample)
         prompts.append(_prompt(key, schedule.prompt_index(config, request.batch, request.prompt)))
         responses.append(sample.tokens)
-    return _sequences(Prompts.of(prompts, task.prompt_length), Ragged.of(responses, INT))
-
-
-class _BatchTable:
-    """A complete batch's rows in slot order: its prompts (each repeated for its group) and
-    its responses, padded once; `rows` takes a command's rows of them."""
-
-    def __init__(self, prompts: Prompts, responses: Ragged) -> None:
-        self.sequences = _sequences(prompts, responses)
-
-    def rows(self, positions: np.ndarray | None) -> Sequences:
-        """The rows at `positions` (None: all, as a copy), responses padded to the longest
-        of them."""
-        whole = self.sequences
-        if positions is None:
-            return dataclasses.replace(whole, tokens=whole.tokens.copy())
-        tokens = whole.tokens[positions]
-        prompt_lengths = None if whole.prompt_lengths is None else \
-            whole.prompt_lengths[positions]
-        if prompt_lengths is not None and (prompt_lengths == whole.response_start).all():
-            prompt_lengths = None  # these rows' prompts are whole, as `_sequences` says it
-        if whole.response_lengths is None:
-            return Sequences(tokens, whole.response_start, prompt_lengths)
-        response_lengths = whole.response_lengths[positions]
-        longest = int(response_lengths.max())
-        return Sequences(tokens[:, :whole.response_start + longest], whole.response_start,
-                         prompt_lengths,
-                         None if (response_lengths == longest).all() else response_lengths)
-
-
-def _sequences(prompts: Prompts, responses: Ragged) -> Sequences:
-    """Prompts and responses side by side (None for the lengths of rows that are all whole)."""
-    response_tokens, _ = responses.padded()
-    return Sequences(
-        np.concatenate((prompts.tokens, response_tokens.astype(np.int64)), axis=1),
-        prompts.tokens.shape[1], prompts.lengths if prompts.padded else None,
-        None if responses.uniform() else np.array(responses.lengths, dtype=np.int64))
+    return Sequences.of(Prompts.of(prompts, task.prompt_length), Ragged.of(responses, INT))
 
 
 @functools.lru_cache(maxsize=4)
 def _batch_table(key: _ByIdentity, slots: _ByIdentity, batch: int,
-                 config: RunConfig) -> _BatchTable | None:
-    """A complete batch's `_BatchTable`; None when a slot is not yet a sample. Remembered by
-    the identity of the (immutable) slots: a batch's commands all read the same table."""
+                 config: RunConfig) -> Sequences | None:
+    """Every slot's row (prompt + response) of a complete batch, in slot order; None when a
+    slot is not yet a sample. Remembered by the identity of the (immutable) slots: a batch's
+    commands all read the same table."""
     samples = slots.value
     if not all(isinstance(s, Sample) for s in samples):
         return None
     group = config.group_size
     prompts = [_prompt(key, schedule.prompt_index(config, batch, p))
                for p in range(len(samples) // group) for _ in range(group)]
-    return _BatchTable(Prompts.of(prompts, key.value.prompt_length),
-                       completions_of(samples).tokens)
+    return Sequences.of(Prompts.of(prompts, key.value.prompt_length),
+                        completions_of(samples).tokens)
 
 
 class _ByIdentity:

@@ -16,6 +16,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from invar.model.ragged import Ragged
+
 PAD = 0
 """The id a padding position holds: any id the model embeds will do, since nothing attends to
 it; 0 exists in every vocabulary."""
@@ -63,10 +65,6 @@ class Prompts:
     def padded(self) -> bool:
         """True when some prompt is shorter than the width (a mask and positions are needed)."""
         return bool((self.lengths < self.tokens.shape[1]).any())
-
-    def mask(self, total: int | None = None) -> np.ndarray:
-        """The attention mask of these prompts followed by `total - P` generated tokens."""
-        return left_mask(self.lengths, self.tokens.shape[1], total)
 
 
 def response_lengths(tokens: np.ndarray, eos: int | None) -> np.ndarray:
@@ -123,8 +121,33 @@ class Sequences:
                    else self.prompt_lengths)
         return left_mask(lengths, self.response_start, self.tokens.shape[1])
 
-    def response_rows(self, values: np.ndarray) -> list[np.ndarray]:
-        """Row i of (n, R) `values`, cut to response i's length."""
-        if self.response_lengths is None:
-            return list(values)
-        return [row[:length] for row, length in zip(values, self.response_lengths.tolist())]
+    @classmethod
+    def of(cls, prompts: Prompts, responses: Ragged) -> Sequences:
+        """Prompts and responses side by side."""
+        response_tokens, _ = responses.padded()
+        return cls._whole_as_none(
+            np.concatenate((prompts.tokens, response_tokens.astype(np.int64)), axis=1),
+            prompts.tokens.shape[1], prompts.lengths,
+            np.array(responses.lengths, dtype=np.int64))
+
+    def take(self, positions: np.ndarray) -> Sequences:
+        """The rows at `positions`, responses padded to the longest of them."""
+        return self._whole_as_none(
+            self.tokens[positions], self.response_start,
+            None if self.prompt_lengths is None else self.prompt_lengths[positions],
+            None if self.response_lengths is None else self.response_lengths[positions])
+
+    @classmethod
+    def _whole_as_none(cls, tokens: np.ndarray, start: int, prompt_lengths: np.ndarray | None,
+                       response_lengths: np.ndarray | None) -> Sequences:
+        """One spelling per set of rows: a length column is None when every row is whole
+        (so rows built one by one and rows taken from a batch compare equal), and the token
+        columns end with the longest response."""
+        if prompt_lengths is not None and (prompt_lengths == start).all():
+            prompt_lengths = None
+        if response_lengths is not None and len(response_lengths):
+            longest = int(response_lengths.max())
+            tokens = tokens[:, :start + longest]
+            if (response_lengths == longest).all():
+                response_lengths = None
+        return cls(tokens, start, prompt_lengths, response_lengths)

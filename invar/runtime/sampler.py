@@ -124,9 +124,9 @@ def generate(
         int(min(prompt_lengths)) < prompts.shape[1]
     mask = positions = None
     if masked:
-        mask = torch.as_tensor(left_mask(np.asarray(prompt_lengths), prompts.shape[1]),
-                               device=prompts.device)
-        positions = torch.as_tensor(positions_of(mask.cpu().numpy()), device=prompts.device)
+        prompt_mask = left_mask(np.asarray(prompt_lengths), prompts.shape[1])
+        mask = torch.as_tensor(prompt_mask, device=prompts.device)
+        positions = torch.as_tensor(positions_of(prompt_mask), device=prompts.device)
 
     sequences = prompts
     cache: KVCache | None = None
