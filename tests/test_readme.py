@@ -5,6 +5,7 @@ one each time."""
 from __future__ import annotations
 
 import json
+import os
 import re
 import shlex
 import shutil
@@ -86,8 +87,11 @@ def test_every_training_example_writes_its_own_run_directory():
 @pytest.mark.skipif(shutil.which("make") is None, reason="no make")
 def test_make_train_starts_a_new_run_directory_each_time():
     def planned(*args: str) -> str:
-        done = subprocess.run(["make", "-n", "train", *args], cwd=ROOT, capture_output=True,
-                              text=True, timeout=60)
+        # Under an outer make (CI runs the tests from `make test`) MAKEFLAGS and MAKELEVEL
+        # make the inner one print "Leaving directory" lines; plan as a user's shell would.
+        env = {k: v for k, v in os.environ.items() if k not in {"MAKEFLAGS", "MAKELEVEL", "MFLAGS"}}
+        done = subprocess.run(["make", "--no-print-directory", "-n", "train", *args], cwd=ROOT,
+                              capture_output=True, text=True, timeout=60, env=env)
         assert done.returncode == 0, done.stderr
         return done.stdout.strip().splitlines()[-1]
 
