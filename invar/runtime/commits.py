@@ -8,8 +8,9 @@ and is never loaded.
 
 `CommittedLearner` holds what does not depend on the framework: `start` restores the newest
 commit (or writes commit 0), refusing one of another version, policy, seed or shape before
-anything is loaded; `commit` writes the state the backend hands it; `published_weights` reads
-a version back from its verified file.
+anything is loaded; `commit` writes the state the backend hands it; `published_weights` gives
+a committed version's weights for workers (made at commit time, or read back from its
+verified file).
 """
 
 from __future__ import annotations
@@ -17,12 +18,14 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import io
+import os
 import re
 import struct
+import threading
 from abc import ABC, abstractmethod
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 import numpy as np
 import torch
@@ -31,8 +34,8 @@ from invar.runtime.backend import Binding, checked_cotangent
 from invar.runtime.config import OptimConfig
 from invar.runtime.policy_config import PolicyConfig
 from invar.runtime.weights import (
-    atomic_write,
     atomic_write_leftovers,
+    atomic_write_with,
     state_dict_to_bytes,
     weights_digest,
 )
@@ -81,30 +84,63 @@ def list_commits(commit_dir: str | Path) -> list[tuple[int, Path]]:
 def encode_commit(content: Mapping[str, Any]) -> bytes:
     """Commit file bytes: the header (with the payload's length and checksum), then payload."""
     buffer = io.BytesIO()
-    torch.save(dict(content), buffer)
-    payload = buffer.getvalue()
-    checksum = hashlib.blake2b(payload, digest_size=32).digest()
-    return _COMMIT_HEADER.pack(COMMIT_MAGIC, len(payload), checksum) + payload
+    write_commit_file(buffer, content)
+    return buffer.getvalue()
+
+
+def write_commit_file(file: BinaryIO, content: Mapping[str, Any]) -> None:
+    """Write the commit file of `content` into `file` (seekable, at offset 0): a header left
+    blank, the payload streamed through its checksum, then the header. A learner's state is
+    gigabytes for a real model: never held as bytes (let alone copied to prepend a header)."""
+    file.write(bytes(_COMMIT_HEADER.size))
+    hashed = _HashingWriter(file)
+    torch.save(dict(content), hashed)
+    file.seek(0)
+    file.write(_COMMIT_HEADER.pack(COMMIT_MAGIC, hashed.length, hashed.checksum.digest()))
+    file.seek(0, io.SEEK_END)
+
+
+class _HashingWriter:
+    """A write-only stream that passes bytes on to `file`, digesting and counting them."""
+
+    def __init__(self, file: BinaryIO) -> None:
+        self.file = file
+        self.checksum = hashlib.blake2b(digest_size=32)
+        self.length = 0
+
+    def write(self, data: bytes) -> int:
+        self.checksum.update(data)
+        self.length += len(data)
+        self.file.write(data)
+        return len(data)
+
+    def flush(self) -> None:
+        self.file.flush()
 
 
 def read_commit(path: str | Path) -> dict[str, Any]:
     """The verified content of a commit file; raises `CommitError` rather than return junk."""
     try:
-        data = Path(path).read_bytes()
+        file = open(path, "rb")  # noqa: SIM115  # closed below, before the payload is parsed
     except FileNotFoundError:
         raise CommitError(path, "no such file (never written, or pruned)") from None
-    if len(data) < _COMMIT_HEADER.size:
-        raise CommitError(
-            path, f"truncated: {len(data)} bytes, the header alone needs {_COMMIT_HEADER.size}"
-        )
-    magic, length, checksum = _COMMIT_HEADER.unpack_from(data)
-    if magic != COMMIT_MAGIC:
-        raise CommitError(path, f"not a commit file (magic {magic!r})")
-    payload = data[_COMMIT_HEADER.size :]
-    if len(payload) < length:
-        raise CommitError(path, f"truncated: payload has {len(payload)} of {length} bytes")
-    if len(payload) > length:
-        raise CommitError(path, f"{len(payload) - length} unexpected bytes after the payload")
+    with file:
+        size = os.fstat(file.fileno()).st_size
+        head = file.read(_COMMIT_HEADER.size)
+        if len(head) < _COMMIT_HEADER.size:
+            raise CommitError(
+                path, f"truncated: {len(head)} bytes, the header alone needs {_COMMIT_HEADER.size}"
+            )
+        magic, length, checksum = _COMMIT_HEADER.unpack(head)
+        if magic != COMMIT_MAGIC:
+            raise CommitError(path, f"not a commit file (magic {magic!r})")
+        found = size - _COMMIT_HEADER.size
+        if found < length:
+            raise CommitError(path, f"truncated: payload has {found} of {length} bytes")
+        if found > length:
+            raise CommitError(path, f"{found - length} unexpected bytes after the payload")
+        # Read once into its own bytes (BytesIO shares them): a slice would copy gigabytes.
+        payload = file.read(length)
     if hashlib.blake2b(payload, digest_size=32).digest() != checksum:
         raise CommitError(path, "checksum mismatch: the payload is not what was written")
     # weights_only: a commit holds tensors and plain values, never code to run.
@@ -119,7 +155,8 @@ def read_commit(path: str | Path) -> dict[str, Any]:
 
 def write_commit(commit_dir: Path, version: int, content: Mapping[str, Any], keep: int) -> None:
     """Write commit `version` atomically, then prune all but the newest `keep` commits."""
-    atomic_write(commit_path(commit_dir, version), encode_commit(content))
+    atomic_write_with(commit_path(commit_dir, version),
+                      lambda file: write_commit_file(file, content))
     for _, old in list_commits(commit_dir)[:-keep]:
         old.unlink()
 
@@ -152,6 +189,9 @@ class CommittedLearner(ABC):
         self.applied_steps = 0
         self._digest: str | None = None  # of the current state; set by start, each step
         self._pending: tuple[Binding, tuple[int, ...], Any] | None = None
+        self._publishing = threading.Lock()  # commit (learner thread) against publish
+        self._publication: tuple[int, tuple[bytes, str, str]] | None = None
+        """The newest commit's version and publication, until it is published."""
 
     @abstractmethod
     def _compute_digest(self) -> str:
@@ -235,6 +275,13 @@ class CommittedLearner(ABC):
         }
         write_commit(self.commit_dir, version, content, self.keep_commits)
         self.committed_version = version
+        # The publication of this version, made now from the very tensors just written (the
+        # next step changes them in place): reading it back from the file would load the
+        # whole state, optimizer moments included, to keep a third of it.
+        model = content["model"]
+        with self._publishing:
+            self._publication = (version, (state_dict_to_bytes(model), weights_digest(model),
+                                           digest))
         return digest
 
     def state_digest(self) -> str:
@@ -262,10 +309,21 @@ class CommittedLearner(ABC):
     def published_weights(self, version: int) -> tuple[bytes, str, str]:
         """Weights of committed `version` for workers: (blob, weights digest, state digest).
 
-        Read from the verified commit file, not from memory: the learner may already be
-        stepping the next update when a version is published. The blob holds tensors by torch
+        Never the live weights (the learner may already be stepping the next update when a
+        version is published): those this learner made when it wrote the commit, the first
+        time they are asked for, and otherwise read back from the verified commit file
+        (`published_from_commit_file`, which they equal). The blob holds tensors by torch
         `Policy` name, which the torch and the MLX worker both load.
         """
+        with self._publishing:
+            made = self._publication
+            if made is not None and made[0] == version:
+                self._publication = None
+                return made[1]
+        return self.published_from_commit_file(version)
+
+    def published_from_commit_file(self, version: int) -> tuple[bytes, str, str]:
+        """`published_weights(version)` read back from the verified commit file."""
         content = read_commit(commit_path(self.commit_dir, version))
         model = content["model"]
         return state_dict_to_bytes(model), weights_digest(model), content["state_digest"]

@@ -6,9 +6,9 @@ import hashlib
 import io
 import os
 import tempfile
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 import torch
 from torch import Tensor
@@ -51,10 +51,12 @@ def state_dict_from_bytes(data: bytes) -> dict[str, Tensor]:
     return tensors
 
 
-def tensor_bytes(tensor: Tensor) -> bytes:
-    """The raw bytes of a tensor's values in row-major order, for any dtype."""
+def tensor_bytes(tensor: Tensor) -> memoryview:
+    """The raw bytes of a tensor's values in row-major order, for any dtype (a view of the
+    tensor's own memory when it is a contiguous CPU tensor: digesting the learner's whole
+    state each step would otherwise copy it)."""
     flat = tensor.detach().to("cpu").contiguous().reshape(-1)
-    return flat.view(torch.uint8).numpy().tobytes()
+    return memoryview(flat.view(torch.uint8).numpy())
 
 
 def weights_digest(state_dict: Mapping[str, Tensor]) -> str:
@@ -76,7 +78,15 @@ def weights_digest(state_dict: Mapping[str, Tensor]) -> str:
 
 
 def atomic_write(path: str | os.PathLike[str], data: bytes) -> None:
-    """Replace `path` with `data` so that a crash at any point leaves the old file or the new.
+    """Replace `path` with `data` so that a crash at any point leaves the old file or the new
+    (see `atomic_write_with`)."""
+    atomic_write_with(path, lambda file: file.write(data))
+
+
+def atomic_write_with(path: str | os.PathLike[str], write: Callable[[BinaryIO], Any]) -> None:
+    """Replace `path` with what `write(file)` writes into an open binary file (streamed: a
+    large file is never a whole `bytes` in memory), so that a crash at any point leaves the
+    old file or the new.
 
     Writes a temporary file in the same directory (rename is only atomic within a file
     system), fsyncs it, renames it over `path`, then fsyncs the directory so the rename
@@ -89,7 +99,7 @@ def atomic_write(path: str | os.PathLike[str], data: bytes) -> None:
     )
     try:
         with os.fdopen(descriptor, "wb") as file:
-            file.write(data)
+            write(file)
             file.flush()
             os.fsync(file.fileno())
         os.replace(temporary, target)

@@ -464,7 +464,7 @@ def a_crash_mid_commit_leaves_the_old_commit_loadable(backend, directory, monkey
 # -- weights for workers and evaluation --------------------------------------------------------
 
 
-def published_weights_are_read_back_from_the_commit(backend, directory, monkeypatch):
+def published_weights_are_the_commits_not_the_live_ones(backend, directory, monkeypatch):
     learner = backend.make(directory, keep_commits=1)
     learner.start()
     take_steps(learner, 1)
@@ -480,6 +480,18 @@ def published_weights_are_read_back_from_the_commit(backend, directory, monkeypa
     assert learner.commit_file(0) is None  # pruned
     with pytest.raises(CommitError, match="no such file"):
         learner.published_weights(0)
+
+
+def the_publication_made_at_commit_is_the_commit_files(backend, directory, monkeypatch):
+    learner = backend.make(directory)
+    learner.start()
+    take_steps(learner, 1)
+    learner.commit(1)
+    take_steps(learner, 1, first_update=1)  # the live weights move on after the commit
+    from_file = learner.published_from_commit_file(1)
+    assert learner.published_weights(1) == from_file  # made at commit time, bit for bit
+    assert learner.published_weights(1) == from_file  # asked again: read back from the file
+    assert learner.published_weights(0) == learner.published_from_commit_file(0)
 
 
 def evaluate_greedy_is_the_mean_greedy_reward(backend, directory, monkeypatch):
@@ -630,8 +642,10 @@ CHECKS: dict[str, Check] = {
        for name, (corrupt, reason) in CORRUPTIONS.items()},
     "a_crash_mid_commit_leaves_the_old_commit_loadable":
         a_crash_mid_commit_leaves_the_old_commit_loadable,
-    "published_weights_are_read_back_from_the_commit":
-        published_weights_are_read_back_from_the_commit,
+    "published_weights_are_the_commits_not_the_live_ones":
+        published_weights_are_the_commits_not_the_live_ones,
+    "the_publication_made_at_commit_is_the_commit_files":
+        the_publication_made_at_commit_is_the_commit_files,
     "evaluate_greedy_is_the_mean_greedy_reward": evaluate_greedy_is_the_mean_greedy_reward,
     "the_executor_decides_as_the_learner_rules": the_executor_decides_as_the_learner_rules,
 }
