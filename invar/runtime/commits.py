@@ -94,7 +94,7 @@ def write_commit_file(file: BinaryIO, content: Mapping[str, Any]) -> None:
     gigabytes for a real model: never held as bytes (let alone copied to prepend a header)."""
     file.write(bytes(_COMMIT_HEADER.size))
     hashed = _HashingWriter(file)
-    torch.save(dict(content), hashed)
+    torch.save(dict(content), hashed)  # type: ignore[arg-type]  # write and flush suffice
     file.seek(0)
     file.write(_COMMIT_HEADER.pack(COMMIT_MAGIC, hashed.length, hashed.checksum.digest()))
     file.seek(0, io.SEEK_END)

@@ -56,7 +56,8 @@ def tensor_bytes(tensor: Tensor) -> memoryview:
     tensor's own memory when it is a contiguous CPU tensor: digesting the learner's whole
     state each step would otherwise copy it)."""
     flat = tensor.detach().to("cpu").contiguous().reshape(-1)
-    return memoryview(flat.view(torch.uint8).numpy())
+    view: memoryview = flat.view(torch.uint8).numpy().data
+    return view
 
 
 def weights_digest(state_dict: Mapping[str, Tensor]) -> str:
