@@ -175,7 +175,7 @@ class Driver:
         self._terms: dict[int, list[dict[str, float]]] = {}
         self._update_started = time.perf_counter()
         # Learner, rollout, core seconds and rollout replies at the last metrics row.
-        self._timing_marks: tuple[float, ...] = (0.0, 0.0, 0.0, 0)
+        self._timing_marks: tuple[float, ...] = (0.0, 0.0, 0.0, 0.0, 0)
         self._journal_text_counted = 0.0
         """The journal's `text_seconds` already counted in `stats.core_seconds`."""
         self._received: dict[int, str] = {}
@@ -736,11 +736,11 @@ class Driver:
         rewards = completions.rewards
         terms = self._terms.pop(update, [])
         now = time.perf_counter()
-        marks = (self.executor.busy_seconds, self.stats.rollout_seconds, self.stats.core_seconds,
-                 self.stats.rollout_replies)
+        marks = (self.executor.busy_seconds, self.executor.training_seconds,
+                 self.stats.rollout_seconds, self.stats.core_seconds, self.stats.rollout_replies)
         timing = {name: now_ - then for name, now_, then in
-                  zip(("learner_seconds", "rollout_seconds", "core_seconds", "rollout_replies"),
-                      marks, self._timing_marks)}
+                  zip(("learner_seconds", "learner_training_seconds", "rollout_seconds",
+                       "core_seconds", "rollout_replies"), marks, self._timing_marks)}
         self._timing_marks = marks
         reward = float(rewards.mean())
         self.metrics.update(

@@ -96,6 +96,9 @@ class LearnerExecutor:
         self._forward: ForwardObserved | None = None
         """The reply to the pending forward (answered again on a re-send)."""
         self.busy_seconds = 0.0
+        self.training_seconds = 0.0
+        """Of `busy_seconds`, those scoring, forwarding and stepping: what a trainer without
+        commits or evaluations (TRL's) counts as its learner's time."""
 
     def start(self, attempt: int) -> LearnerStarted:
         """(Re)start the backend from its newest commit as `attempt`: the rules start afresh,
@@ -111,7 +114,10 @@ class LearnerExecutor:
         try:
             return self._execute(command, inputs)
         finally:
-            self.busy_seconds += time.perf_counter() - began
+            seconds = time.perf_counter() - began
+            self.busy_seconds += seconds
+            if isinstance(command, (ScoreProbabilities, RunForward, ApplyCotangent)):
+                self.training_seconds += seconds
 
     def _execute(self, command: Command, inputs: Sequences | np.ndarray | None) -> Event | None:
         if self.rules is None:

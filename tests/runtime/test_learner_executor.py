@@ -260,3 +260,16 @@ def test_learner_inputs_from_the_batch_table_equal_the_rows_built_one_by_one():
                 assert fast == _request_rows(state, task, command.requests)
                 compared += 1
     assert compared == 3 * (1 + 3)  # per update: the scoring and K forwards
+
+
+def test_training_seconds_count_scoring_forwards_and_steps_only(tmp_path, monkeypatch):
+    """`training_seconds` (what TRL's learner time covers) against `busy_seconds` (all)."""
+    clock = iter(float(t) for t in range(100))
+    monkeypatch.setattr("invar.runtime.learner_executor.time.perf_counter", lambda: next(clock))
+    executor = make_executor(tmp_path)
+    executor.execute(ScoreProbabilities(0, 0, REQUESTS, False), rows(1))  # 1 s
+    reply = executor.execute(forward(1), rows(1))  # 1 s
+    step = executor.execute(cotangent(reply), None)  # 1 s
+    executor.execute(Commit(0, 0, step.post_step_digest), None)  # 1 s, not training
+    executor.execute(Evaluate(1), None)  # 1 s, not training
+    assert (executor.training_seconds, executor.busy_seconds) == (3.0, 5.0)
