@@ -18,6 +18,7 @@ from typing import Any
 
 from invar.model.errors import ConfigError
 from invar.model.schedule import report
+from invar.runtime.allocator import limit_fragmentation
 from invar.runtime.backend import LearnerBackend
 from invar.runtime.config import (
     OPERATIONAL,
@@ -66,6 +67,7 @@ def train(config: TrainConfig, resume: bool = False, serial: bool = False,
 
 
 def main(argv: list[str] | None = None) -> int:
+    limit_fragmentation()  # before the first tensor: the driver's threads each allocate
     parser = argparse.ArgumentParser(prog="invar", description=__doc__)
     commands = parser.add_subparsers(dest="command", required=True)
     run = commands.add_parser(

@@ -38,6 +38,7 @@ from invar.model.messages import (
     unpack_launches,
 )
 from invar.model.ragged import Ragged
+from invar.runtime.allocator import limit_fragmentation
 from invar.runtime.padding import Prompts, response_lengths
 from invar.runtime.policy import Policy, PolicyConfig
 from invar.runtime.sampler import generate
@@ -264,6 +265,7 @@ def _rows_of(table: np.ndarray, lengths: np.ndarray) -> Ragged:
 
 
 def main(argv: list[str]) -> int:
+    limit_fragmentation()
     raw = json.loads(argv[1])
     raw["faults"] = tuple(raw.get("faults", ()))
     args = WorkerArgs(**raw)
