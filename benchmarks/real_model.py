@@ -51,7 +51,7 @@ def _tree_rss(pid: int) -> int:
     return total
 
 
-def run(seed: int, updates: int, staleness: int, runs_dir: Path) -> Path:
+def run(seed: int, updates: int, staleness: int, runs_dir: Path, extra: list[str]) -> Path:
     from invar.runtime.gguf import packaged_model
     name = f"S{staleness}-seed{seed}"
     run_dir = runs_dir / name
@@ -62,7 +62,8 @@ def run(seed: int, updates: int, staleness: int, runs_dir: Path) -> Path:
                *(item for setting in (*SETTINGS, f"protocol.total_updates={updates}",
                                       f"protocol.seed={seed}",
                                       f"protocol.max_staleness={staleness}",
-                                      f"output.run_dir={run_dir}", "output.progress=false")
+                                      f"output.run_dir={run_dir}", "output.progress=false",
+                                      *extra)
                  for item in ("--set", setting))]
     began = time.perf_counter()
     process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
@@ -222,10 +223,12 @@ def main() -> None:
     go.add_argument("--updates", type=int, default=30)
     go.add_argument("--staleness", type=int, default=1)
     go.add_argument("--runs-dir", type=Path, default=ROOT / "runs" / "real_model")
+    go.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                    help="a further setting, e.g. learner.threads=2 (repeatable)")
     sub.add_parser("report")
     args = parser.parse_args()
     if args.what == "run":
-        print(run(args.seed, args.updates, args.staleness, args.runs_dir))
+        print(run(args.seed, args.updates, args.staleness, args.runs_dir, args.set))
     print(report())
 
 

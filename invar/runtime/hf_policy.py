@@ -300,7 +300,8 @@ class HFPolicy(nn.Module):
         return self.model.load_state_dict(state_dict, strict=strict, assign=assign)
 
     keeps_last_logits = True
-    """`forward(..., last=k)` computes the output layer for the last k positions alone."""
+    """`forward(..., last=k)` and `forward_with_cache(..., last=k)` compute the output layer
+    for the last k positions alone."""
 
     def forward(self, tokens: Tensor, attention_mask: Tensor | None = None,
                 positions: Tensor | None = None, last: int = 0) -> Tensor:
@@ -313,12 +314,13 @@ class HFPolicy(nn.Module):
                                             **_padding(attention_mask, positions)))
 
     def forward_with_cache(self, tokens: Tensor, cache: Any, attention_mask: Tensor | None = None,
-                           positions: Tensor | None = None) -> tuple[Tensor, Any]:
-        """Logits [B, T_new, V] for `tokens` [B, T_new] that follow the cached positions, and
-        the cache holding them too (transformers' cache object, extended in place);
-        `attention_mask` [B, cached + T_new] and `positions` [B, T_new] for left-padded rows."""
+                           positions: Tensor | None = None, last: int = 0) -> tuple[Tensor, Any]:
+        """Logits [B, T_new, V] for `tokens` [B, T_new] that follow the cached positions (for
+        the last `last` of them only, when it is > 0), and the cache holding them too
+        (transformers' cache object, extended in place); `attention_mask` [B, cached + T_new]
+        and `positions` [B, T_new] for left-padded rows."""
         output = self.model(input_ids=self._model_ids(tokens), use_cache=True,
-                            **{self._cache_argument: cache},
+                            logits_to_keep=last, **{self._cache_argument: cache},
                             **_padding(attention_mask, positions))
         return self._task_logits(output), getattr(output, self._cache_argument)
 
