@@ -65,6 +65,7 @@ from invar.runtime import journal as journal_io
 from invar.runtime.backend import LearnerBackend
 from invar.runtime.config import TrainConfig, task_section, to_dict, worker_names
 from invar.runtime.faults import with_frame_faults
+from invar.runtime.files import atomic_write
 from invar.runtime.interrupts import STOP_SIGNALS, Interrupted
 from invar.runtime.learner_executor import (
     LearnerExecutor,
@@ -83,7 +84,6 @@ from invar.runtime.transport import (
     TransportRefused,
 )
 from invar.runtime.verifier import make_verifier
-from invar.runtime.weights import atomic_write
 from invar.runtime.wire import check_hello, read_event_frame
 from invar.runtime.worker_args import worker_args
 
