@@ -58,6 +58,7 @@ from invar.model.messages import (
     dumps,
     encode,
     pack_launches,
+    packed_fields,
 )
 from invar.model.shell import LEARNER, STORE, TIMER, Delivery, Verdict, deliver, route
 from invar.model.state import State, WorkerPhase, completions_of, initial_state
@@ -257,7 +258,8 @@ class Driver:
             await self._ssh.check()
         if not self.resume:
             self._write_config()
-        self.journal = journal_io.Journal(journal_path, self.config.protocol, self.journal_key)
+        self.journal = journal_io.Journal(journal_path, self.config.protocol, self.journal_key,
+                                          self.config.output.journal_keep_updates)
         if self.resume:
             self.journal.sync()  # what the run is resumed from is durable before anything goes out
         self._synced = self.seq - 1
@@ -539,16 +541,19 @@ class Driver:
                 self.learner_queue.task_done()
             if answer is not None:
                 reply, encoded = answer
-                # Journalled as encoded in the learner's thread, as a worker's event is
-                # journalled as the worker encoded it.
-                self._received[id(reply)] = encoded
+                if encoded is not None:
+                    # Journalled as encoded in the learner's thread, as a worker's event is
+                    # journalled as the worker encoded it.
+                    self._received[id(reply)] = encoded
                 self.events.put_nowait(reply)
 
-    def _execute(self, command: Command, state: State) -> tuple[Event, str] | None:
+    def _execute(self, command: Command, state: State) -> tuple[Event, str | None] | None:
         """In the learner's thread: the command's inputs, the command, and its reply's
-        journal encoding."""
+        journal encoding (None for a reply with payloads: the journal stores those apart)."""
         reply = self.executor.execute(command, self.learner_inputs(state, self.task, command))
-        return None if reply is None else (reply, dumps(reply))
+        if reply is None:
+            return None
+        return reply, None if packed_fields(type(reply)) else dumps(reply)
 
     async def _publish(self, command: Publish) -> None:
         deleting = self._deleting.pop(command.version, None)
