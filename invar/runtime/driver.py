@@ -423,9 +423,10 @@ class Driver:
     async def _sync_and_release(self) -> None:
         """Sync the journal and dispatch the held commands its sync covers, in order, until
         none is held. One sync covers every line written before it starts, so a burst of
-        durable deliveries shares syncs."""
+        durable deliveries shares syncs. The journal's snapshots of the update boundaries a
+        sync made durable are written once the commands it released are out."""
         try:
-            while self._held:
+            while self._held or self.journal.snapshots_due:
                 if any(held.durable and held.seq > self._synced for held in self._held):
                     covered = self.seq - 1
                     self.stats.core_cpu_seconds += await asyncio.to_thread(self._sync)
@@ -442,6 +443,9 @@ class Driver:
                     self._dispatch(held.commands, held.state)
                 self.stats.core_seconds += time.perf_counter() - began
                 self.stats.core_cpu_seconds += time.thread_time() - began_cpu
+                if self.journal.snapshots_due:
+                    self.stats.core_cpu_seconds += await asyncio.to_thread(
+                        self._write_snapshots)
         finally:
             self._syncing = None
 
@@ -460,6 +464,13 @@ class Driver:
         began = time.thread_time()
         self.metrics.write_out()
         self.journal.sync()
+        return time.thread_time() - began
+
+    def _write_snapshots(self) -> float:
+        """In a thread: the journal's snapshots and pruning (`Journal.write_snapshots`).
+        Returns the CPU seconds it took (the driver's)."""
+        began = time.thread_time()
+        self.journal.write_snapshots()
         return time.thread_time() - began
 
     def _record(self, event: Event, before: State, after: State) -> None:

@@ -15,11 +15,12 @@ ignored on reading. The driver runs `sync` in a thread while it appends further 
 An event's token and log-prob payloads go, compressed, to the segment file of its update in
 `journal.d/`, written and fsynced before the lines that refer to them
 (`invar.journal_format.payloads`). With `keep_updates` (`output.journal_keep_updates`) K ≥ 1,
-each sync that makes an update boundary durable (the line that commits an update) also writes
-a snapshot of the state there and the ledger's new records (`invar.journal_format.snapshots`),
-then prunes: the snapshots before the one at the start of the last K committed updates, and
-the segments that neither its replay nor its samples need. The lines stay whole: the chain
-and the digests of what was pruned stay checkable.
+`write_snapshots`, after a sync that made update boundaries durable (lines that commit an
+update), writes a snapshot of the state at each and the ledger's new records
+(`invar.journal_format.snapshots`), then prunes: the snapshots before the one at the start of
+the last K committed updates, and the segments that neither its replay nor its samples need.
+The lines stay whole: the chain and the digests of what was pruned stay checkable. The driver
+runs it once the commands the sync released are out, so snapshots are not on their path.
 
 Replaying the journal through `shell.deliver` reproduces the driver's state exactly: that is
 how the driver resumes, and how `invar-check --trace` validates a real run against the model.
@@ -135,6 +136,8 @@ class Journal:
         self._update = 0
         """The update of the newest line appended with its states (the segment of a line
         appended with digests only)."""
+        self._due: list[tuple[int, State]] = []
+        """The update boundaries synced whose snapshots are not written yet."""
         if path.exists():
             self._chain = _drop_torn_tail(path)
         fresh = not path.exists() or path.stat().st_size == 0
@@ -162,7 +165,7 @@ class Journal:
         dict or as its compact JSON text (written as it is: encoding it again would cost
         more than the core). The line is kept as it is given and written out as text by
         `sync`, in the thread that syncs: the event path pays no encoding and no digest.
-        `sync`: make this line durable before returning."""
+        `sync`: make this line durable before returning (and `write_snapshots`)."""
         update = before.committed if isinstance(before, State) else self._update
         if isinstance(after, State):
             self._update = after.committed
@@ -171,6 +174,7 @@ class Journal:
             self._last_seq = seq
         if sync:
             self.sync()
+            self.write_snapshots()
 
     def sync(self) -> None:
         """Write every line appended so far and make it durable (lines appended while it
@@ -204,12 +208,28 @@ class Journal:
                 self._file.flush()
             os.fsync(self._file.fileno())
             self.synced_seq = covered
-            for line in boundaries:  # each state at a boundary, once its line is durable
-                assert self._retention is not None and isinstance(line.after, State)
-                self._retention.snapshot(line.seq, line.after)
+            # Each state at a boundary, once its line is durable.
+            self._due += [(line.seq, line.after) for line in boundaries
+                          if isinstance(line.after, State)]
+
+    @property
+    def snapshots_due(self) -> bool:
+        """Whether `write_snapshots` has snapshots to write."""
+        return bool(self._due)
+
+    def write_snapshots(self) -> None:
+        """The snapshots of the update boundaries synced since the last call, and the pruning
+        they allow (with `keep_updates`): apart from `sync`, so that its caller may first send
+        the commands the sync made durable (the driver does). One at a time with `sync`."""
+        with self._writing:
+            due, self._due = self._due, []
+            for seq, state in due:
+                assert self._retention is not None
+                self._retention.snapshot(seq, state)
 
     def close(self) -> None:
         self.sync()
+        self.write_snapshots()
         self._file.close()
         self._segments.close()
 
