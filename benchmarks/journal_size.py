@@ -1,12 +1,16 @@
-"""How big a run's journal is: bytes per update and per generated token, measured on a real run
+"""How big a run's journal is: bytes per update and per generated token, measured on real runs
 of the default configuration (digit reversal, the built-in policy: CPU-cheap).
 
-    python benchmarks/journal_size.py                  # 120 updates (the default run), writes
-                                                       # reports/journal_size.md
-    python benchmarks/journal_size.py --updates 40 --out /tmp/journal_size.md
+    python benchmarks/journal_size.py              # 120 updates (the default run), keeping
+                                                   # every payload, then the last 10 updates';
+                                                   # writes reports/journal_size.{md,json}
+    python benchmarks/journal_size.py --updates 40 --keep 5 --out /tmp/journal_size.md
 
 Each run is `invar train` in its own process, in a temporary directory. The generated tokens
-are those of every completion the journal holds (each accepted reply frame's tokens).
+are those of every completion the journal holds (each accepted reply frame's tokens); the run
+that prunes has the same configuration and seed, so the same ones. The journal format before
+this one (5) wrote every payload inline, in base64: its size is computed from the first run's
+events, line by line, as that format wrote them (`before` in the JSON).
 """
 
 from __future__ import annotations
@@ -17,13 +21,14 @@ import platform
 import subprocess
 import sys
 import tempfile
-from collections import Counter
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 REPORT = ROOT / "reports" / "journal_size.md"
+LINK = len(',"chain":"') + 64 + len('"}\n') - len("}")
+"""What a line's chain link and newline add to its text."""
 
 
 def train(run_dir: Path, updates: int, *overrides: str) -> None:
@@ -36,43 +41,94 @@ def train(run_dir: Path, updates: int, *overrides: str) -> None:
         raise SystemExit(f"invar train failed ({done.returncode}):\n{done.stderr[-3000:]}")
 
 
-def measure(run_dir: Path) -> dict[str, object]:
-    """The journal's bytes (in all, and by event type), its events, updates and tokens."""
-    from invar.model.messages import RequestsCompleted
+def on_disk(run_dir: Path) -> dict[str, int]:
+    """The journal's bytes: its lines, and what `journal.d/` holds, by kind of file."""
+    from invar.runtime import journal
+    sizes = {"lines": (run_dir / "journal.jsonl").stat().st_size, "segments": 0,
+             "snapshots": 0, "ledger": 0}
+    for path in journal.payload_dir(run_dir / "journal.jsonl").iterdir():
+        kind = ("segments" if path.name.startswith("segment-") else
+                "snapshots" if path.name.startswith("snapshot-") else "ledger")
+        sizes[kind] += path.stat().st_size
+    sizes["total"] = sum(sizes.values())
+    return sizes
+
+
+def tokens_and_before(run_dir: Path) -> tuple[int, int, int]:
+    """(generated tokens, events, bytes of the same journal in format 5: payloads inline)."""
+    from invar.model.messages import RequestsCompleted, encode, json_text
     from invar.runtime import journal
     path = run_dir / "journal.jsonl"
-    lines = path.read_text(encoding="utf-8").splitlines(keepends=True)
-    by_type: Counter[str] = Counter()
-    for line in lines[1:]:
-        by_type[json.loads(line)["event"]["type"]] += len(line.encode())
+    header = len(path.read_text(encoding="utf-8").splitlines(keepends=True)[0].encode())
     _, entries = journal.read(path)
-    tokens = sum(len(entry.event.completions.tokens.values) for entry in entries
-                 if isinstance(entry.event, RequestsCompleted))
-    summary = json.loads((run_dir / "summary.json").read_text())
-    return {"bytes": path.stat().st_size, "by_type": dict(by_type.most_common()),
-            "events": len(entries), "updates": summary["updates"], "tokens": tokens}
+    tokens = before = 0
+    for entry in entries:
+        assert entry.event is not None
+        if isinstance(entry.event, RequestsCompleted):
+            tokens += len(entry.event.completions.tokens.values)
+        text = json_text({"seq": entry.seq, "before": entry.before, "after": entry.after,
+                          "event": encode(entry.event)})
+        before += len(text) + LINK
+    return tokens, len(entries), header + before
 
 
-def render(measured: dict[str, object], updates: int) -> str:
-    total, tokens, done = measured["bytes"], measured["tokens"], measured["updates"]
-    assert isinstance(total, int) and isinstance(tokens, int) and isinstance(done, int)
-    by_type = measured["by_type"]
-    assert isinstance(by_type, dict)
+def measure(updates: int, keep: int) -> dict[str, object]:
+    with tempfile.TemporaryDirectory() as scratch:
+        every = Path(scratch) / "every"
+        train(every, updates)
+        tokens, events, before = tokens_and_before(every)
+        kept = Path(scratch) / "kept"
+        train(kept, updates, f"output.journal_keep_updates={keep}")
+        runs = {"every": on_disk(every), "kept": on_disk(kept)}
+        for name, run_dir in (("every", every), ("kept", kept)):
+            runs[name]["wall_seconds"] = json.loads(
+                (run_dir / "summary.json").read_text())["wall_seconds"]
+        done = json.loads((every / "summary.json").read_text())["updates"]
+    return {"updates": done, "keep": keep, "tokens": tokens, "events": events,
+            "before": before, "runs": runs, "python": platform.python_version()}
+
+
+def render(measured: dict) -> str:
+    updates, tokens, keep = measured["updates"], measured["tokens"], measured["keep"]
+    every, kept = measured["runs"]["every"], measured["runs"]["kept"]
+
+    def row(name: str, total: int) -> str:
+        return f"| {name} | {total:,} | {total / updates:,.0f} | {total / tokens:.1f} |"
+
+    growing = kept["lines"] + kept["ledger"]
     lines = [
         "# Journal size",
         "",
-        f"Generated by `benchmarks/journal_size.py` (`--updates {updates}`): a real `invar train`",
-        f"run of the default configuration, {done} updates; Python {platform.python_version()}.",
+        f"Generated by `benchmarks/journal_size.py --updates {updates} --keep {keep}`: real "
+        f"`invar train` runs of the default configuration, {updates} updates, "
+        f"{measured['events']:,} events, {tokens:,} generated tokens; Python "
+        f"{measured['python']}. Bytes on disk at the end of the run.",
         "",
         "| journal | bytes | bytes / update | bytes / generated token |",
         "|---|---:|---:|---:|",
-        f"| journal.jsonl | {total:,} | {total / done:,.0f} | {total / tokens:.1f} |",
+        row("format 5 (before): payloads inline, base64", measured["before"]),
+        row("format 6, every update's payloads kept (the default)", every["total"]),
+        row(f"format 6, the last {keep} updates' payloads kept", kept["total"]),
         "",
-        f"{measured['events']:,} events, {tokens:,} generated tokens.",
+        "Where the bytes are (format 6):",
         "",
-        "| event type | bytes | share |",
+        "| | every update kept | last updates kept |",
         "|---|---:|---:|",
-        *(f"| {kind} | {size:,} | {size / total:.1%} |" for kind, size in by_type.items()),
+        *(f"| {name} | {every[key]:,} | {kept[key]:,} |" for key, name in (
+            ("lines", "journal.jsonl: the lines, payloads referred to by digest"),
+            ("segments", "journal.d/segment-*.bin: the payloads, compressed"),
+            ("snapshots", "journal.d/snapshot-*.json: the states replays start from"),
+            ("ledger", "journal.d/ledger.jsonl: the ledger's records"))),
+        "",
+        f"Keeping the last {keep} updates, what still grows with the run is the lines and the "
+        f"ledger: {growing / updates:,.0f} bytes per update; the segments and snapshots kept "
+        f"stay about {keep} updates' worth ({(kept['segments'] + kept['snapshots']) / keep:,.0f}"
+        f" bytes per kept update here).",
+        "",
+        f"The runs took {every['wall_seconds']:.1f} s (every update kept) and "
+        f"{kept['wall_seconds']:.1f} s (the last {keep} kept: a snapshot and the ledger's new "
+        f"record written, fsynced, at each update boundary), on a machine that may be shared: "
+        f"indicative only.",
         "",
     ]
     return "\n".join(lines)
@@ -81,14 +137,14 @@ def render(measured: dict[str, object], updates: int) -> str:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--updates", type=int, default=120)
+    parser.add_argument("--keep", type=int, default=10,
+                        help="output.journal_keep_updates of the second run")
     parser.add_argument("--out", type=Path, default=REPORT)
     args = parser.parse_args()
-    with tempfile.TemporaryDirectory() as scratch:
-        run_dir = Path(scratch) / "run"
-        train(run_dir, args.updates)
-        measured = measure(run_dir)
-    text = render(measured, args.updates)
+    measured = measure(args.updates, args.keep)
+    text = render(measured)
     args.out.write_text(text)
+    args.out.with_suffix(".json").write_text(json.dumps(measured, indent=2) + "\n")
     print(text)
     return 0
 
