@@ -70,9 +70,16 @@ def killed(tmp_path_factory, rt):
                                    start_new_session=True)
     deadline = time.monotonic() + 120
     try:
-        while rt.commits_in(run_dir) < KILL_AFTER_COMMITS or 0 in _segments(run_dir):
+        while True:
             assert process.poll() is None, "invar train ended before it could be killed"
             assert time.monotonic() < deadline, "invar train made no progress"
+            if rt.commits_in(run_dir) >= KILL_AFTER_COMMITS and 0 not in _segments(run_dir):
+                # Stopped, it is looked at as it will be killed: with a kept payload that a
+                # resume and a validation both need (the tests below damage one).
+                os.killpg(process.pid, signal.SIGSTOP)
+                if _needed_payload(run_dir) is not None:
+                    break
+                os.killpg(process.pid, signal.SIGCONT)
             time.sleep(0.01)
     finally:
         os.killpg(process.pid, signal.SIGKILL)
@@ -146,16 +153,24 @@ def test_trace_of_a_pruned_run_cut_short_is_a_valid_prefix(killed, capsys):
         in out, out
 
 
-def _needed_payload(run_dir: Path) -> tuple[Path, int]:
+def _needed_payload(run_dir: Path) -> tuple[Path, int] | None:
     """The segment file of a payload that a resume (from the newest snapshot) and a validation
     (from the oldest) both read: a frame the newest snapshot's samples are rows of, else one a
-    line after it refers to; and the offset of its stored bytes."""
-    newest = json.loads(_snapshots(run_dir)[-1].read_bytes())
+    line after it refers to; and the offset of its stored bytes. None: there is none yet."""
+    snapshots = _snapshots(run_dir)
+    if not snapshots:
+        return None
+    newest = json.loads(snapshots[-1].read_bytes())
     references = [tuple(frame) for frame in newest["frames"]]
     for line in (run_dir / "journal.jsonl").read_text().splitlines()[newest["seq"] + 2:]:
-        references += [(value["segment"], value["payload"])
-                       for value in json.loads(line)["event"].values()
+        try:
+            event = json.loads(line)["event"]
+        except ValueError:  # a line cut by the stop: not one
+            continue
+        references += [(value["segment"], value["payload"]) for value in event.values()
                        if isinstance(value, dict) and "payload" in value]
+    if not references:
+        return None
     segment, digest = references[0]
     path = segment_files(_payloads(run_dir))[segment]
     return path, scan(path)[0][digest].offset
@@ -174,7 +189,9 @@ def _flip(path: Path, offset: int) -> None:
 def test_a_changed_or_missing_kept_segment_is_refused_naming_it(killed, tmp_path, rt, damage,
                                                                  why):
     run_dir = _copy(killed, tmp_path / "run")
-    path, offset = _needed_payload(run_dir)
+    needed = _needed_payload(run_dir)
+    assert needed is not None
+    path, offset = needed
     damage(path, offset)
     before = (run_dir / "journal.jsonl").read_bytes()
 
