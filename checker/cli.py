@@ -513,26 +513,29 @@ def _trace(path: Path, console: Console, key_file: str | None = None,
     try:
         key = None if key_file is None else journal_format.read_key(Path(key_file), path.parent)
         contents = journal_format.read_contents(path, key)
-    except journal_format.ChainError as error:
+    except (journal_format.ChainError, journal_format.PayloadError,
+            journal_format.SnapshotError) as error:
         where, _, why = str(error).partition(": ")
         console.print(f"[red bold]departure[/red bold] at {where}: {why}")
         return 1
     except (OSError, journal_format.JournalError, ConfigError) as error:
         print(f"invar-check: {error}", file=sys.stderr)
         return 2
-    config, entries = contents.config, contents.entries
+    config, entries, start = contents.config, contents.entries, contents.start
     checked = 0
-    state = None
-    for entry, _, after in journal_format.replay(config, entries, check_invariants=True):
+    state = None if start is None else start.state
+    for entry, _, after in journal_format.replay(config, entries, check_invariants=True,
+                                                 start=start):
         if isinstance(after, journal_format.Departure):
+            kind = "pruned" if entry.event is None else type(entry.event).__name__
             console.print(f"[red bold]departure[/red bold] at {path}:{after.line} "
-                          f"(event {after.seq}, {type(entry.event).__name__}): {after.reason}")
-            console.print(f"the first {checked} events match the model")
+                          f"(event {after.seq}, {kind}): {after.reason}")
+            console.print(f"the first {checked} events replayed match the model")
             return 1
         checked += 1
         state = after
     try:
-        rescored = _rescore(path, config, entries, rescore)
+        rescored = _rescore(path, contents, rescore)
     except (OSError, ValueError, ConfigError) as error:
         print(f"invar-check: --rescore: {error}", file=sys.stderr)
         return 2
@@ -540,23 +543,29 @@ def _trace(path: Path, console: Console, key_file: str | None = None,
         console.print(f"[red bold]departure[/red bold] at {path}:{rescored.line}: {rescored}")
         return 1
     keyed = "; its keyed chain holds" if key is not None else ""
+    replayed = (f"all {checked} events match the model" if start is None else
+                f"the last {checked} of {len(entries)} events match the model, replayed from "
+                f"{start.path.name} (the state at the start of update "
+                f"{start.state.committed}, its digest the one line {start.seq + 2} records); "
+                f"the {start.seq + 1} events before it are checked by their chain links, "
+                f"sequence numbers and state digests only, not replayed (their payloads "
+                f"pruned: output.journal_keep_updates)")
     if state is not None and run_complete(state) and not contents.torn:
-        console.print(f"[green]{path}: complete run: all {checked} events match the model"
-                      f"[/green]; every invariant holds and every recorded digest agrees"
-                      f"{keyed}; {rescored}")
+        console.print(f"[green]{path}: complete run: {replayed}[/green]; every invariant "
+                      f"holds and every recorded digest agrees{keyed}; {rescored}")
         return 0
     committed = 0 if state is None else state.committed
     torn = (f"; its last line is torn ({len(contents.torn)} "
             f"characters after the last newline, ignored)" if contents.torn else "")
     console.print(f"[yellow]{path}: valid prefix, run incomplete: ends at update {committed} "
-                  f"of {config.total_updates}[/yellow] after {checked} events, every one "
-                  f"matching the model{keyed}; {rescored}{torn}")
+                  f"of {config.total_updates}[/yellow]: {replayed}{keyed}; {rescored}{torn}")
     return 3
 
 
-def _rescore(path: Path, config: Any, entries: list[journal_format.Entry],
+def _rescore(path: Path, contents: journal_format.Contents,
              asked: bool | None) -> journal_format.Rescored | str:
-    """The first journalled reward the task's verifier does not give, or what was done."""
+    """The first journalled reward the task's verifier does not give, or what was done (the
+    rewards of the completions kept: those a replay from `contents.start` reads)."""
     if asked is False:
         return "rewards not re-scored (--no-rescore)"
     if asked is None and not (path.parent / "config.json").is_file():
@@ -571,14 +580,16 @@ def _rescore(path: Path, config: Any, entries: list[journal_format.Entry],
     if built.score is None:
         return (f"rewards not re-scored (task {built.task!r}: its verifier's cost is unknown; "
                 f"--rescore re-scores them)")
-    found = journal_format.rescore(config, entries, built.score, built.failure_reward)
+    found = journal_format.rescore(contents.config, contents.entries, built.score,
+                                   built.failure_reward, start=contents.start)
     if found.mismatch is not None:
         return found.mismatch
+    kept = "" if contents.start is None else " kept"
     if not found.failures:
-        return f"all {found.scored} journalled rewards are the task verifier's"
-    return (f"{found.scored - found.failures} of {found.scored} journalled rewards are the task "
-            f"verifier's, {found.failures} task.failure_reward = {built.failure_reward!r} where "
-            f"it now gives another (their call failed or timed out in the run)")
+        return f"all {found.scored}{kept} journalled rewards are the task verifier's"
+    return (f"{found.scored - found.failures} of {found.scored}{kept} journalled rewards are the "
+            f"task verifier's, {found.failures} task.failure_reward = {built.failure_reward!r} "
+            f"where it now gives another (their call failed or timed out in the run)")
 
 
 def _prove(console: Console, assume_valid: bool) -> int:

@@ -5,9 +5,10 @@ Layering (each layer imports only the ones above it):
     invar.model    the pure core: config, schedule, messages, state, `step`, invariants,
                    objective. Standard library and numpy only; no I/O, no clocks, no randomness.
     invar.journal_format
-                   the journal's lines, read and replayed through `step` (file reading, no
-                   writing policy): shared by the runtime, which writes journals, and the
-                   checker, which validates them, without the checker importing the runtime.
+                   the journal's lines, payload segments and snapshots, read and replayed
+                   through `step` (file reading and layouts, no writing policy): shared by the
+                   runtime, which writes journals, and the checker, which validates them,
+                   without the checker importing the runtime.
     invar.testing  deterministic fakes of every component (public: the checker, the property
                    tests and the runtime's conformance tests all drive `step` with them).
     invar.runtime  the imperative shell: driver, journal, transports, learners, workers, CLI.

@@ -50,6 +50,18 @@ def test_the_held_out_curve_is_the_report_s():
     assert f"Held-out greedy reward goes {' → '.join(points)}." in said, points
 
 
+def test_the_journal_sizes_are_the_report_s():
+    measured = json.loads((ROOT / "reports" / "journal_size.json").read_text())
+    updates, tokens = measured["updates"], measured["tokens"]
+    every, kept = measured["runs"]["every"], measured["runs"]["kept"]
+    said = " ".join(README.split())
+    assert (f"The default run's journal takes {every['total'] / 1e6:.1f} MB, "
+            f"{every['total'] / tokens:.1f} bytes per generated token "
+            f"({measured['before'] / tokens:.1f} before the payloads left the lines") in said
+    assert (f"{(kept['lines'] + kept['ledger']) / updates:,.0f} bytes per update on the default "
+            f"run with K = {measured['keep']}.") in said
+
+
 def _shell_examples() -> list[tuple[str, str]]:
     """Each `$ ...` command in the README's indented blocks (continuation lines joined), with
     the line that follows it."""

@@ -1232,6 +1232,12 @@ def _logprobs(values: np.ndarray) -> bool:
                                    and np.minimum.reduce(values) > -math.inf)
 
 
+def sample_digests(frame: Completions) -> list[str]:
+    """Each completion's digest, as a `Sample` holds it (hex): how a stored sample is checked
+    against its content (a journal's snapshot)."""
+    return list(map(bytes.hex, _sample_digests(frame)))
+
+
 def _sample_digests(frame: Completions) -> list[bytes]:
     """Each completion's digest, as its 12 bytes (a sample's `digest` is their hex; the batch
     digest's terms are taken from the bytes): blake2b_96 over its tokens as little-endian

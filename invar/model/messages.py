@@ -20,7 +20,7 @@ import json
 import struct
 import types
 import typing
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, NamedTuple, Union
 
@@ -364,6 +364,28 @@ def encode(message: Any) -> dict[str, Any]:
 
 
 def decode(data: Any) -> Any:
+    return decode_with(data, None)
+
+
+Packer = Callable[[str, Any], Any]
+Unpacker = Callable[[str, Any, str], Any]
+
+
+def encode_with(message: Any, packed: Packer) -> dict[str, Any]:
+    """`encode(message)` with each packed field (`packed_fields`: a frame's completions, a
+    log-prob matrix; a None stays None) written as `packed(name, value)` returns: how the
+    journal keeps those arrays apart, by reference."""
+    body = {"type": type(message).__name__, "v": ENCODING_VERSION}
+    plan: tuple[tuple[str, Any], ...] = _encoding_plan(type(message))  # type: ignore[arg-type]
+    for name, packer in plan:
+        value = getattr(message, name)
+        body[name] = _to_json(value) if packer is None or value is None else packed(name, value)
+    return body
+
+
+def decode_with(data: Any, unpacked: Unpacker | None) -> Any:
+    """`decode(data)`, each packed field (`packed_fields`; a None stays None) read by
+    `unpacked(name, value, where)` when it is given: the mirror of `encode_with`."""
     if not isinstance(data, dict):
         raise DecodeError(f"message must be a JSON object, got {type(data).__name__}")
     name = data.get("type")
@@ -373,7 +395,14 @@ def decode(data: Any) -> Any:
         raise DecodeError(f"v: {name} encoded with version {data.get('v')!r}, "
                           f"expected {ENCODING_VERSION}")
     cls = _REGISTRY[name]
-    return _decode_dataclass(cls, data, name, skip=("type", "v"))
+    return _decode_dataclass(cls, data, name, skip=("type", "v"), unpacked=unpacked)
+
+
+def packed_fields(cls: type) -> tuple[str, ...]:
+    """The fields of message type `cls` that travel as packed arrays (`pack_matrix`,
+    `pack_completions`): the token and log-prob payloads."""
+    plan: tuple[tuple[str, Any], ...] = _encoding_plan(cls)
+    return tuple(name for name, packer in plan if packer is not None)
 
 
 def dumps(message: Any) -> str:
@@ -594,7 +623,7 @@ def completions_to_bytes(completions: Completions) -> bytes:
     ))
 
 
-def completions_from_bytes(blob: bytes, count: Any, where: str) -> Completions:
+def completions_from_bytes(blob: bytes | memoryview, count: Any, where: str) -> Completions:
     """`completions_to_bytes`' columns of `count` completions, as arrays over `blob` (read-only,
     not copied); a `DecodeError` names the column whose size is wrong. What the values are
     (finite, in range) is the core's to judge, as for `unpack_completions`."""
@@ -720,7 +749,8 @@ def _schema(cls: type) -> tuple[dict[str, Any], tuple[str, ...]]:
 
 
 @typing.no_type_check
-def _decode_dataclass(cls: type, data: dict, where: str, skip: tuple[str, ...] = ()) -> Any:
+def _decode_dataclass(cls: type, data: dict, where: str, skip: tuple[str, ...] = (),
+                      unpacked: Unpacker | None = None) -> Any:
     hints, names = _schema(cls)
     unknown = set(data) - set(names) - set(skip)
     if unknown:
@@ -728,7 +758,9 @@ def _decode_dataclass(cls: type, data: dict, where: str, skip: tuple[str, ...] =
     missing = [n for n in names if n not in data]
     if missing:
         raise DecodeError(f"{where}: missing field(s) {missing}")
-    return cls(**{n: _from_json(hints[n], data[n], f"{where}.{n}") for n in names})
+    given = () if unpacked is None else packed_fields(cls)
+    return cls(**{n: unpacked(n, data[n], f"{where}.{n}") if n in given and data[n] is not None
+                  else _from_json(hints[n], data[n], f"{where}.{n}") for n in names})
 
 
 @typing.no_type_check

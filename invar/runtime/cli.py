@@ -319,11 +319,12 @@ def _restore_journal(path: Path, config: TrainConfig, journal_key: bytes | None)
                           ) from None
     del raw
     try:
-        protocol, entries = journal.read(path, journal_key)
-        restored = journal.replayed(path, protocol, entries)
+        contents = journal.read_contents(path, journal_key, start="last")
+        restored = journal.replayed(path, contents)
     except journal.JournalError as error:
         where, _, why = str(error).partition(": ")  # "PATH:LINE: why"
         raise ConfigError((where,), f"cannot be resumed from: {why}") from None
+    protocol = contents.config
     if protocol != config.protocol:
         old = to_dict(protocol)
         new = to_dict(config.protocol)
@@ -333,8 +334,9 @@ def _restore_journal(path: Path, config: TrainConfig, journal_key: bytes | None)
                           "a run cannot change its protocol")
     verifier = task_verifier(config, any_task=False)
     if verifier.score is not None:
-        mismatch = rescore(protocol, entries, verifier.score, verifier.failure_reward,
-                           from_batch=restored[1].committed).mismatch
+        mismatch = rescore(protocol, contents.entries, verifier.score,
+                           verifier.failure_reward, from_batch=restored[1].committed,
+                           start=contents.start).mismatch
         if mismatch is not None:
             raise ConfigError((f"{path}:{mismatch.line}",), f"cannot be resumed from: "
                               f"{mismatch} (a batch not yet trained on)")

@@ -32,13 +32,9 @@ import torch
 
 from invar.runtime.backend import Binding, checked_cotangent
 from invar.runtime.config import OptimConfig
+from invar.runtime.files import atomic_write_leftovers, atomic_write_with
 from invar.runtime.policy_config import PolicyConfig
-from invar.runtime.weights import (
-    atomic_write_leftovers,
-    atomic_write_with,
-    state_dict_to_bytes,
-    weights_digest,
-)
+from invar.runtime.weights import state_dict_to_bytes, weights_digest
 
 COMMIT_PREFIX = "commit-"
 _COMMIT_NAME = re.compile(rf"{COMMIT_PREFIX}(\d{{6,}})\.pt")

@@ -248,6 +248,13 @@ class OutputConfig:
     """The core's retry timer: outstanding commands are re-sent after this long."""
     progress: bool = True
     """Show a progress bar."""
+    journal_keep_updates: int = 0
+    """The journal's token and log-prob payloads kept: 0 keeps every update's (the whole run
+    can be replayed and validated); K >= 1 keeps the last K committed updates' and the one in
+    progress', with a snapshot of the core's state at the start of each, and deletes older
+    ones (a resume starts from the newest snapshot, `invar-check --trace` replays from the
+    oldest; every line of the journal stays, its digest chain checked across what was
+    dropped). README, "Journal size and retention"."""
 
 
 @dataclass(frozen=True)
@@ -317,6 +324,9 @@ class TrainConfig:
             raise ConfigError(("output.trackers",), "names a tracker twice")
         if not self.output.retry_seconds > 0:
             raise ConfigError(("output.retry_seconds",), "must be > 0")
+        if self.output.journal_keep_updates < 0:
+            raise ConfigError(("output.journal_keep_updates",),
+                              "must be >= 0 (0 keeps every update's payloads)")
         return self
 
     def _validate_task(self) -> Any:
@@ -507,7 +517,7 @@ OPERATIONAL = (
     "task.verifier_processes",
     "learner.device", "learner.threads", "learner.keep_commits", "learner.cpus",
     "output.run_dir", "output.tensorboard", "output.trackers", "output.retry_seconds",
-    "output.progress",
+    "output.progress", "output.journal_keep_updates",
 )
 """The keys a resumed run may change: where and how fast the run executes, never what it
 computes (the logical schedule, the policy, the optimizer, the task or the sampling). Listed

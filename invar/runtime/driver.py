@@ -58,6 +58,7 @@ from invar.model.messages import (
     dumps,
     encode,
     pack_launches,
+    packed_fields,
 )
 from invar.model.shell import LEARNER, STORE, TIMER, Delivery, Verdict, deliver, route
 from invar.model.state import State, WorkerPhase, completions_of, initial_state
@@ -65,6 +66,7 @@ from invar.runtime import journal as journal_io
 from invar.runtime.backend import LearnerBackend
 from invar.runtime.config import TrainConfig, task_section, to_dict, worker_names
 from invar.runtime.faults import with_frame_faults
+from invar.runtime.files import atomic_write
 from invar.runtime.interrupts import STOP_SIGNALS, Interrupted
 from invar.runtime.learner_executor import (
     LearnerExecutor,
@@ -83,7 +85,6 @@ from invar.runtime.transport import (
     TransportRefused,
 )
 from invar.runtime.verifier import make_verifier
-from invar.runtime.weights import atomic_write
 from invar.runtime.wire import check_hello, read_event_frame
 from invar.runtime.worker_args import worker_args
 
@@ -257,7 +258,8 @@ class Driver:
             await self._ssh.check()
         if not self.resume:
             self._write_config()
-        self.journal = journal_io.Journal(journal_path, self.config.protocol, self.journal_key)
+        self.journal = journal_io.Journal(journal_path, self.config.protocol, self.journal_key,
+                                          self.config.output.journal_keep_updates)
         if self.resume:
             self.journal.sync()  # what the run is resumed from is durable before anything goes out
         self._synced = self.seq - 1
@@ -421,9 +423,10 @@ class Driver:
     async def _sync_and_release(self) -> None:
         """Sync the journal and dispatch the held commands its sync covers, in order, until
         none is held. One sync covers every line written before it starts, so a burst of
-        durable deliveries shares syncs."""
+        durable deliveries shares syncs. The journal's snapshots of the update boundaries a
+        sync made durable are written once the commands it released are out."""
         try:
-            while self._held:
+            while self._held or self.journal.snapshots_due:
                 if any(held.durable and held.seq > self._synced for held in self._held):
                     covered = self.seq - 1
                     self.stats.core_cpu_seconds += await asyncio.to_thread(self._sync)
@@ -440,6 +443,9 @@ class Driver:
                     self._dispatch(held.commands, held.state)
                 self.stats.core_seconds += time.perf_counter() - began
                 self.stats.core_cpu_seconds += time.thread_time() - began_cpu
+                if self.journal.snapshots_due:
+                    self.stats.core_cpu_seconds += await asyncio.to_thread(
+                        self._write_snapshots)
         finally:
             self._syncing = None
 
@@ -458,6 +464,13 @@ class Driver:
         began = time.thread_time()
         self.metrics.write_out()
         self.journal.sync()
+        return time.thread_time() - began
+
+    def _write_snapshots(self) -> float:
+        """In a thread: the journal's snapshots and pruning (`Journal.write_snapshots`).
+        Returns the CPU seconds it took (the driver's)."""
+        began = time.thread_time()
+        self.journal.write_snapshots()
         return time.thread_time() - began
 
     def _record(self, event: Event, before: State, after: State) -> None:
@@ -539,16 +552,19 @@ class Driver:
                 self.learner_queue.task_done()
             if answer is not None:
                 reply, encoded = answer
-                # Journalled as encoded in the learner's thread, as a worker's event is
-                # journalled as the worker encoded it.
-                self._received[id(reply)] = encoded
+                if encoded is not None:
+                    # Journalled as encoded in the learner's thread, as a worker's event is
+                    # journalled as the worker encoded it.
+                    self._received[id(reply)] = encoded
                 self.events.put_nowait(reply)
 
-    def _execute(self, command: Command, state: State) -> tuple[Event, str] | None:
+    def _execute(self, command: Command, state: State) -> tuple[Event, str | None] | None:
         """In the learner's thread: the command's inputs, the command, and its reply's
-        journal encoding."""
+        journal encoding (None for a reply with payloads: the journal stores those apart)."""
         reply = self.executor.execute(command, self.learner_inputs(state, self.task, command))
-        return None if reply is None else (reply, dumps(reply))
+        if reply is None:
+            return None
+        return reply, None if packed_fields(type(reply)) else dumps(reply)
 
     async def _publish(self, command: Publish) -> None:
         deleting = self._deleting.pop(command.version, None)

@@ -19,9 +19,9 @@ from typing import Any
 import numpy as np
 
 from invar.model.ragged import Ragged
+from invar.runtime.files import atomic_write
 from invar.runtime.hint import HINT_AFTER
 from invar.runtime.tasks import describe
-from invar.runtime.weights import atomic_write
 
 LIFE_COUNTS = ("noops", "refused", "malformed_frames", "worker_deaths")
 """What a life counts beside `counters` (`Stats`' fields), summed over the lives."""

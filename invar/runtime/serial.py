@@ -69,7 +69,8 @@ def run_serial(config: TrainConfig, learner: LearnerBackend,
     failures = VerifierFailures()
     store = WeightsStore(run_dir / "store")
     (run_dir / "config.json").write_text(json.dumps(to_dict(config), indent=2))
-    journal = journal_io.Journal(journal_path, config.protocol, journal_key)
+    journal = journal_io.Journal(journal_path, config.protocol, journal_key,
+                                 config.output.journal_keep_updates)
     stats = Stats()
     workers: dict[str, RolloutWorker] = {}
     state = initial_state(config.protocol)

@@ -18,7 +18,7 @@ from pathlib import Path
 
 from invar.runtime.backend import LearnerBackend
 from invar.runtime.commits import CommitError
-from invar.runtime.weights import atomic_write
+from invar.runtime.files import atomic_write
 
 log = logging.getLogger("invar.store")
 

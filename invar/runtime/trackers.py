@@ -20,7 +20,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Protocol
 
-from invar.runtime.weights import atomic_write
+from invar.runtime.files import atomic_write
 
 STATE_FILE = "trackers.json"
 """In the run directory: each tracker's run id, for the resumed run to reattach."""

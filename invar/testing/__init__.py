@@ -21,9 +21,19 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from invar.journal_format import CHAIN_START, linked, unlinked
+from invar.journal_format.payloads import (
+    Segments,
+    payload_bytes,
+    payload_dir,
+    record_of,
+    reference,
+    referenced,
+    segment_path,
+)
 from invar.model.config import RunConfig
 from invar.model.messages import (
     ApplyCotangent,
@@ -48,8 +58,6 @@ from invar.model.messages import (
     VersionPublished,
     WeightsLoaded,
     WorkerConnected,
-    decode,
-    encode,
 )
 from invar.model.state import State
 from invar.model.world import (
@@ -188,13 +196,21 @@ def framed(events: list[Event]) -> list[Event]:
     return out
 
 
-def edit_completion(encoded: dict[str, Any], index: int, **changes: Any) -> dict[str, Any]:
-    """A journal line's `RequestsCompleted` encoding with completion `index` changed (fields
-    as `Completion`'s): how tests tamper with a journal whose completions travel packed."""
-    frame = decode(encoded)
-    completions = list(frame.completions)
+def edit_completion(journal: Path, encoded: dict[str, Any], index: int,
+                    **changes: Any) -> dict[str, Any]:
+    """A line of `journal`: its `RequestsCompleted` encoding with completion `index` changed
+    (fields as `Completion`'s), the changed frame appended to the line's segment file (the
+    original stays): how tests tamper with a journal whose completions lie in segments. The
+    line's chain link is the caller's to leave stale or compute again (`relinked`)."""
+    segment, digest = referenced(encoded["completions"], "completions")
+    frame = Segments(payload_dir(journal)).load(segment, digest, line=0, completions=True)
+    assert isinstance(frame, Completions)
+    completions = list(frame)
     completions[index] = dataclasses.replace(completions[index], **changes)
-    return encode(dataclasses.replace(frame, completions=Completions.of(completions)))
+    changed, record = record_of(payload_bytes(Completions.of(completions)))
+    with open(segment_path(payload_dir(journal), segment), "ab") as file:
+        file.write(record)
+    return {**encoded, "completions": reference(segment, changed)}
 
 
 def relinked(lines: list[str], key: bytes | None = None) -> str:

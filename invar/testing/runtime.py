@@ -45,8 +45,8 @@ from invar.model.world import (
     step_digest,
     version_digest,
 )
+from invar.runtime.files import atomic_write
 from invar.runtime.transport import MemoryTransport
-from invar.runtime.weights import atomic_write
 from invar.runtime.wire import event_frame, hello
 
 

@@ -13,6 +13,7 @@ import importlib.util
 import itertools
 import json
 import re
+import shutil
 import sys
 from dataclasses import fields
 from pathlib import Path
@@ -27,6 +28,7 @@ from seeded_bugs import BY_NAME  # noqa: E402
 from checker import Checker, Property, Verdict, pinned  # noqa: E402
 from checker.cli import main, regression_test  # noqa: E402
 from checker.invar_model import Bounds, InvarModel, _rename_core, load_bounds  # noqa: E402
+from invar.journal_format import payload_dir  # noqa: E402
 from invar.model import LearnerPhase, logical_projection, transitions  # noqa: E402
 from invar.model.messages import StepFinished  # noqa: E402
 from invar.runtime.journal import write_events  # noqa: E402
@@ -428,9 +430,10 @@ def test_cli_trace_accepts_a_real_journal_and_reports_a_tampered_one(
                   if '"RequestsCompleted"' in line)  # 0-based index; file line number + 1
     record = json.loads(lines[number])
     original = record["event"]
-    record["event"] = edit_completion(original, 0, reward=1.0)
-    lines[number] = json.dumps(record, separators=(",", ":"))
     tampered = tmp_path / "tampered.jsonl"
+    shutil.copytree(payload_dir(path), payload_dir(tampered))  # its payloads, to tamper with
+    record["event"] = edit_completion(tampered, original, 0, reward=1.0)
+    lines[number] = json.dumps(record, separators=(",", ":"))
     tampered.write_text("\n".join(lines) + "\n")
     assert main(["--trace", str(tampered)]) == 1
     out = capsys.readouterr().out
@@ -441,7 +444,7 @@ def test_cli_trace_accepts_a_real_journal_and_reports_a_tampered_one(
     assert "departure" in out and f"{tampered}:{number + 1}" in out
     assert "state digest after" in out
     # An event the model refuses (a completion claiming another version).
-    record["event"] = edit_completion(original, 0, version=1)
+    record["event"] = edit_completion(tampered, original, 0, version=1)
     lines[number] = json.dumps(record, separators=(",", ":"))
     tampered.write_text(relinked([line + "\n" for line in lines]))
     assert main(["--trace", str(tampered)]) == 1

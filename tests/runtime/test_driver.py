@@ -18,7 +18,7 @@ import pytest
 
 from invar.model import schedule
 from invar.model.core import logical_projection, run_complete, step
-from invar.model.messages import LaunchRequest, decode, one_per_request
+from invar.model.messages import LaunchRequest, RequestsCompleted, one_per_request
 from invar.model.schedule import RequestId
 from invar.model.state import state_digest
 from invar.runtime import journal
@@ -72,19 +72,26 @@ def _completion_lines(lines: list[str]) -> list[int]:
             if json.loads(lines[i])["event"]["type"] == "RequestsCompleted"]
 
 
-def _change_reward(lines: list[str], number: int) -> None:
+def _change_reward(path: Path, lines: list[str], number: int) -> None:
     record = json.loads(lines[number - 1])
-    reward = decode(record["event"]).completions[0].reward
-    record["event"] = edit_completion(record["event"], 0, reward=reward + 0.25)
+    _, entries = journal.read(path)
+    reward = entries[number - 2].event.completions[0].reward
+    record["event"] = edit_completion(path, record["event"], 0, reward=reward + 0.25)
     lines[number - 1] = json.dumps(record, separators=(",", ":")) + "\n"
 
 
-def _delete(lines: list[str], number: int) -> None:
+def _delete(path: Path, lines: list[str], number: int) -> None:
     del lines[number - 1]
 
 
-def _swap(lines: list[str], number: int) -> None:
+def _swap(path: Path, lines: list[str], number: int) -> None:
     lines[number - 1], lines[number] = lines[number], lines[number - 1]
+
+
+def _copy_journal(run_dir: Path, path: Path) -> None:
+    """The run's journal, its payloads with it, as `path`."""
+    shutil.copyfile(run_dir / "journal.jsonl", path)
+    shutil.copytree(journal.payload_dir(run_dir / "journal.jsonl"), journal.payload_dir(path))
 
 
 @pytest.mark.parametrize("tamper, why", [
@@ -96,8 +103,9 @@ def test_tampered_journal_departs_at_the_tampered_line(baseline, tmp_path, tampe
     _, _, run_dir = baseline
     lines = _lines(run_dir)
     number = _completion_lines(lines)[-1]
-    tamper(lines, number)
     path = tmp_path / "journal.jsonl"
+    _copy_journal(run_dir, path)
+    tamper(path, lines, number)
     path.write_text("".join(lines))
     # The chain sees the edit first; linked again, the model does.
     with pytest.raises(journal.ChainError, match=f"journal.jsonl:{number}:"):
@@ -116,7 +124,7 @@ def test_tampered_journal_departs_at_the_tampered_line(baseline, tmp_path, tampe
 def test_torn_last_line_is_dropped_and_not_glued_to_the_next(baseline, tmp_path):
     config, state, run_dir = baseline
     path = tmp_path / "journal.jsonl"
-    shutil.copyfile(run_dir / "journal.jsonl", path)
+    _copy_journal(run_dir, path)
     with open(path, "a") as file:
         file.write('{"seq": 999, "before": "ab')  # a crash mid-write
     _, restored, seq = journal.restore(path)
@@ -154,7 +162,8 @@ def _assert_same_result(rt, baseline, state, run_dir):
 
 def _completions(run_dir: Path, rt) -> list[SimpleNamespace]:
     """Every completion journalled, with the worker and incarnation of its frame."""
-    frames = [decode(e) for e in rt.journal_events(run_dir) if e["type"] == "RequestsCompleted"]
+    frames = [entry.event for entry in journal.read(run_dir / "journal.jsonl")[1]
+              if isinstance(entry.event, RequestsCompleted)]
     return [SimpleNamespace(worker=f.worker, incarnation=f.incarnation, **vars(c))
             for f in frames for c in f.completions]
 
@@ -232,7 +241,7 @@ def test_run_continues_on_the_remaining_worker(baseline, tmp_path, rt):
     events = rt.journal_events(tmp_path)
     lost_at = next(i for i, e in enumerate(events) if e["type"] == "WorkerLost")
     assert events[lost_at]["worker"] == "worker-1"
-    later = [decode(e) for e in events[lost_at:] if e["type"] == "RequestsCompleted"]
-    assert later and all(e.worker == "worker-0" for e in later)
+    later = [e for e in events[lost_at:] if e["type"] == "RequestsCompleted"]
+    assert later and all(e["worker"] == "worker-0" for e in later)
     assert sum(1 for e in _completions(tmp_path, rt) if e.worker == "worker-1") == 5
     _assert_same_result(rt, baseline, state, tmp_path)

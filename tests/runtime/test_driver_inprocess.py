@@ -374,12 +374,12 @@ def test_the_journal_s_encoding_counts_as_the_driver_s_time(tmp_path, rt, monkey
     line_text = journal_module._Line.text
     slow = 0.005
 
-    def slow_text(line, digest):
+    def slow_text(line, digest, payloads):
         import time
         began = time.thread_time()
         while time.thread_time() - began < slow:  # CPU work, as encoding is
             pass
-        return line_text(line, digest)
+        return line_text(line, digest, payloads)
 
     monkeypatch.setattr(journal_module._Line, "text", slow_text)
     driver, _ = run(config_for(rt, tmp_path))

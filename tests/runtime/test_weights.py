@@ -6,10 +6,9 @@ import pytest
 import torch
 
 from invar.runtime import weights
+from invar.runtime.files import atomic_write, atomic_write_leftovers
 from invar.runtime.policy import Policy, PolicyConfig
 from invar.runtime.weights import (
-    atomic_write,
-    atomic_write_leftovers,
     state_dict_from_bytes,
     state_dict_to_bytes,
     weights_digest,

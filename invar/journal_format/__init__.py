@@ -12,7 +12,15 @@ every line, so a field the model does not keep (PROTOCOL.md §9.1, "What the jou
 cover") cannot be edited unseen either, and with a key a rewritten journal cannot be
 re-digested by whoever lacks the key.
 
-Why a module of its own, between `invar.model` and `invar.runtime`: two layers read journals,
+An event's token and log-prob payloads are not in its line: the line refers to them by digest
+in a segment file of `journal.d/` (`invar.journal_format.payloads`). A run that keeps only its
+last updates' payloads (`output.journal_keep_updates`) also keeps a snapshot of the core's
+state at the start of each kept update (`invar.journal_format.snapshots`): such a journal is
+replayed from the oldest snapshot (validation) or the newest (resume), after its state is
+checked against the digest the journal recorded there; the lines before it, whose payloads
+are gone, keep their chain and their digests, which are checked without replaying them.
+
+Why a package of its own, between `invar.model` and `invar.runtime`: two layers read journals,
 the runtime (`invar.runtime.journal` writes them, and resumes a run from one) and the checker
 (`invar-check --trace` validates a real run against the model); the checker must not depend
 on the runtime's shell (drivers, transports, learners), and `invar.model` stays free of file
@@ -27,25 +35,43 @@ import json
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
+from invar.journal_format.errors import ChainError, JournalError, PayloadError, SnapshotError
+from invar.journal_format.payloads import Segments, payload_dir, referenced
+from invar.journal_format.snapshots import (
+    LEDGER_FILE,
+    FrameReference,
+    ledger_record,
+    snapshot_state,
+    snapshot_update,
+)
+from invar.model.completions import Completions
 from invar.model.config import RunConfig
 from invar.model.errors import ConfigError
 from invar.model.invariants import IncrementalInvariants, transition_violations
-from invar.model.messages import DecodeError, Event, RequestsCompleted, decode
+from invar.model.messages import DecodeError, Event, RequestsCompleted, decode_with, packed_fields
 from invar.model.objective import ObjectiveConfig
 from invar.model.schedule import prompt_index
 from invar.model.shell import Verdict, deliver
 from invar.model.state import State, initial_state, state_digest
 
-JOURNAL_FORMAT = 5
+__all__ = ["CHAIN_START", "JOURNAL_FORMAT", "ChainError", "Contents", "Departure", "Entry",
+           "JournalError", "PayloadError", "Rescored", "Rescoring", "SnapshotError", "Start",
+           "header_text", "link", "linked", "payload_dir", "protocol_from_dict",
+           "protocol_to_dict", "read", "read_contents", "read_key", "replay", "rescore",
+           "unlinked"]
+
+JOURNAL_FORMAT = 6
 """2: state digests hash a sample's slot and the ledger without reprs; 3: a state's histories
 (commit digests, publications, evaluations, checkpoints) enter its digest as their length and
 hash chain, so a digest's cost does not grow with the run (PROTOCOL.md §3); 4: sampling seeds
 and plan keys are words of one SHAKE-128 stream per prompt group and per update (PROTOCOL.md
 §2.2): a run journalled before would re-issue its requests with other seeds; 5: every line
 ends with its `chain` link (module doc), and the header says whether the chain is keyed; the
-objective's configuration has `aggregation` (sequence or token mean), in every state digest."""
+objective's configuration has `aggregation` (sequence or token mean), in every state digest;
+6: an event's packed fields (completions, log-prob matrices) are references to payloads in
+segment files (`invar.journal_format.payloads`), and pruned runs keep snapshots."""
 
 CHAIN_START = ""
 """The link before the header's."""
@@ -112,7 +138,9 @@ class Entry:
     seq: int
     before: str
     after: str
-    event: Event
+    event: Event | None
+    """None: an event at or before the replay's start (`Contents.start`), not read: its line's
+    chain and digests are checked, its payloads may be gone (pruned)."""
 
 
 def protocol_to_dict(config: RunConfig) -> dict[str, Any]:
@@ -130,24 +158,37 @@ def protocol_from_dict(data: dict[str, Any]) -> RunConfig:
         raise ConfigError(("journal header",), str(error)) from None
 
 
-class JournalError(ValueError):
-    """A journal that cannot be read: names the line."""
+@dataclass(frozen=True)
+class Start:
+    """Where a replay starts when it does not start from the initial state: a snapshot, its
+    state checked against the digest the journal recorded after entry `seq`."""
 
-
-class ChainError(JournalError):
-    """A line whose chain link does not match its text and the lines before it (an edit, a
-    rewrite without the key, a key other than the journal's), or a key that does not fit the
-    journal: names the line."""
+    seq: int
+    state: State
+    path: Path
+    """The snapshot's file."""
+    frames: tuple[tuple[int, Completions], ...]
+    """The reply frames its samples are rows of, each with the journal line that brought it
+    (what re-scoring reads beside the entries it replays)."""
 
 
 @dataclass(frozen=True)
 class Contents:
-    """A journal as read: its configuration, its entries, and `torn`: the bytes after the last
-    newline (a line cut by a crash mid-write; empty when the file ends with a whole line)."""
+    """A journal as read: its configuration, its entries, `torn`: the bytes after the last
+    newline (a line cut by a crash mid-write; empty when the file ends with a whole line), and
+    `start`: the snapshot a replay starts from (None: the initial state; then every event was
+    read)."""
 
     config: RunConfig
     entries: list[Entry]
     torn: str = ""
+    start: Start | None = None
+
+
+StartAt = Literal["first", "last"]
+"""Where `read_contents` starts the replay: "first", the initial state when every payload is
+kept, else the oldest snapshot (what validation replays: all that is kept); "last", the newest
+snapshot (what a resume replays: the least)."""
 
 
 def read(path: Path, key: bytes | None = None) -> tuple[RunConfig, list[Entry]]:
@@ -156,12 +197,15 @@ def read(path: Path, key: bytes | None = None) -> tuple[RunConfig, list[Entry]]:
     return contents.config, contents.entries
 
 
-def read_contents(path: Path, key: bytes | None = None) -> Contents:
+def read_contents(path: Path, key: bytes | None = None, start: StartAt = "first") -> Contents:
     """The whole journal; raises `JournalError` naming the file (and line) when it cannot be
     read: not UTF-8, empty, a header that is not one or of a format this version does not
-    know, a line before the last that is not a whole entry; and `ChainError` at the first
-    line whose link does not match (`key`: the journal's key, from `read_key`; a keyed
-    journal cannot be read without it, nor an unkeyed one with one)."""
+    know, a line before the last that is not a whole entry; `ChainError` at the first line
+    whose link does not match (`key`: the journal's key, from `read_key`; a keyed journal
+    cannot be read without it, nor an unkeyed one with one); `PayloadError` naming a segment
+    file that a line replayed needs and is missing, or holds other bytes than the line's
+    digest names; `SnapshotError` naming a snapshot that does not hold the state the journal
+    recorded at its line. `start`: `StartAt`."""
     try:
         text = path.read_bytes().decode("utf-8")
     except UnicodeDecodeError as error:
@@ -176,7 +220,8 @@ def read_contents(path: Path, key: bytes | None = None) -> Contents:
         version = header["journal"]
         if version != JOURNAL_FORMAT:
             raise JournalError(f"{path}:1: journal format {version!r}; this version of invar "
-                               f"reads format {JOURNAL_FORMAT}")
+                               f"reads format {JOURNAL_FORMAT} only (validate or resume it with "
+                               f"the version that wrote it)")
         config = protocol_from_dict(header["protocol"])
         keyed = header["keyed"]
     except (ValueError, KeyError, TypeError, AttributeError) as error:
@@ -190,16 +235,128 @@ def read_contents(path: Path, key: bytes | None = None) -> Contents:
         raise ChainError(f"{path}:1: the journal is not keyed, but a key was given: it was "
                          f"written without one, or rewritten without the key")
     chain = _follow(path, 1, key, CHAIN_START, lines[0])
-    entries = []
+    read_lines = []
     for number, line in enumerate(lines[1:], start=2):
         try:
             record = json.loads(line)
-            entries.append(Entry(record["seq"], record["before"], record["after"],
-                                 decode(record["event"])))
+            # Payloads stay references until the start of the replay is known.
+            event = decode_with(record["event"], _reference)
+            read_lines.append(Entry(record["seq"], record["before"], record["after"], event))
         except (ValueError, KeyError, TypeError, DecodeError) as error:
             raise JournalError(f"{path}:{number}: {error}") from None
         chain = _follow(path, number, key, chain, line)
-    return Contents(config, entries, torn)
+    segments = Segments(payload_dir(path))
+    begin = _start(path, config, read_lines, segments, start)
+    first = 0 if begin is None else begin.seq + 1
+    missing = next((segment for entry in read_lines[first:] for segment, _ in _payloads(entry)
+                    if not segments.exists(segment)), None)
+    if missing is not None:
+        number = first + 2 + next(i for i, entry in enumerate(read_lines[first:])
+                                  if any(s == missing for s, _ in _payloads(entry)))
+        pruned = "" if begin is None else f"; the replay starts at {begin.path.name}"
+        raise PayloadError(f"{segments.path(missing)}: missing (journal line {number} refers "
+                           f"to it{pruned})")
+    entries = [Entry(entry.seq, entry.before, entry.after,
+                     None if index < first else _resolved(entry.event, segments, index + 2))
+               for index, entry in enumerate(read_lines)]
+    return Contents(config, entries, torn, begin)
+
+
+def _reference(name: str, value: Any, where: str) -> FrameReference:
+    """A packed field as a line holds it: its payload's reference, not yet read."""
+    return referenced(value, where)
+
+
+def _payloads(entry: Entry) -> list[FrameReference]:
+    """The payload references of a line read with `_reference`."""
+    event = entry.event
+    return [getattr(event, name) for name in packed_fields(type(event))
+            if getattr(event, name) is not None]
+
+
+def _resolved(event: Any, segments: Segments, line: int) -> Any:
+    """`event` (read with `_reference`) with its payloads read from their segments."""
+    fields = packed_fields(type(event))
+    if not fields:
+        return event
+    loaded = {}
+    for name in fields:
+        if getattr(event, name) is not None:
+            segment, digest = getattr(event, name)
+            loaded[name] = segments.load(segment, digest, line,
+                                         completions=type(event) is RequestsCompleted)
+    return dataclasses.replace(event, **loaded)
+
+
+def _start(path: Path, config: RunConfig, entries: list[Entry], segments: Segments,
+           start: StartAt) -> Start | None:
+    """The snapshot the replay starts from (`StartAt`), read and checked; None: the initial
+    state. A snapshot for a line beyond the journal's end (its lines cut since) is not one."""
+    if start == "first" and all(segments.exists(segment) for entry in entries
+                                for segment, _ in _payloads(entry)):
+        return None
+    snapshots = sorted((update, item) for item in segments.directory.glob("snapshot-*.json")
+                       if (update := snapshot_update(item)) is not None)
+    if start == "last":
+        snapshots.reverse()
+    for _, candidate in snapshots:
+        try:
+            document = json.loads(candidate.read_bytes())
+        except (OSError, ValueError) as error:
+            raise SnapshotError(f"{candidate}: cannot be read as a snapshot: {error}") from None
+        seq = document.get("seq") if isinstance(document, dict) else None
+        if type(seq) is not int or seq < 0:
+            raise SnapshotError(f"{candidate}: seq: expected an entry's number")
+        if seq < len(entries):
+            return _snapshot(candidate, document, seq, config, entries, segments)
+    return None
+
+
+def _snapshot(path: Path, document: dict[str, Any], seq: int, config: RunConfig,
+              entries: list[Entry], segments: Segments) -> Start:
+    """The snapshot in `path` (read as `document`), at entry `seq`: its frames must be reply
+    frames of the journal's lines up to there, and its state the one the journal recorded."""
+    brought: dict[FrameReference, int] = {}
+    for index, entry in enumerate(entries[:seq + 1]):
+        if isinstance(entry.event, RequestsCompleted):
+            brought.setdefault(entry.event.completions, index + 2)  # type: ignore[arg-type]
+    frames: list[tuple[int, Completions]] = []
+
+    def frame(reference: FrameReference) -> Completions:
+        line = brought.get(reference)
+        if line is None:
+            raise SnapshotError(f"{path}: names frame {reference[1][:16]} of segment "
+                                f"{reference[0]}, which no line up to its own brings")
+        loaded = segments.load(*reference, line, completions=True)
+        assert isinstance(loaded, Completions)
+        frames.append((line, loaded))
+        return loaded
+
+    held = document.get("ledger")
+    ledger = _ledger(segments.directory / LEDGER_FILE, held if type(held) is int else 0)
+    state = snapshot_state(document, config, ledger, frame, str(path))
+    recorded, digest = entries[seq].after, state_digest(state)
+    if entries[seq].seq != seq or digest != recorded:
+        raise SnapshotError(f"{path}: holds a state of digest {digest}, the journal recorded "
+                            f"{recorded} after entry {seq} (line {seq + 2}): the snapshot or "
+                            f"the ledger changed after they were written, or belong to another "
+                            f"journal")
+    return Start(seq, state, path, tuple(frames))
+
+
+def _ledger(path: Path, count: int) -> list[Any]:
+    """The first `count` records of the ledger file (a torn last line is not one)."""
+    if count == 0:
+        return []
+    try:
+        lines = path.read_text(encoding="utf-8").split("\n")[:-1]
+    except (OSError, UnicodeDecodeError) as error:
+        raise SnapshotError(f"{path}: cannot be read: {error}") from None
+    if len(lines) < count:
+        raise SnapshotError(f"{path}: holds {len(lines)} ledger records, a snapshot needs "
+                            f"{count}")
+    return [ledger_record(line, f"{path}:{number}")
+            for number, line in enumerate(lines[:count], start=1)]
 
 
 def _follow(path: Path, number: int, key: bytes | None, previous: str, line: str) -> str:
@@ -222,17 +379,34 @@ class Departure:
     reason: str
 
 
-def replay(config: RunConfig, entries: list[Entry], check_invariants: bool = False
-           ) -> Iterator[tuple[Entry, State, State | Departure]]:
+def replay(config: RunConfig, entries: list[Entry], check_invariants: bool = False,
+           start: Start | None = None) -> Iterator[tuple[Entry, State, State | Departure]]:
     """Deliver entries with `shell.deliver`; yields (entry, before, after-or-departure), stops
     at the first departure: a sequence number out of order (entries are numbered 0, 1, 2...),
     a digest that differs, or an event the model refuses or counts a no-op (a driver journals
     accepted events only). With `check_invariants`, every state invariant (incrementally:
-    `IncrementalInvariants`, exactly the same verdicts) and every transition invariant."""
-    state = initial_state(config)
+    `IncrementalInvariants`, exactly the same verdicts) and every transition invariant.
+
+    From `start` (a snapshot: `Contents.start`), the entries up to its own are not delivered
+    (nor yielded): their numbers are checked, and that each one's digest before is the one
+    before's after, the first's the initial state's, the last's after the snapshot's."""
+    state = initial_state(config) if start is None else start.state
     digest = state_digest(state)  # the digest of `state`: the previous entry's after
     invariants = IncrementalInvariants() if check_invariants else None
-    for line, entry in enumerate(entries, start=2):
+    first = 0 if start is None else start.seq + 1
+    previous = digest if start is None else state_digest(initial_state(config))
+    for line, entry in enumerate(entries[:first], start=2):
+        reason = (f"sequence number {entry.seq} where {line - 2} follows"
+                  if entry.seq != line - 2 else
+                  f"state digest before is {previous}, journal says {entry.before}"
+                  if entry.before != previous else
+                  f"the snapshot's state digest is {digest}, journal says {entry.after}"
+                  if line - 2 == first - 1 and entry.after != digest else "")
+        if reason:
+            yield entry, state, Departure(entry.seq, line, reason)
+            return
+        previous = entry.after
+    for line, entry in enumerate(entries[first:], start=first + 2):
         before = digest
         if entry.before != before:
             yield entry, state, Departure(entry.seq, line, f"state digest before is {before}, "
@@ -241,6 +415,10 @@ def replay(config: RunConfig, entries: list[Entry], check_invariants: bool = Fal
         if entry.seq != line - 2:
             yield entry, state, Departure(entry.seq, line, f"sequence number {entry.seq} where "
                                           f"{line - 2} follows")
+            return
+        if entry.event is None:
+            yield entry, state, Departure(entry.seq, line, "its event was not read (it lies "
+                                          "before the snapshot the journal was read from)")
             return
         delivery = deliver(state, entry.event)
         if delivery.verdict is Verdict.REFUSED:
@@ -298,17 +476,17 @@ class Rescoring:
 
 def rescore(config: RunConfig, entries: list[Entry],
             score: Callable[[int, tuple[int, ...]], float], failure_reward: float,
-            from_batch: int = 0) -> Rescoring:
+            from_batch: int = 0, start: Start | None = None) -> Rescoring:
     """Score every journalled completion of batch `from_batch` or later again,
     `score(prompt_index, tokens)` being the task's verifier on a train prompt, and compare it
     with the journalled reward, bit for bit (the same function of the same arguments); a
-    journalled `failure_reward` is counted apart (`Rescoring.failures`)."""
+    journalled `failure_reward` is counted apart (`Rescoring.failures`). The entries read
+    (`Entry.event`), and the frames of the snapshot a replay starts from (`start`)."""
     scored = failures = 0
-    for line, entry in enumerate(entries, start=2):
-        event = entry.event
-        if not isinstance(event, RequestsCompleted):
-            continue
-        completions = event.completions
+    frames = [*(start.frames if start is not None else ()),
+              *((line, entry.event.completions) for line, entry in enumerate(entries, start=2)
+                if isinstance(entry.event, RequestsCompleted))]
+    for line, completions in frames:
         for row, (batch, prompt, sample) in enumerate(completions.requests.tolist()):
             if batch < from_batch:
                 continue
