@@ -1,7 +1,8 @@
 """Benchmark of trace validation (`invar-check --trace`): events per second, and the ratio
 against the run that wrote the journal.
 
-    python benchmarks/bench_trace.py RUN_DIR        # a real run: its journal and summary.json
+    python benchmarks/bench_trace.py RUN_DIR [--json reports/trace_speed.json]
+                                                    # a real run: its journal and summary.json
     python benchmarks/bench_trace.py                # a default-sized journal written from the
                                                     # canonical run (120 updates x 512
                                                     # samples, replies framed)
@@ -74,6 +75,9 @@ def main() -> int:
                                                    "journal of the default protocol)")
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                         help="protocol overrides for the canonical journal")
+    parser.add_argument("--json", type=Path,
+                        help="also write the figures here (reports/trace_speed.json is the "
+                             "default run's, which the README quotes)")
     args = parser.parse_args()
     run_seconds = None
     if args.run_dir:
@@ -94,13 +98,18 @@ def main() -> int:
     if run_seconds is not None:
         print(f"the run took {run_seconds:.1f} s: validation is {run_seconds / total:.1f}x "
               f"faster than the run")
+    figures = {"events": events, "read_seconds": read, "replay_seconds": replay,
+               "run_seconds": run_seconds}
     if (path.parent / "config.json").exists():
         scored, seconds = rescore(path)
+        figures.update(rescored=scored, rescore_seconds=seconds)
         print(f"re-scoring {scored} rewards: {seconds:.2f} s, {seconds / total:.1f}x the "
               f"validation")
         if run_seconds is not None:
             print(f"validation with re-scoring is {run_seconds / (total + seconds):.1f}x faster "
                   f"than the run")
+    if args.json:
+        args.json.write_text(json.dumps(figures, indent=2) + "\n")
     return 0
 
 

@@ -62,6 +62,17 @@ def test_the_journal_sizes_are_the_report_s():
             f"run with K = {measured['keep']}.") in said
 
 
+def test_the_trace_validation_figures_are_the_report_s():
+    measured = json.loads((ROOT / "reports" / "trace_speed.json").read_text())
+    validation = measured["read_seconds"] + measured["replay_seconds"]
+    run, rescore = measured["run_seconds"], measured["rescore_seconds"]
+    said = " ".join(README.split())
+    assert (f"on the default run it took {validation:.2f} s against the run's {run:.1f} s, "
+            f"{run / validation:.0f}x faster, and re-scoring its {measured['rescored']:,} "
+            f"rewards {rescore:.2f} s more, {run / (validation + rescore):.0f}x faster with "
+            "both") in said
+
+
 def _shell_examples() -> list[tuple[str, str]]:
     """Each `$ ...` command in the README's indented blocks (continuation lines joined), with
     the line that follows it."""
