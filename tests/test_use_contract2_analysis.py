@@ -240,3 +240,17 @@ def test_every_planned_setting_is_a_valid_configuration():
     for entry in uc2.plan() + [e for stage in stages for e in stage]:
         overrides = [f"{k}={json.dumps(v)}" for k, v in entry["sets"].items()]
         load_config(None, overrides)  # refuses an unknown key or impossible combination
+
+
+def test_size_budget_by_hand():
+    sizing = [{"time": t, "reached": e} for t, e in ((10.0, True), (14.0, True), (16.0, True),
+                                                      (60.0, False))]
+    got = uc2.size_budget(sizing)
+    # Median 15 s (the censored run counts as longest) -> 3 x 15 = 45 s.
+    assert got["budget"] == 45 and got["reached_within"] == 3
+    restricted = [10.0, 14.0, 16.0, 45.0]
+    assert got["restricted_mean"] == pytest.approx(sum(restricted) / 4)
+    import statistics
+    sd = statistics.stdev(restricted) * math.sqrt(2)
+    assert got["sd_difference"] == pytest.approx(sd)
+    assert got["detectable_difference"] == pytest.approx(uc2.detectable_difference(sd, 15))
