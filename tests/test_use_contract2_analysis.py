@@ -254,3 +254,68 @@ def test_size_budget_by_hand():
     sd = statistics.stdev(restricted) * math.sqrt(2)
     assert got["sd_difference"] == pytest.approx(sd)
     assert got["detectable_difference"] == pytest.approx(uc2.detectable_difference(sd, 15))
+
+
+def _fake_result(spec, root, updates, other_cpu=0.0):
+    import async_runs
+    return async_runs.Result(spec, -2, 10.0, {}, updates, [], 5.0, None, None, other_cpu,
+                             (1.0, 1.0, 1.0), (1.1, 1.0, 1.0), True, 512)
+
+
+def test_execute_records_a_run_with_its_offline_curve(tmp_path, monkeypatch):
+    """The runner's record, the process replaced: commits 0..2 on disk (no training: commit
+    writes the weights as they are), three update rows, one row past the commits."""
+    import torch
+
+    from invar.runtime.policy_config import PolicyConfig
+    from invar.runtime.torch_learner import OptimConfig, TorchLearner
+    torch.set_num_threads(1)
+    rows = [{"update": u, "wall": 1.0 + u, "reward": 0.1, "learner_seconds": 0.2,
+             "rollout_seconds": 0.1, "rollout_replies": 512, "extra": 1} for u in range(6)]
+
+    def fake_run(spec, root, base, total, window_start):
+        learner = TorchLearner(PolicyConfig(), OptimConfig(), 3, root / spec.name / "commits",
+                               keep_commits=spec.sets["learner.keep_commits"])
+        learner.start()
+        for version in (1, 2, 3, 4, 5, 6, 7):  # version 7: after the last row recorded
+            learner.commit(version)
+        return _fake_result(spec, root, rows, other_cpu=2.0)
+
+    monkeypatch.setattr(uc2.async_runs, "run", fake_run)
+    entry = {**next(e for e in uc2.plan() if e["id"] == "sync.seed1"), "attempt": 1}
+    record = uc2.execute(entry, tmp_path)
+    assert [p[0] for p in record["curve"]] == list(range(7))
+    assert [p[1] for p in record["curve"]] == [0.0, 1.0, 2.0, 3.0, 4.0, 5.0, 6.0]
+    assert len({p[2] for p in record["curve"]}) == 1  # the same weights throughout
+    assert record["other_cores"] == pytest.approx(0.2)
+    assert record["steady_updates_per_second"] == pytest.approx(1.0)
+    assert record["R"] == pytest.approx(0.1) and record["T"] == pytest.approx(0.2)
+    assert record["commit"] and "dirty" in record and "extra" not in record["updates"][0]
+    assert not (tmp_path / "sync.seed1.a1" / "commits").exists()
+
+
+def test_run_plan_reruns_disturbed_and_failed_attempts(tmp_path, monkeypatch):
+    others = iter([0.9, 0.1, 0.8, 0.7, 0.6, 0.5, 0.4, 0.0])
+    made = []
+
+    def fake_execute(entry, root):
+        made.append(entry["id"])
+        if entry["id"] == "b" and entry["attempt"] == 1:
+            return {"id": "b", "attempt": 1, "failed": True, "error": "boom"}
+        return {"id": entry["id"], "attempt": entry["attempt"], "other_cores": next(others),
+                "process_wall": 1.0, "updates": [{"update": 0, "wall": 1.0}],
+                "load_after": [1.0]}
+
+    monkeypatch.setattr(uc2, "execute", fake_execute)
+    path = tmp_path / "runs.jsonl"
+    entries = [{"id": "a", "budget": 5.0}, {"id": "b", "budget": 5.0},
+               {"id": "c", "budget": 5.0}]
+    uc2.run_plan(entries, path, "", True, _Quiet())
+    # a: disturbed, then clean; b: failed, then disturbed twice (3 attempts: no more);
+    # c: disturbed three times (0.6, 0.5, 0.4): the least disturbed is used.
+    assert made == ["a", "a", "b", "b", "b", "c", "c", "c"]
+    recorded = uc2.load_attempts(path)
+    assert [r["attempt"] for r in recorded["a"]] == [1, 2]
+    assert len(recorded["b"]) == 3 and recorded["b"][0]["failed"]
+    assert uc2.chosen_attempt(recorded["b"])["other_cores"] == 0.7
+    assert uc2.chosen_attempt(recorded["c"])["other_cores"] == 0.4
