@@ -415,7 +415,8 @@ def pilot_plan(stage: str) -> list[dict[str, Any]]:
                             "point": point, "budget": TUNE_BUDGET,
                             "sets": {**arm_sets("pinned", 0), **sets, "protocol.seed": 100}})
     elif stage == "sizing":
-        placement, staleness = ARMS["sync"]
+        placement = tuned(pilot_summary(load_attempts(PILOT_RECORDS)))["sync"]
+        staleness = 0
         for seed in PILOT_SEEDS:
             entries.append({"id": f"pilot-sizing.seed{seed}", "kind": "pilot", "stage": stage,
                             "arm": "sync", "seed": seed, "budget": 60.0, "evaluate": True,
@@ -705,6 +706,44 @@ def size_budget(sizing: list[dict[str, Any]]) -> dict[str, Any] | None:
             "detectable_difference": detectable, "detectable_ratio": detectable / mean}
 
 
+def tuned(summary: dict[str, Any]) -> dict[str, str]:
+    """Each arm's placement by the declared rule: its candidate with the highest median steady
+    updates/s in the pilot's tuning runs."""
+    best = {}
+    for arm, staleness, candidates in (("sync", 0, SYNC_CANDIDATES),
+                                       ("async", 1, ASYNC_CANDIDATES)):
+        rates = {p: summary["tune"][f"{p} S={staleness}"]["median"] for p in candidates
+                 if f"{p} S={staleness}" in summary["tune"]}
+        if not rates:
+            raise ValueError(f"no tuning runs of the {arm} arm's candidates")
+        best[arm] = max(rates, key=lambda p: rates[p])
+    return best
+
+
+def pilot_markdown(summary: dict[str, Any]) -> str:
+    """The pilot's figures as the tables PREREGISTRATION-2.md quotes."""
+    lines = ["| configuration | steady updates/s (median) | runs |", "|---|---|---|"]
+    for name, t in summary["tune"].items():
+        lines.append(f"| {name} | {t['median']:.2f} | "
+                     + ", ".join(f"{v:.2f}" for v in t["runs"]) + " |")
+    lines += ["", f"tuned: {tuned(summary)}", "",
+              "| lever | settings | R s/batch | T s/update | R/T | updates/s |",
+              "|---|---|---|---|---|---|"]
+    for name, lever in summary["levers"].items():
+        lines.append(f"| {name} | {json.dumps(LEVERS[name]) if LEVERS[name] else 'defaults'} | "
+                     f"{_num(lever['R'], '.3f')} | {_num(lever['T'], '.3f')} | "
+                     f"{_num(lever['R_over_T'], '.2f')} | "
+                     f"{_num(lever['updates_per_second'], '.2f')} |")
+    lines += ["", "| seed | time to 0.8, s | reached | updates to 0.8 | updates/s | other "
+              "work |", "|---|---|---|---|---|---|"]
+    for run in summary["sizing"]:
+        lines.append(f"| {run['seed']} | {run['time']:.1f} | {run['reached']} | "
+                     f"{run['updates_to_threshold']} | "
+                     f"{_num(run['updates_per_second'], '.2f')} | {run['other_cores']:.2f} |")
+    lines += ["", f"budget: {summary['budget']}", f"other work: {summary['other_cores']}"]
+    return "\n".join(lines)
+
+
 def pilot_summary(attempts: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
     """What the pilot measured, by stage (these records size the study; none is study data)."""
     runs = {i: a[-1] for i, a in attempts.items() if not a[-1].get("failed")}
@@ -972,9 +1011,9 @@ def main(argv: Sequence[str]) -> int:
     parser = argparse.ArgumentParser(description="use contract, study 2 (issue 33)")
     parser.add_argument("--report-only", action="store_true",
                         help="write RESULTS-2.md from runs-2.jsonl; run nothing")
-    parser.add_argument("--pilot", choices=("tune", "levers", "sizing", "summary"),
-                        help="run one declared pilot stage into pilot-2.jsonl (or print the "
-                             "pilot's summary)")
+    parser.add_argument("--pilot", choices=("all", "tune", "levers", "sizing", "summary"),
+                        help="run the declared pilot (or one stage) into pilot-2.jsonl, or "
+                             "print its summary")
     parser.add_argument("--only", choices=("main", "sweep"),
                         help="run only this part of the study")
     parser.add_argument("--stop-at", default="16:03",
@@ -984,10 +1023,12 @@ def main(argv: Sequence[str]) -> int:
     from rich.console import Console
     console = Console(width=150)
     if args.pilot == "summary":
-        console.print_json(json.dumps(pilot_summary(load_attempts(PILOT_RECORDS))))
+        print(pilot_markdown(pilot_summary(load_attempts(PILOT_RECORDS))))
         return 0
     if args.pilot:
-        run_plan(pilot_plan(args.pilot), PILOT_RECORDS, args.stop_at, False, console)
+        stages = ("tune", "levers", "sizing") if args.pilot == "all" else (args.pilot,)
+        for stage in stages:  # sizing reads the tuning's records: one stage after another
+            run_plan(pilot_plan(stage), PILOT_RECORDS, args.stop_at, False, console)
         return 0
     if not args.report_only:
         entries = [e for e in plan() if args.only is None or e["kind"] == args.only]

@@ -232,10 +232,11 @@ def test_the_plan_pairs_every_seed_and_alternates_who_runs_first():
     assert all(e["sets"]["learner.keep_commits"] >= 1000 for e in main)
 
 
-def test_every_planned_setting_is_a_valid_configuration():
+def test_every_planned_setting_is_a_valid_configuration(monkeypatch):
     import json
 
     from invar.runtime.config import load_config
+    monkeypatch.setattr(uc2, "tuned", lambda summary: {"sync": "colocated-2", "async": "pinned"})
     stages = [uc2.pilot_plan(s) for s in ("tune", "levers", "sizing")]
     for entry in uc2.plan() + [e for stage in stages for e in stage]:
         overrides = [f"{k}={json.dumps(v)}" for k, v in entry["sets"].items()]
@@ -319,3 +320,27 @@ def test_run_plan_reruns_disturbed_and_failed_attempts(tmp_path, monkeypatch):
     assert len(recorded["b"]) == 3 and recorded["b"][0]["failed"]
     assert uc2.chosen_attempt(recorded["b"])["other_cores"] == 0.7
     assert uc2.chosen_attempt(recorded["c"])["other_cores"] == 0.4
+
+
+def test_tuning_picks_each_arm_s_fastest_candidate():
+    summary = {"tune": {"pinned S=0": {"median": 2.0}, "colocated-2 S=0": {"median": 2.4},
+                        "colocated-1 S=0": {"median": 1.0}, "pinned S=1": {"median": 3.0},
+                        "colocated-1 S=1": {"median": 2.9}}}
+    assert uc2.tuned(summary) == {"sync": "colocated-2", "async": "pinned"}
+    with pytest.raises(ValueError):
+        uc2.tuned({"tune": {}})
+
+
+def test_the_pilot_summary_of_made_up_pilot_runs():
+    attempts = {}
+    for entry in uc2.pilot_plan("tune") + uc2.pilot_plan("levers"):
+        attempts[entry["id"]] = [{**entry, "other_cores": 0.1, "R": 0.1, "T": 0.2,
+                                  "steady_updates_per_second": 2.0 + entry["budget"] / 100}]
+    for seed, reach in zip(uc2.PILOT_SEEDS, (10.0, 14.0, 16.0, None)):
+        run = _run("sync", seed, reach, 2.0)
+        attempts[f"pilot-sizing.seed{seed}"] = [{**run, "stage": "sizing", "budget": 60.0,
+                                                 "kind": "pilot"}]
+    summary = uc2.pilot_summary(attempts)
+    assert summary["budget"]["budget"] == 45 and summary["budget"]["reached_within"] == 3
+    text = uc2.pilot_markdown(summary)
+    assert "| pinned S=0 | 2.12 |" in text and "| k128 |" in text
