@@ -288,6 +288,13 @@ def process_cpu() -> dict[int, tuple[str, float]]:
     return out
 
 
+def steal_seconds() -> float:
+    """CPU seconds the hypervisor gave to other guests since boot (all CPUs): on a shared VM
+    a disturbance no process here shows."""
+    fields = Path("/proc/stat").read_text().splitlines()[0].split()[1:]
+    return int(fields[7]) / async_measure.TICK if len(fields) > 7 else 0.0
+
+
 def busiest_others(before: dict[int, tuple[str, float]], after: dict[int, tuple[str, float]],
                    wall: float, top: int = 3) -> list[dict[str, Any]]:
     """Other processes that lived through the run (its own had exited by its end), by CPU
@@ -348,7 +355,7 @@ def execute(entry: dict[str, Any], root: Path) -> dict[str, Any]:
     total = sets["protocol.total_updates"]
     started = time.time()
     provenance = git_provenance()
-    before = process_cpu()
+    before, stolen = process_cpu(), steal_seconds()
     record = {k: v for k, v in entry.items() if k != "sets"}
     record.update({"settings": sets, **provenance, "checkout": str(ROOT),
                    "started_utc": dt.datetime.fromtimestamp(started, dt.UTC).strftime(
@@ -358,7 +365,7 @@ def execute(entry: dict[str, Any], root: Path) -> dict[str, Any]:
     except RuntimeError as error:
         record.update({"failed": True, "error": str(error)[-1500:]})
         return record
-    after = process_cpu()
+    after, stolen = process_cpu(), steal_seconds() - stolen
     wall = result.process_wall
     times = measure(result.updates, result.samples_per_batch, skip=STEADY_FROM)
     record.update({
@@ -366,6 +373,7 @@ def execute(entry: dict[str, Any], root: Path) -> dict[str, Any]:
         "process_wall": wall, "cpu_total": result.cpu_total, "other_cpu": result.other_cpu,
         "other_cores": result.other_cpu / wall, "load_before": result.load_before,
         "load_after": result.load_after, "busiest_others": busiest_others(before, after, wall),
+        "steal_cores": stolen / wall,
         "samples_per_batch": result.samples_per_batch,
         "updates": [{k: row[k] for k in UPDATE_KEYS if k in row} for row in result.updates],
         "steady_updates_per_second": steady_rate(result.updates),
@@ -579,6 +587,7 @@ def analyse(attempts: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
         "last_run_utc": max((a["started_utc"] for a in every), default=None),
         "other_cores": ((float(np.median([a["other_cores"] for a in every])),
                          max(a["other_cores"] for a in every)) if every else None),
+        "steal_cores": max((a.get("steal_cores", 0.0) for a in every), default=None),
         "load_range": ((min(a["load_before"][0] for a in every),
                         max(a["load_after"][0] for a in every)) if every else None),
     }
@@ -894,7 +903,9 @@ def write_results(attempts: dict[str, list[dict[str, Any]]], out: Path, console:
            if result["other_cores"] else "–")
         + ", 1-min load average "
         + (" to ".join(f"{v:.2f}" for v in result["load_range"]) if result["load_range"]
-           else "–") + ".", "",
+           else "–")
+        + f", CPU stolen by the hypervisor at most {_num(result['steal_cores'], '.2f')} cores "
+        "per run.", "",
     ]
     if result["missing"]:
         lines += [f"**Partial study: {len(result['missing'])} planned runs have no record** "
