@@ -74,8 +74,12 @@ BOOTSTRAP = 10_000
 FIXED_TIMES = (BUDGET / 3, 2 * BUDGET / 3)
 """Earlier wall times at which the held-out reward is also compared (secondary)."""
 TUNE_BUDGET = 12.0
-"""Driver wall seconds of a pilot tuning or lever run (throughput only)."""
-SWEEP_BUDGET = 12.0
+"""Driver wall seconds of a pilot tuning run (throughput only)."""
+LEVER_UPDATES = 13
+"""Updates of a lever run (pilot or sweep): a steady window of 10 from update 3, however
+slow the point (a wall budget would leave a slow point no window)."""
+LEVER_LIMIT = 60.0
+"""Driver wall seconds after which a lever run is stopped all the same."""
 SWEEP_REPEATS = 2
 
 PLACEMENTS: dict[str, dict[str, Any]] = {
@@ -402,11 +406,12 @@ def _round(value: Any) -> Any:
 
 def pilot_plan(stage: str) -> list[dict[str, Any]]:
     """The declared pilot (its records are labelled pilot and never analysed as study data):
-    `tune`: each candidate placement of each arm, 2 repeats, throughput only; `levers`: every
-    candidate lever, pinned S = 0, R and T; `sizing`: the synchronous arm on the pilot seeds,
-    followed for 60 s, evaluated offline. Choices made from them: each arm's placement is its
-    candidate with the highest median steady updates/s; the budget and the power by
-    `size_budget`; the sweep's points are the levers that move R/T furthest each way."""
+    `tune`: each candidate placement of each arm, 2 repeats, 12 s each, throughput only;
+    `levers`: every candidate lever, pinned S = 0, LEVER_UPDATES updates, R and T; `sizing`:
+    the synchronous arm on the pilot seeds, followed for 60 s, evaluated offline. Choices made
+    from them: each arm's placement is its candidate with the highest median steady updates/s;
+    the budget and the power by `size_budget`; the sweep's points are the levers that move R/T
+    furthest each way."""
     entries = []
     if stage == "tune":
         for repeat in (1, 2):
@@ -420,8 +425,9 @@ def pilot_plan(stage: str) -> list[dict[str, Any]]:
     elif stage == "levers":
         for point, sets in LEVERS.items():
             entries.append({"id": f"pilot-lever-{point}", "kind": "pilot", "stage": stage,
-                            "point": point, "budget": TUNE_BUDGET,
-                            "sets": {**arm_sets("pinned", 0), **sets, "protocol.seed": 100}})
+                            "point": point, "budget": LEVER_LIMIT,
+                            "sets": {**arm_sets("pinned", 0), **sets, "protocol.seed": 100,
+                                     "protocol.total_updates": LEVER_UPDATES}})
     elif stage == "sizing":
         placement = tuned(pilot_summary(load_attempts(PILOT_RECORDS)))["sync"]
         staleness = 0
@@ -454,9 +460,10 @@ def plan() -> list[dict[str, Any]]:
             for staleness in (0, 1):
                 entries.append({"id": f"sweep-{point}-S{staleness}.r{repeat}", "kind": "sweep",
                                 "point": point, "staleness": staleness, "repeat": repeat,
-                                "budget": SWEEP_BUDGET,
+                                "budget": LEVER_LIMIT,
                                 "sets": {**arm_sets("pinned", staleness), **LEVERS[point],
-                                         "protocol.seed": repeat}})
+                                         "protocol.seed": repeat,
+                                         "protocol.total_updates": LEVER_UPDATES}})
     return entries
 
 
