@@ -643,6 +643,8 @@ def compare(pairs: list[tuple[int, dict[str, Any], dict[str, Any]]]) -> dict[str
         "per_seed": [{"seed": s, "async": [x["time"], x["reached"], x["reward_at_budget"]],
                       "sync": [y["time"], y["reached"], y["reward_at_budget"]]}
                      for s, x, y in pairs],
+        "async_sooner": int(np.sum(np.minimum(tx, BUDGET) < np.minimum(ty, BUDGET))),
+        "sync_sooner": int(np.sum(np.minimum(tx, BUDGET) > np.minimum(ty, BUDGET))),
         "sd_difference": spread, "detectable_difference": detectable,
         "detectable_ratio": detectable / rmst(ty, ey),
         "decision": decide(ratio, reward)}
@@ -937,6 +939,9 @@ def write_results(attempts: dict[str, list[dict[str, Any]]], out: Path, console:
             f"lies above 1 or the difference's upper end is < −{DELTA}; no material difference "
             f"when the ratio's interval lies within [1/{1 + MARGIN:.2f}, {1 + MARGIN:.2f}] and "
             f"the difference's lower end is ≥ −{DELTA}; otherwise inconclusive.", "",
+            f"Per pair (restricted times): async sooner in {c['async_sooner']}, sync sooner "
+            f"in {c['sync_sooner']}, ties {c['pairs'] - c['async_sooner'] - c['sync_sooner']} "
+            "(descriptive; the rule above decides).", "",
             f"What this design could detect: the paired difference of restricted times had "
             f"standard deviation {c['sd_difference']:.2f} s over {c['pairs']} pairs, so a mean "
             f"difference of {c['detectable_difference']:.1f} s "
