@@ -482,18 +482,17 @@ def load_attempts(path: Path) -> dict[str, list[dict[str, Any]]]:
 
 QUIET_SAMPLE = 2.0
 """Seconds of the other-work sample taken before each study run."""
-QUIET_WAIT = 90.0
-"""Longest wait for the machine to be quiet before a study run starts (then it runs anyway,
-and the re-run rule judges it)."""
 
 
-def wait_for_quiet(console: Any) -> tuple[float, float]:
-    """Wait (sampling QUIET_SAMPLE s at a time) until other work is at most DISTURBED cores, at
-    most QUIET_WAIT s; (seconds waited, the last sample's cores)."""
+def wait_for_quiet(console: Any, deadline: dt.time | None) -> tuple[float, float]:
+    """Wait (sampling QUIET_SAMPLE s at a time) until other work is at most DISTURBED cores or
+    the deadline passes: a study run never starts on a machine already busier than the re-run
+    rule allows; (seconds waited, the last sample's cores)."""
     began = time.perf_counter()
-    while (used := async_measure.foreign_cores(QUIET_SAMPLE)) > DISTURBED \
-            and time.perf_counter() - began < QUIET_WAIT:
-        console.print(f"[yellow]  other work {used:.2f} cores: waiting")
+    while (used := async_measure.foreign_cores(QUIET_SAMPLE)) > DISTURBED and (
+            deadline is None or dt.datetime.now(dt.UTC).time() < deadline):
+        if time.perf_counter() - began < 1 or int(time.perf_counter() - began) % 60 < 5:
+            console.print(f"[yellow]  other work {used:.2f} cores: waiting")
         time.sleep(3.0)
     return time.perf_counter() - began, used
 
@@ -511,7 +510,10 @@ def run_plan(entries: list[dict[str, Any]], path: Path, stop_at: str, retry: boo
                 console.print(f"[red]stop: {stop_at} UTC reached before {entry['id']}")
                 return
             made = attempts.setdefault(entry["id"], [])
-            waited, quiet = wait_for_quiet(console) if retry else (0.0, None)
+            waited, quiet = wait_for_quiet(console, deadline) if retry else (0.0, None)
+            if deadline is not None and dt.datetime.now(dt.UTC).time() >= deadline:
+                console.print(f"[red]stop: {stop_at} UTC reached before {entry['id']}")
+                return
             console.print(f"  {entry['id']} (attempt {len(made) + 1}) ...", end="")
             record = execute({**entry, "attempt": len(made) + 1}, RUNS)
             record.update({"waited_for_quiet": round(waited, 1),

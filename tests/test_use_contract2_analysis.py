@@ -308,7 +308,7 @@ def test_run_plan_reruns_disturbed_and_failed_attempts(tmp_path, monkeypatch):
                 "load_after": [1.0]}
 
     monkeypatch.setattr(uc2, "execute", fake_execute)
-    monkeypatch.setattr(uc2, "wait_for_quiet", lambda console: (0.0, 0.0))
+    monkeypatch.setattr(uc2, "wait_for_quiet", lambda console, deadline: (0.0, 0.0))
     path = tmp_path / "runs.jsonl"
     entries = [{"id": "a", "budget": 5.0}, {"id": "b", "budget": 5.0},
                {"id": "c", "budget": 5.0}]
