@@ -54,8 +54,9 @@ THRESHOLD = 0.8
 """Held-out greedy reward the primary metric times."""
 HELDOUT = 256
 """Held-out prompts each version is evaluated on (offline; the task's default count)."""
-BUDGET = 45.0
-"""Driver wall seconds each primary run is followed for (the KM horizon)."""
+BUDGET = 65.0
+"""Driver wall seconds each primary run is followed for (the KM horizon): `size_budget` on the
+pilot's sizing runs (3 × their median time to 0.8, 20.9 s, rounded up to 5 s)."""
 SEEDS = tuple(range(1, 16))
 PILOT_SEEDS = (101, 102, 103, 104)
 """Seeds of the pilot's sizing runs: none of them is a study seed."""
@@ -90,8 +91,9 @@ PLACEMENTS: dict[str, dict[str, Any]] = {
 SYNC_CANDIDATES = ("pinned", "colocated-2", "colocated-1")
 ASYNC_CANDIDATES = ("pinned", "colocated-1")
 ARMS: dict[str, tuple[str, int]] = {"sync": ("pinned", 0), "async": ("pinned", 1)}
-"""Arm -> (placement, max staleness S). Placeholders until the pilot's tuning picks each
-arm's fastest placement (PREREGISTRATION-2.md freezes the choice)."""
+"""Arm -> (placement, max staleness S): each arm's fastest placement in the pilot's tuning
+(pinned S = 0 3.42 updates/s against colocated-1 3.30 and colocated-2 0.22; pinned S = 1 3.56
+against colocated-1 2.92), frozen by PREREGISTRATION-2.md."""
 LEVERS: dict[str, dict[str, Any]] = {
     "base": {},
     "chunk4": {"rollout.chunk_prompts": 4},
@@ -108,8 +110,10 @@ generation call: fewer, smaller calls lengthen generation only) for R; optimizer
 the fixed batch (smaller minibatches, more steps: learning only) for T; and the issue's other
 candidates, width, group size and response length (each lengthens both phases), to measure
 how far they move R/T. The pilot measures which move R/T and by how much."""
-SWEEP_POINTS: tuple[str, ...] = tuple(LEVERS)
-"""The lever points the study's throughput sweep runs (the pilot keeps those that move)."""
+SWEEP_POINTS: tuple[str, ...] = ("k512", "k128", "k32", "base", "chunk1")
+"""The lever points the study's throughput sweep runs: in the pilot, optimizer steps moved T
+alone (R/T 0.64 -> 0.05 at K = 512) and one prompt per generation call moved R alone (R/T
+1.56); width, group size and length moved both phases (R/T 0.39-0.70) and are left out."""
 
 COMMON: dict[str, Any] = {
     "output.progress": False, "output.tensorboard": False, "protocol.checkpoint_every": 0,
