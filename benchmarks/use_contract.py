@@ -9,6 +9,7 @@ stopped), then writes RESULTS.md, results.json and the plots from the recorded r
     .venv/bin/python benchmarks/use_contract.py                # run what is missing, report
     .venv/bin/python benchmarks/use_contract.py --report-only  # regenerate from runs.jsonl
     .venv/bin/python benchmarks/use_contract.py --report-only --out DIR  # ... into DIR
+    .venv/bin/python benchmarks/use_contract.py --study 2 ...  # the second study (issue 33)
 """
 
 from __future__ import annotations
@@ -223,7 +224,16 @@ def run_study(args: argparse.Namespace, console: Any) -> None:
 
 
 def main() -> int:
+    first = argparse.ArgumentParser(add_help=False)
+    first.add_argument("--study", type=int, choices=(1, 2), default=1)
+    known, rest = first.parse_known_args()
+    if known.study == 2:
+        import use_contract2  # the second study (issue 33): its own plan, records and report
+        return use_contract2.main(rest)
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--study", type=int, choices=(1, 2), default=1,
+                        help="which study: 1 (PREREGISTRATION.md, these options) or 2 "
+                             "(PREREGISTRATION-2.md; `--study 2 --help` for its options)")
     parser.add_argument("--report-only", action="store_true",
                         help="write the report from reports/use-contract/runs.jsonl; run nothing")
     parser.add_argument("--only", default="main,sweep",
