@@ -820,10 +820,13 @@ def pilot_summary(attempts: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
 # The report
 
 DEVIATIONS: tuple[str, ...] = (
-    "**Partial study.** The registered stop (no run starts after 16:03 UTC) came after 8 of the "
-    "15 seed pairs (seeds 1-8); seeds 9-15 and the whole R/T sweep did not start. The verdict "
-    "above is on 8 pairs; the verdict of record is the one on all 15, from a later session "
-    "under the same registration (the runner runs only what runs-2.jsonl lacks).",
+    "**Two sittings.** The first sitting's stop (no run starts after 16:03 UTC) came after 8 "
+    "of the 15 seed pairs (seeds 1-8; its partial report, on those 8, also said use async: "
+    "0.64 [0.61, 0.68]). Seeds 9-15 and the whole R/T sweep ran in a later session, 16:18-16:45 "
+    "UTC, under the same registration and from a checkout of the registered commit (the "
+    "project's main branch had moved on; every run records commit 6991d2afa3, none dirty). "
+    "In that sitting the session's other agents only edited files; one of its short test runs "
+    "disturbed async.seed10 (0.31 cores), re-run at once as registered.",
     "The study began at 15:28 UTC, not 15:26: as registered, the runner waited while other "
     "work exceeded 0.25 cores (another session's real-model run until ~15:28, then its full "
     "test suite, ~15:30-15:40, which disturbed sync.seed1 twice (0.74, 0.84 cores) and "

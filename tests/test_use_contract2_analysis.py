@@ -345,3 +345,42 @@ def test_the_pilot_summary_of_made_up_pilot_runs():
     assert summary["budget"]["budget"] == 45 and summary["budget"]["reached_within"] == 3
     text = uc2.pilot_markdown(summary)
     assert "| pinned S=0 | 2.12 |" in text and "| k128 |" in text
+
+
+# -- what the README says from the study -------------------------------------------------------
+
+
+def _readme_section() -> str:
+    readme = (ROOT / "README.md").read_text()
+    section = readme.split("## When to use asynchronous training", 1)[1].split("\n## ", 1)[0]
+    return " ".join(section.split())
+
+
+def test_the_readme_s_verdict_is_the_recorded_study():
+    import json
+    result = json.loads((ROOT / "reports" / "use-contract" / "results-2.json").read_text())
+    c = result["comparison"]
+    section = _readme_section()
+    assert result["recorded"] == result["planned"] and not result["missing"]
+    rmst, ratio, diff, speed = (c[k] for k in ("rmst", "rmst_ratio", "reward_difference",
+                                               "throughput_ratio"))
+    efficiency = c["efficiency"]
+    sweep = sorted(result["sweep"].values(), key=lambda p: p["R_over_T"])
+    shares = [p["speedup"] / p["ideal"] for p in sweep]
+    for claim in (
+        f"{len(c['seeds'])} seeds per arm, a {uc2.BUDGET:.0f} s budget",
+        f"| S = 1 vs S = 0, both pinned | {c['pairs']} | {rmst[0]:.1f} s, {rmst[1]:.1f} s | "
+        f"{uc2._ci(tuple(ratio))} | {uc2._ci(tuple(diff), '+.3f').replace('+-', '-')} | "
+        f"{uc2._ci(tuple(speed))} | {c['decision']} |",
+        f"sooner in {c['async_sooner']} of {c['pairs']} seed pairs",
+        f"S = 1 made {speed[0]:.2f}× the updates per second",
+        f"(restricted means {efficiency['async']['restricted_mean_updates']:.1f} against "
+        f"{efficiency['sync']['restricted_mean_updates']:.1f})",
+        f"went from {sweep[0]['speedup']:.2f} at R/T {sweep[0]['R_over_T']:.2f} to "
+        f"{sweep[-1]['speedup']:.2f} at R/T {sweep[-1]['R_over_T']:.2f}",
+        f"reached {min(shares):.2f}–{max(shares):.2f} of it over R/T "
+        f"{sweep[0]['R_over_T']:.2f}–{sweep[-1]['R_over_T']:.2f}",
+    ):
+        assert claim in section, claim
+    # Said only of what the study covered: the default placement was no arm.
+    assert "was not an arm of either study" in section
