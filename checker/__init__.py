@@ -7,10 +7,11 @@ it on every module's imports, deferred ones included, and that the import graph 
 2. `checker.fingerprint`  – stable 64-bit state fingerprints.
    `checker.trace`        – `Trace`, `diff_states`, `trace_to_json`.
 3. `checker.result`       – `CheckResult`, `PropertyResult`, `Verdict`, `Progress`, graph export.
-   `checker.checkpoint`   – atomic checkpoint files.
+   `checker.checkpoint`   – atomic checkpoint files, and a breadth-first search's levels in
+                            them (`save_levels`, `resume_levels`).
 4. `checker._expand`      – the specialised hot loop of the breadth-first searches.
 5. `checker.engine`       – the vocabulary every search speaks: `ModelContext`,
-   `PropertyTracker`, `Coverage`, `Found`, `Outcome`, `SearchOptions`.
+   `PropertyTracker`, `Coverage`, `Found`, `Outcome`, `SearchOptions` (with the stop rule).
 6. the strategies, none importing another: `checker.bfs` (sequential BFS), `checker.dfs`,
    `checker.simulate` (random walks), `checker.parallel` (multi-process BFS) and
    `checker.liveness` (eventually / livelock, after the search).
@@ -20,9 +21,10 @@ it on every module's imports, deferred ones included, and that the import graph 
 9. `checker`              – this package: the public API.
 10. models and tools: `checker.examples` (two-phase commit, the engine's benchmark),
    `checker.invar_model` and `checker.prove` (the Invar protocol: they import `invar.model`
-   and `invar.testing`), `checker.pinned` (the gate's pinned values, held against the schedule
-   and `checker.prove`), `checker.cli` (`invar-check`; trace validation reads journals with
-   `invar.journal_format`, never with the runtime's shell).  Layers 1–9 know nothing of Invar.
+   and `invar.testing`), `checker.pinned` (the gate: its bounds, package data in checker/gate/,
+   and its pinned values, held against the schedule and `checker.prove`), `checker.cli`
+   (`invar-check`; trace validation reads journals with `invar.journal_format`, never with the
+   runtime's shell).  Layers 1–9 know nothing of Invar.
 
 Typical use::
 

@@ -2,6 +2,7 @@
 prove the schedule's arithmetic.
 
     invar-check [--jobs N]                  # the gate: every bound of spec/gate/, in parallel
+    invar-check --list                      # the gate's bounds: where they are, what each covers
     invar-check SPEC.toml|DIR [--bfs|--dfs|--simulate N] [--processes N] [--max-states N]
                 [--json FILE] [--dot FILE] [--regression FILE]
     invar-check --model MODULE:FACTORY [--arg NAME=VALUE ...] [--bfs|--dfs|--simulate N] ...
@@ -54,14 +55,14 @@ from invar import journal_format
 from invar.model.errors import ConfigError
 from invar.model.messages import TimerFired, dumps
 
-GATE = Path(__file__).resolve().parent.parent / "spec" / "gate"
+GATE = pinned.GATE
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="invar-check", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("spec", nargs="?", help="a bounded model configuration, or a folder "
-                                                "of them (default: the gate, spec/gate/)")
+                                                "of them (default: the gate, see --list)")
     parser.add_argument("--jobs", type=int, default=None,
                         help="bounds checked at once when SPEC is a folder (default: CPUs, "
                              "at most 2)")
@@ -73,6 +74,9 @@ def main(argv: list[str] | None = None) -> int:
     mode.add_argument("--trace", metavar="RUN_DIR|JOURNAL",
                       help="validate a run's journal.jsonl (a run directory: the one in it)")
     mode.add_argument("--prove", action="store_true", help="prove the schedule lemmas (z3)")
+    mode.add_argument("--list", action="store_true",
+                      help="list the gate's bounds (shipped with the package; spec/gate/ in the "
+                           "source tree) with what each covers")
     parser.add_argument("--key", metavar="FILE",
                         help="with --trace: the journal key the run was started with "
                              "(invar train --journal-key FILE)")
@@ -118,6 +122,8 @@ def main(argv: list[str] | None = None) -> int:
     console = Console(stderr=False, width=160 if piped else None, soft_wrap=piped)
     if args.prove:
         return _prove(console, assume_valid=not args.drop_validity)
+    if args.list:
+        return _list_gate()
     if args.trace:
         return _trace(Path(args.trace), console, args.key, args.rescore)
     if args.key or args.rescore is not None:
@@ -299,8 +305,8 @@ def _suite(folder: Path, jobs: int, console: Console, fail_fast: bool = False) -
     gate = folder.resolve() == GATE
     pinned_values = pinned.load() if gate else {}
     extra = ["--fail-fast"] if fail_fast else []
-    checks: list[tuple[str, str, Path | None]] = [
-        (spec.stem, tomllib.loads(spec.read_text()).get("covers", ""), spec) for spec in specs]
+    checks: list[tuple[str, str, Path | None]] = [(spec.stem, _covers(spec), spec)
+                                                  for spec in specs]
     if gate:
         checks.insert(0, ("schedule", "--prove: lemmas, code and pinned decisions", None))
 
@@ -349,6 +355,21 @@ def _suite(folder: Path, jobs: int, console: Console, fail_fast: bool = False) -
             console.print(f"[red bold]{name}[/red bold] failed:\n{output}")
     console.print(table)
     return 1 if failed else 0
+
+
+def _covers(spec: Path) -> str:
+    """What a gate bound covers, as its ``covers`` line says."""
+    return str(tomllib.loads(spec.read_text()).get("covers", ""))
+
+
+def _list_gate() -> int:
+    """`--list`: the gate's folder, and each bound's name (its file there) and what it covers."""
+    specs = sorted(GATE.glob("*.toml"))
+    print(f"the gate, {GATE}: {len(specs)} bounds, each checked by `invar-check "
+          f"{GATE}/NAME.toml`, and the schedule (`invar-check --prove`)")
+    for spec in specs:
+        print(f"  {spec.stem:<18} {_covers(spec)}")
+    return 0
 
 
 def _unpinned_counts(name: str, doc: dict[str, Any], values: dict[str, Any]) -> str:

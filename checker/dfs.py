@@ -12,6 +12,7 @@ from checker.engine import (
     NO_PARENT,
     Coverage,
     GraphRecorder,
+    Housekeeping,
     ModelContext,
     Outcome,
     PropertyTracker,
@@ -22,12 +23,12 @@ from checker.result import Progress
 __all__ = ["run_dfs"]
 
 
-def run_dfs(checker: SearchOptions, ctx: ModelContext) -> Outcome:
-    if checker.resume_from is not None:
+def run_dfs(options: SearchOptions, ctx: ModelContext) -> Outcome:
+    if options.resume_from is not None:
         raise CheckpointError("checkpoint/resume is supported by bfs() only")
-    props = PropertyTracker(ctx, checker.finish_when)
+    props = PropertyTracker(ctx, options.finish_when)
     start = time.perf_counter()
-    recorder = GraphRecorder(ctx, checker._labelled) if checker.record_graph else None
+    recorder = GraphRecorder(ctx, options.labelled_graph) if options.record_graph else None
     visited: dict[int, int] = {}
     stack: list[tuple[Any, int, int]] = []
     generated = 0
@@ -44,12 +45,10 @@ def run_dfs(checker: SearchOptions, ctx: ModelContext) -> Outcome:
     fp = ctx.fp
     need_final = ctx.is_final is not None
     is_final: Any = ctx.is_final  # called only when need_final
-    cov = Coverage(ctx, checker.coverage)
+    cov = Coverage(ctx, options.coverage)
     cov_append = cov.append
-    max_states = checker.max_states
-    max_depth = checker.max_depth
-    progress = checker.progress
-    next_progress = start + checker.progress_interval if progress else float("inf")
+    max_depth = options.max_depth
+    housekeeping = Housekeeping(options, start)
     complete, stop_reason = True, "exhausted"
     max_seen = 0
     count = 0
@@ -91,21 +90,18 @@ def run_dfs(checker: SearchOptions, ctx: ModelContext) -> Outcome:
         if count & 255 == 0:
             cov.flush()
             ctx.sample_keys(stack, max(0, len(stack) - 16))
-            if props.stop or checker._stop_requested.is_set():
-                break
-            if max_states is not None and len(visited) >= max_states:
+            reason = options.stop_reason(props, len(visited), bool(stack))
+            if reason is not None:
+                complete, stop_reason = False, reason
                 break
             now = time.perf_counter()
-            if now >= next_progress:
-                next_progress = now + checker.progress_interval
-                progress(  # type: ignore[misc]
-                    Progress("dfs", generated, len(visited), len(stack), max_seen, now - start)
-                )
-    if stack:
-        complete, stop_reason = False, checker._why_stopped(props)
+            report = housekeeping.progress_due(now)
+            if report is not None:
+                report(Progress("dfs", generated, len(visited), len(stack), max_seen, now - start))
     elapsed = time.perf_counter() - start
-    if progress:
-        progress(Progress("dfs", generated, len(visited), len(stack), max_seen, elapsed, done=True))
+    if options.progress:
+        options.progress(Progress("dfs", generated, len(visited), len(stack), max_seen, elapsed,
+                                  done=True))
     return Outcome(
         "dfs",
         generated,

@@ -8,7 +8,10 @@ none of them imports another strategy's, so the engine's modules form no import 
 * `Coverage`, `PropertyTracker` – transitions counted per action kind; the properties still
   open and the first discovery (`Found`) for each;
 * `Outcome` – what a strategy hands back to `Checker` to become a `CheckResult`;
-* `SearchOptions` – what a strategy reads from the `Checker` that runs it;
+* `SearchOptions` – what a strategy reads from the `Checker` that runs it, with the stop rule;
+  `SearchControl`, the requests it answers while it runs;
+* `starting_levels`, `Housekeeping` – where a breadth-first search starts (its initial states
+  or a checkpoint's levels), and when a search reports progress and writes checkpoints;
 * `GraphRecorder` – the explored graph, for `record_graph` and the livelock check.
 """
 
@@ -18,9 +21,10 @@ import threading
 from collections import Counter
 from collections.abc import Callable, Hashable
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any
 
 from checker._expand import ExpandEnv, expander
+from checker.checkpoint import Levels, resume_levels, save_levels
 from checker.fingerprint import MASK64, all_hash_by_value, fast_fingerprint, fingerprint
 from checker.model import Property, PropertyKind, overrides, successors_of
 from checker.result import Progress
@@ -31,11 +35,14 @@ __all__ = [
     "Coverage",
     "Found",
     "GraphRecorder",
+    "Housekeeping",
     "ModelContext",
     "Outcome",
     "PropertyTracker",
+    "SearchControl",
     "SearchOptions",
     "UnsafeHash",
+    "starting_levels",
 ]
 
 NO_PARENT = -1  # parent pointer of an initial state
@@ -428,19 +435,32 @@ class Outcome:
     notes: list[str] = field(default_factory=list)
 
 
-class SearchOptions(Protocol):
-    """What a strategy reads from the `Checker` running it (see `Checker` for each option).
+class SearchControl:
+    """The one channel between a running search and the program around it: requests from other
+    threads (a progress callback, a signal handler), which the search answers at its next
+    housekeeping point, and the count of the checkpoints it wrote."""
 
-    A protocol, not the `Checker` class itself: `checker.search` imports the strategies, so
-    they cannot import it back."""
+    def __init__(self) -> None:
+        self.stop_requested = threading.Event()
+        self.checkpoint_requested = threading.Event()
+        self.checkpoints_written = 0
+
+
+@dataclass(frozen=True, kw_only=True)
+class SearchOptions:
+    """What a strategy reads from the `Checker` that runs it (see `Checker` for each option),
+    fixed for the whole search; `control` is its one channel back."""
 
     model: Any
+    control: SearchControl
     max_states: int | None
     max_depth: int | None
     processes: int
     check_deadlock: bool
     record_graph: bool
-    _labelled: bool
+    labelled_graph: bool
+    """Label the recorded graph's nodes and edges (for DOT/GraphML): only when the graph was
+    asked for; the livelock check needs its shape alone, and a state's repr costs."""
     finish_when: str
     progress: Callable[[Progress], None] | None
     progress_interval: float
@@ -448,13 +468,81 @@ class SearchOptions(Protocol):
     checkpoint_interval: float | None
     resume_from: str | None
     coverage: bool
-    checkpoints_written: int
-    _checkpoint_requested: threading.Event
-    _stop_requested: threading.Event
 
-    def _why_stopped(self, props: PropertyTracker) -> str: ...
+    def stop_reason(self, props: PropertyTracker, visited: int, work_left: bool) -> str | None:
+        """The stop rule of every search, between two of its steps: why it stops now, or None
+        to go on.  A verdict first (`finish_when`), then a request to stop, then `max_states`
+        (`visited` distinct states); a search with no work left is exhausted, whatever was
+        asked."""
+        if not work_left:
+            return None
+        if props.stop:
+            return "all_decided" if self.finish_when == "all_decided" else "violation"
+        if self.control.stop_requested.is_set():
+            return "stop_requested"
+        if self.max_states is not None and visited >= self.max_states:
+            return "max_states"
+        return None
 
-    def _signature(self) -> str: ...
+    def checkpoint_on_stop(self, stop_reason: str) -> bool:
+        """Whether a search that stopped for `stop_reason` leaves a checkpoint to resume from:
+        when cut short by `max_states` or a request (not by a verdict, nor by `max_depth`,
+        which a resumed search would meet again)."""
+        return bool(self.checkpoint_path) and stop_reason in ("max_states", "stop_requested")
+
+    def save_checkpoint(self, levels: Levels) -> None:
+        """Write `levels` to `checkpoint_path`, and count it."""
+        assert self.checkpoint_path, "no checkpoint_path to write to"
+        save_levels(self.checkpoint_path, self.model, levels)
+        self.control.checkpoints_written += 1
+
+
+def starting_levels(options: SearchOptions, ctx: ModelContext) -> Levels:
+    """Where a breadth-first search starts: the levels of the checkpoint it resumes, or the
+    initial states (depth 0, every one unchecked)."""
+    if options.resume_from is not None:
+        return resume_levels(options.resume_from, options.model)
+    initial = ctx.initial()
+    return Levels(visited=dict.fromkeys((g for _s, g in initial), NO_PARENT), depth=0,
+                  current=list(initial), generated=len(initial), unchecked=list(initial))
+
+
+class Housekeeping:
+    """When a search, between two of its steps, reports progress (every `progress_interval`
+    seconds, given a callback) and writes a checkpoint (every `checkpoint_interval` seconds
+    or on request, given a path)."""
+
+    def __init__(self, options: SearchOptions, now: float) -> None:
+        self.options = options
+        self._next_progress = now + options.progress_interval if options.progress else _NEVER
+        self._next_checkpoint = self._checkpoint_after(now)
+
+    def progress_due(self, now: float) -> Callable[[Progress], None] | None:
+        """The progress callback when a report is due at `now` (the next is then due an
+        interval later), else None."""
+        if now < self._next_progress:
+            return None
+        self._next_progress = now + self.options.progress_interval
+        return self.options.progress
+
+    def checkpoint_due(self, now: float) -> bool:
+        """Whether to write a checkpoint at `now`; a request is answered by it (and dropped
+        when there is no path to write to)."""
+        requested = self.options.control.checkpoint_requested
+        if now < self._next_checkpoint and not requested.is_set():
+            return False
+        requested.clear()
+        self._next_checkpoint = self._checkpoint_after(now)
+        return bool(self.options.checkpoint_path)
+
+    def _checkpoint_after(self, now: float) -> float:
+        interval = self.options.checkpoint_interval
+        if interval is not None and self.options.checkpoint_path:
+            return now + interval
+        return _NEVER
+
+
+_NEVER = float("inf")
 
 
 class GraphRecorder:

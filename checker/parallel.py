@@ -50,16 +50,18 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from checker.checkpoint import load_checkpoint, pending_states, save_checkpoint
+from checker.checkpoint import Levels
 from checker.engine import (
     NO_PARENT,
     Coverage,
     Found,
+    Housekeeping,
     ModelContext,
     Outcome,
     PropertyTracker,
     SearchOptions,
     UnsafeHash,
+    starting_levels,
 )
 from checker.fingerprint import owner_of
 from checker.result import Progress
@@ -84,7 +86,7 @@ class _WorkerOptions:
     sampling: bool
 
 
-def _worker_main(conn: Any, me: int, nparts: int, model: Any, opts: _WorkerOptions) -> None:
+def _worker_main(conn: Any, model: Any, opts: _WorkerOptions) -> None:
     try:
         _Worker(conn, model, opts).serve()
     except BaseException:  # noqa: BLE001 - report anything to the coordinator, then exit
@@ -138,20 +140,12 @@ class _Worker:
                     self.seen[g] = parent
                     self.cur.append((t, g))
                 conn.send(("ok", None))
-            elif cmd == "load":
-                _, depth, part_seen, part_cur, part_ready, part_pending = msg
+            elif cmd == "load":  # its share of the starting levels, checked by the coordinator
+                _, part_seen, part_cur, part_ready = msg
                 self.seen.update(part_seen)
                 self.cur = list(part_cur)
                 self.ready = list(part_ready)
-                self.props.found.clear()
-                check_new = self.props.check_new if self.props.wants_new else None
-                for t, g, parent in part_pending:  # a checkpoint's states not yet visited
-                    if g not in self.seen:
-                        self.seen[g] = parent
-                        if check_new is not None:
-                            check_new(t, g, depth)
-                        self.cur.append((t, g))
-                conn.send(("ok", {"events": list(self.props.found.values())}))
+                conn.send(("ok", None))
             elif cmd == "parent":
                 conn.send(("ok", self.seen[msg[1]]))
             elif cmd == "dump":
@@ -240,9 +234,9 @@ class _Pool:
         self.n = n
         self.conns = []
         self.procs = []
-        for w in range(n):
+        for _ in range(n):
             parent, child = ctx.Pipe(duplex=True)
-            proc = ctx.Process(target=_worker_main, args=(child, w, n, model, opts), daemon=True)
+            proc = ctx.Process(target=_worker_main, args=(child, model, opts), daemon=True)
             proc.start()
             child.close()
             self.conns.append(parent)
@@ -299,257 +293,237 @@ def _judge(candidates: list[list[int]], visited: dict[int, int], n: int) -> tupl
     return verdicts, len(claims)
 
 
-def _partition(items: list[Any], n: int, fp_of: Any) -> list[list[Any]]:
-    parts: list[list[Any]] = [[] for _ in range(n)]
+def _partition(items: list[tuple[Any, int]], n: int) -> list[list[tuple[Any, int]]]:
+    """``(state, fingerprint)`` pairs shared out among `n` workers by fingerprint."""
+    parts: list[list[tuple[Any, int]]] = [[] for _ in range(n)]
     for item in items:
-        parts[owner_of(fp_of(item), n)].append(item)
+        parts[owner_of(item[1], n)].append(item)
     return parts
 
 
-def run_parallel_bfs(checker: SearchOptions, ctx: ModelContext) -> Outcome:
+def run_parallel_bfs(options: SearchOptions, ctx: ModelContext) -> Outcome:
     """The parallel BFS (see the module docstring); returns the engine's `Outcome`."""
-    n = checker.processes
-    props = PropertyTracker(ctx, checker.finish_when)
-    start = time.perf_counter()
-    elapsed_before = 0.0
-    base_cov: dict[str, int] = {}
-    visited: dict[int, int] = {}  # fingerprint -> the worker holding its state
-    options = _WorkerOptions(checker.check_deadlock, checker.coverage, ctx.fp_kind, ctx.sampling)
-    pool = _Pool(n, checker.model, options)
+    return _Coordinator(options, ctx).run()
 
-    def merge(events: list[Found]) -> None:
-        for f in events:
-            props.record(f)
 
-    try:
-        if checker.resume_from is not None:
-            data = load_checkpoint(checker.resume_from, checker._signature())
-            levels = sorted(data["levels"], key=lambda lv: lv[0])
-            depth = levels[0][0] if levels else data["depth"]
-            cur_parts = _partition(list(levels[0][1]) if levels else [], n, lambda it: it[1])
-            ready_parts = _partition(
-                list(levels[1][1]) if len(levels) > 1 else [], n, lambda it: it[1]
-            )
-            seen_parts: list[dict[int, int]] = [{} for _ in range(n)]
-            for g, parent in data["visited"].items():
-                w = owner_of(g, n)
-                seen_parts[w][g] = parent
-                visited[g] = w
-            pending_parts: list[list[Any]] = [[] for _ in range(n)]
-            for t, g, parent in pending_states(data, depth):
-                if g not in visited:
-                    visited[g] = owner_of(g, n)
-                    pending_parts[visited[g]].append((t, g, parent))
-            generated = data["generated"]
-            max_seen = data["max_depth"]
-            elapsed_before = data["elapsed_s"]
-            base_cov = dict(data["coverage"])
-            props.restore(data["found"])
-        else:
-            depth = max_seen = 0
-            inits = ctx.initial()
-            generated = len(inits)
-            seen_parts = [{} for _ in range(n)]
-            cur_parts = [[] for _ in range(n)]
-            ready_parts = [[] for _ in range(n)]
-            pending_parts = [[] for _ in range(n)]
-            for s, g in inits:
-                w = owner_of(g, n)
-                visited[g] = w
-                seen_parts[w][g] = NO_PARENT
-                cur_parts[w].append((s, g))
-                if props.wants_new:
-                    props.check_new(s, g, 0)
-        for reply in pool.call_all(
-            [("load", depth, seen_parts[w], cur_parts[w], ready_parts[w], pending_parts[w])
-             for w in range(n)]
-        ):
-            merge(reply["events"])
-        del seen_parts, cur_parts, ready_parts, pending_parts
+class _Coordinator:
+    """One parallel search, as the coordinator runs it: the global visited set (fingerprint ->
+    the worker holding its state), the verdicts not yet handed out, the counters an `Outcome`
+    reports, and the CPU seconds its notes give."""
 
-        max_depth = checker.max_depth
-        max_states = checker.max_states
-        progress = checker.progress
-        ck_interval = checker.checkpoint_interval
-        now = time.perf_counter()
-        next_progress = now + checker.progress_interval if progress else float("inf")
-        next_ck = (
-            now + ck_interval
-            if (ck_interval is not None and checker.checkpoint_path)
-            else float("inf")
-        )
-        complete, stop_reason = True, "exhausted"
-        frontier = 0
-        verdicts: Sequence[bytes | None] = [None] * n
+    def __init__(self, options: SearchOptions, ctx: ModelContext) -> None:
+        self.options = options
+        self.ctx = ctx
+        self.n = n = options.processes
+        self.props = PropertyTracker(ctx, options.finish_when)
+        self.start = time.perf_counter()
+        self.visited: dict[int, int] = {}
+        self.depth = self.generated = self.max_seen = self.frontier = 0
+        self.elapsed_before = 0.0  # the search time of the run a checkpoint resumes
+        self.base_cov: dict[str, int] = {}  # ... and its coverage
+        self.complete, self.stop_reason = True, "exhausted"
+        self.verdicts: Sequence[bytes | None] = [None] * n
         # CPU seconds: each worker's steps, the slowest worker's per level (what a level takes
         # when every worker has a core of its own), and the coordinator's judging
-        worker_cpu = [0.0] * n
-        critical = judging = 0.0
-        expanded = [0] * n
+        self.worker_cpu = [0.0] * n
+        self.critical = self.judging = 0.0
+        self.expanded = [0] * n
+        self.pool = _Pool(n, options.model, _WorkerOptions(
+            options.check_deadlock, options.coverage, ctx.fp_kind, ctx.sampling))
 
-        def settle(give: list[int] | None = None) -> list[Any]:
-            """Hand out the verdicts now (the states won are then visited and checked); each
-            worker gives away the number of them in `give`, returned."""
-            nonlocal verdicts
-            given: list[Any] = []
-            if any(v is not None for v in verdicts):
-                decided = sorted(props.found)
-                for _w, reply in enumerate(pool.call_all(
-                    [("accept", depth, verdicts[w], decided, give[w] if give else 0)
-                     for w in range(n)]
-                )):
-                    merge(reply["events"])
-                    given.extend(reply["given"])
-                verdicts = [None] * n
-            return given
+    def run(self) -> Outcome:
+        try:
+            self._load(starting_levels(self.options, self.ctx))
+            self._search()
+            return self._finish()
+        finally:
+            self.pool.close()
 
-        def rebalance(loads: list[int]) -> None:
-            """Even out the next level: a worker wins the states it alone met, and when one
-            meets most of them (from the start, the one holding the initial state does), the
-            others would idle.  The excess is shipped (states with their parents), only then."""
-            total = sum(loads)
-            want = [total // n + (w < total % n) for w in range(n)]
-            given = settle([max(0, have - wanted) for have, wanted in zip(loads, want)])
-            at = 0
-            takes = []
-            for w in range(n):
-                need = max(0, want[w] - loads[w])
-                part = given[at : at + need]
-                at += need
-                for _t, g, _parent in part:
-                    visited[g] = w
-                takes.append(("take", part))
-            pool.call_all(takes)
+    def _load(self, levels: Levels) -> None:
+        """Share the starting levels out among the workers, each state to its fingerprint's
+        owner (`owner_of`); the states not yet checked are checked here."""
+        n, props = self.n, self.props
+        self.depth, self.generated = levels.depth, levels.generated
+        self.max_seen, self.elapsed_before = levels.max_depth, levels.elapsed_s
+        self.base_cov = levels.coverage
+        props.restore(levels.found)
+        if props.wants_new:
+            for s, g in levels.unchecked:
+                props.check_new(s, g, levels.depth)
+        seen: list[dict[int, Any]] = [{} for _ in range(n)]
+        for g, parent in levels.visited.items():
+            w = owner_of(g, n)
+            seen[w][g] = parent
+            self.visited[g] = w
+        current, following = _partition(levels.current, n), _partition(levels.following, n)
+        self.pool.call_all([("load", seen[w], current[w], following[w]) for w in range(n)])
 
+    def _search(self) -> None:
+        """Level by level, until none is left, `max_depth` is reached or the stop rule says."""
+        options = self.options
+        max_depth = options.max_depth
+        self.housekeeping = Housekeeping(options, time.perf_counter())
         while True:
-            expand_ok = max_depth is None or depth < max_depth
-            decided = sorted(props.found)
-            replies = pool.call_all(
-                [("step", depth, verdicts[w], decided, expand_ok) for w in range(n)]
-            )
-            verdicts = [None] * n
-            generated += sum(r["generated"] for r in replies)
-            frontier = sum(r["frontier"] for r in replies)
-            for w, r in enumerate(replies):
-                worker_cpu[w] += r["cpu_s"]
-                expanded[w] += r["frontier"] if expand_ok else 0
-            critical += max(r["cpu_s"] for r in replies)
-            for r in replies:
-                if r["unsafe"] is not None:
-                    raise UnsafeHash(r["unsafe"])
-                ctx.inexact = ctx.inexact or r["inexact"]
-                merge(r["events"])
-            if not expand_ok:
+            expand = max_depth is None or self.depth < max_depth
+            replies = self._step(expand)
+            if not expand:
                 if sum(r["unexpanded"] for r in replies):
-                    complete, stop_reason = False, "max_depth"
-                break
-            judged = time.process_time()
-            verdicts, new = _judge([r["candidates"] for r in replies], visited, n)
-            judging += time.process_time() - judged
-            depth += 1
-            frontier = new + sum(r["ready"] for r in replies)
-            if frontier == 0:
-                break  # exhausted
-            max_seen = max(max_seen, depth)
-            if props.stop or checker._stop_requested.is_set() or (
-                    max_states is not None and len(visited) >= max_states):
-                settle()  # every visited state checked, as the sequential engine leaves them
-                complete, stop_reason = False, checker._why_stopped(props)
-                break
-            loads = [sum(verdicts[w] or b"") + r["ready"] for w, r in enumerate(replies)]
-            if max(loads) - min(loads) > max(64, frontier // 32):
-                rebalance(loads)
-            now = time.perf_counter()
-            if now >= next_progress:
-                next_progress = now + checker.progress_interval
-                progress(Progress("bfs", generated, len(visited), frontier, depth,  # type: ignore[misc]
-                                  elapsed_before + now - start))
-            if now >= next_ck or checker._checkpoint_requested.is_set():
-                checker._checkpoint_requested.clear()
-                if checker.checkpoint_path:
-                    settle()
-                    _write_checkpoint(checker, pool, depth, generated, max_seen, props.found,
-                                      _coverage(pool, base_cov), elapsed_before + now - start)
-                next_ck = (
-                    now + ck_interval
-                    if (ck_interval is not None and checker.checkpoint_path)
-                    else float("inf")
-                )
-        coverage = _coverage(pool, base_cov)
-        elapsed = elapsed_before + time.perf_counter() - start
-        if (
-            not complete
-            and checker.checkpoint_path
-            and stop_reason in ("max_states", "stop_requested")
-        ):
-            _write_checkpoint(
-                checker, pool, depth, generated, max_seen, props.found, coverage, elapsed
-            )
-        if progress:
-            progress(
-                Progress("bfs", generated, len(visited), frontier, max_seen, elapsed, done=True)
-            )
-        # Rebuild the parent chains now, while the workers are alive.
+                    self._stop("max_depth")
+                return
+            new = self._judge_candidates(replies)
+            self.depth += 1
+            self.frontier = new + sum(r["ready"] for r in replies)
+            if self.frontier == 0:
+                return  # exhausted
+            self.max_seen = max(self.max_seen, self.depth)
+            reason = options.stop_reason(self.props, len(self.visited), work_left=True)
+            if reason is not None:
+                self._settle()  # every visited state checked, as the sequential engine leaves them
+                self._stop(reason)
+                return
+            self._even_out([sum(v or b"") + r["ready"] for v, r in zip(self.verdicts, replies)])
+            self._report_and_checkpoint()
+
+    def _step(self, expand: bool) -> list[dict[str, Any]]:
+        """Each worker takes its verdicts and, when `expand`, expands its share of the level;
+        their counters and discoveries are merged here."""
+        n = self.n
+        decided = sorted(self.props.found)
+        replies = self.pool.call_all(
+            [("step", self.depth, self.verdicts[w], decided, expand) for w in range(n)]
+        )
+        self.verdicts = [None] * n
+        self.generated += sum(r["generated"] for r in replies)
+        self.frontier = sum(r["frontier"] for r in replies)
+        for w, r in enumerate(replies):
+            self.worker_cpu[w] += r["cpu_s"]
+            self.expanded[w] += r["frontier"] if expand else 0
+        self.critical += max(r["cpu_s"] for r in replies)
+        for r in replies:
+            if r["unsafe"] is not None:
+                raise UnsafeHash(r["unsafe"])
+            self.ctx.inexact = self.ctx.inexact or r["inexact"]
+            self._merge(r["events"])
+        return replies
+
+    def _judge_candidates(self, replies: list[dict[str, Any]]) -> int:
+        """The verdicts on the workers' candidates (handed out with the next step), and how
+        many states are new."""
+        began = time.process_time()
+        self.verdicts, new = _judge([r["candidates"] for r in replies], self.visited, self.n)
+        self.judging += time.process_time() - began
+        return new
+
+    def _settle(self, give: list[int] | None = None) -> list[Any]:
+        """Hand out the verdicts now (the states won are then visited and checked); each
+        worker gives away the number of them in `give`, returned."""
+        given: list[Any] = []
+        if any(v is not None for v in self.verdicts):
+            decided = sorted(self.props.found)
+            for reply in self.pool.call_all(
+                [("accept", self.depth, self.verdicts[w], decided, give[w] if give else 0)
+                 for w in range(self.n)]
+            ):
+                self._merge(reply["events"])
+                given.extend(reply["given"])
+            self.verdicts = [None] * self.n
+        return given
+
+    def _even_out(self, loads: list[int]) -> None:
+        """Even out the next level (`loads`: each worker's share of it) when the shares differ
+        by more than 64 states and 1/32 of the level: a worker wins the states it alone met,
+        and when one meets most of them (from the start, the one holding the initial state
+        does), the others would idle.  The excess is shipped (states with their parents), only
+        then."""
+        n = self.n
+        if max(loads) - min(loads) <= max(64, self.frontier // 32):
+            return
+        total = sum(loads)
+        want = [total // n + (w < total % n) for w in range(n)]
+        given = self._settle([max(0, have - wanted) for have, wanted in zip(loads, want)])
+        at = 0
+        takes = []
+        for w in range(n):
+            need = max(0, want[w] - loads[w])
+            part = given[at : at + need]
+            at += need
+            for _t, g, _parent in part:
+                self.visited[g] = w
+            takes.append(("take", part))
+        self.pool.call_all(takes)
+
+    def _report_and_checkpoint(self) -> None:
+        """Between two steps: progress and checkpoints, when due (`Housekeeping`)."""
+        now = time.perf_counter()
+        report = self.housekeeping.progress_due(now)
+        if report is not None:
+            report(Progress("bfs", self.generated, len(self.visited), self.frontier, self.depth,
+                            self.elapsed_before + now - self.start))
+        if self.housekeeping.checkpoint_due(now):
+            self._settle()
+            self._save_checkpoint(self._coverage(), self.elapsed_before + now - self.start)
+
+    def _save_checkpoint(self, coverage: dict[str, int], elapsed: float) -> None:
+        """Checkpoint between two steps, the verdicts handed out: the workers' frontiers at
+        `depth` are the level to expand, and what they hold is the visited set with its parent
+        pointers."""
+        visited: dict[int, Any] = {}
+        level: list[tuple[Any, int]] = []
+        for part_visited, part_current in self.pool.call_all([("dump",)] * self.n):
+            visited.update(part_visited)
+            level.extend(part_current)
+        self.options.save_checkpoint(Levels(
+            visited=visited, depth=self.depth, current=level, generated=self.generated,
+            max_depth=self.max_seen, elapsed_s=elapsed, coverage=coverage, found=self.props.found,
+        ))
+
+    def _finish(self) -> Outcome:
+        options = self.options
+        coverage = self._coverage()
+        elapsed = self.elapsed_before + time.perf_counter() - self.start
+        if options.checkpoint_on_stop(self.stop_reason):
+            self._save_checkpoint(coverage, elapsed)
+        if options.progress:
+            options.progress(Progress("bfs", self.generated, len(self.visited), self.frontier,
+                                      self.max_seen, elapsed, done=True))
+        outcome = Outcome("bfs", self.generated, len(self.visited), self.max_seen, elapsed,
+                          coverage, self.complete, self.stop_reason, dict(self.props.found),
+                          self._parent_chains().__getitem__, None, processes=self.n)
+        outcome.notes.append(self._cpu_note())
+        return outcome
+
+    def _parent_chains(self) -> dict[int, int]:
+        """The parent pointers from every discovery back to an initial state, asked of the
+        workers holding the states (so, while they are alive)."""
         chains: dict[int, int] = {}
-        for f in props.found.values():
+        for f in self.props.found.values():
             g = f.fp
             while g != NO_PARENT and g not in chains:
-                chains[g] = pool.call(visited[g], ("parent", g))
+                chains[g] = self.pool.call(self.visited[g], ("parent", g))
                 g = chains[g]
-        found: dict[str, Found] = dict(props.found)
-    finally:
-        pool.close()
-    outcome = Outcome("bfs", generated, len(visited), max_seen, elapsed, coverage, complete,
-                      stop_reason, found, chains.__getitem__, None, processes=n)
-    outcome.notes.append(
-        f"states expanded per worker: {', '.join(f'{e:,}' for e in expanded)}; "
-        f"CPU seconds in the workers' steps: {', '.join(f'{c:.2f}' for c in worker_cpu)}; "
-        f"the slowest worker's, level by level: {critical:.2f}; "
-        f"the coordinator's judging: {judging:.2f} (on {n} idle "
-        f"cores the search would take about {critical + judging:.2f} s)"
-    )
-    return outcome
+        return chains
 
+    def _cpu_note(self) -> str:
+        critical, judging = self.critical, self.judging
+        return (
+            f"states expanded per worker: {', '.join(f'{e:,}' for e in self.expanded)}; "
+            f"CPU seconds in the workers' steps: "
+            f"{', '.join(f'{c:.2f}' for c in self.worker_cpu)}; "
+            f"the slowest worker's, level by level: {critical:.2f}; "
+            f"the coordinator's judging: {judging:.2f} (on {self.n} idle "
+            f"cores the search would take about {critical + judging:.2f} s)"
+        )
 
-def _coverage(pool: _Pool, base: dict[str, int]) -> dict[str, int]:
-    out = dict(base)
-    for part in pool.call_all([("coverage",)] * pool.n):
-        for k, v in part.items():
-            out[k] = out.get(k, 0) + v
-    return out
+    def _coverage(self) -> dict[str, int]:
+        out = dict(self.base_cov)
+        for part in self.pool.call_all([("coverage",)] * self.n):
+            for k, v in part.items():
+                out[k] = out.get(k, 0) + v
+        return out
 
+    def _merge(self, events: list[Found]) -> None:
+        for f in events:
+            self.props.record(f)
 
-def _write_checkpoint(
-    checker: SearchOptions,
-    pool: _Pool,
-    depth: int,
-    generated: int,
-    max_seen: int,
-    found: dict[str, Any],
-    coverage: dict[str, int],
-    elapsed: float,
-) -> None:
-    """Checkpoint between two steps, the verdicts handed out: the workers' frontiers at `depth`
-    are the level to expand, and what they hold is the visited set with its parent pointers."""
-    visited: dict[int, int] = {}
-    level: list[Any] = []
-    for part_visited, part_cur in pool.call_all([("dump",)] * pool.n):
-        visited.update(part_visited)
-        level.extend(part_cur)
-    save_checkpoint(
-        checker.checkpoint_path,  # type: ignore[arg-type]
-        {
-            "model": checker._signature(),
-            "strategy": "bfs",
-            "visited": visited,
-            "levels": [(depth, level)],
-            "depth": depth,
-            "pending": None,
-            "generated": generated,
-            "max_depth": max_seen,
-            "elapsed_s": elapsed,
-            "coverage": coverage,
-            "found": dict(found),
-        },
-    )
-    checker.checkpoints_written += 1
+    def _stop(self, reason: str) -> None:
+        self.complete, self.stop_reason = False, reason

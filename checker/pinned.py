@@ -1,5 +1,6 @@
-"""What the gate pins: each gate bound's state counts and a sample of the schedule's decisions,
-as `spec/gate/pinned.json` holds them.
+"""The gate and what it pins: its bounds (`GATE`, shipped with the package as checker/gate/,
+which spec/gate links to), and each bound's state counts and a sample of the schedule's
+decisions, as `checker/gate/pinned.json` holds them.
 
 `spec/generate.py --measure` writes the file from the code (never by hand) and PROTOCOL.md's
 figures are rendered from it; the gate compares the code with it (`invar-check` with no
@@ -11,6 +12,7 @@ it is regenerated and reviewed. The schedule's own runs cannot see a change to i
 
 from __future__ import annotations
 
+import importlib.resources
 import json
 import time
 from pathlib import Path
@@ -19,7 +21,20 @@ from typing import Any
 from invar.model import schedule
 from invar.model.config import RunConfig
 
-PINNED = Path(__file__).resolve().parent.parent / "spec" / "gate" / "pinned.json"
+
+def _gate_folder() -> Path:
+    """The gate's folder as the installed package has it: a folder on disk (each bound is
+    checked in a process of its own, which is given its path)."""
+    folder = importlib.resources.files("checker") / "gate"
+    if not isinstance(folder, Path):  # pragma: no cover - a package imported from a zip
+        raise RuntimeError(f"invar-check: the gate's bounds ({folder}) are not files on disk: "
+                           "install the package unzipped")
+    return folder.resolve()
+
+
+GATE = _gate_folder()
+"""The gate: one bounded model per ``*.toml`` file, and `PINNED`."""
+PINNED = GATE / "pinned.json"
 
 _SMALL = dict(prompts_per_batch=2, group_size=2, optimizer_steps=2)
 """Batches small enough to pin their every seed and plan (versions and boundaries do not depend

@@ -45,7 +45,6 @@ from __future__ import annotations
 
 import gc
 import os
-import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any, Generic
@@ -58,7 +57,8 @@ from checker.engine import (
     Found,
     ModelContext,
     Outcome,
-    PropertyTracker,
+    SearchControl,
+    SearchOptions,
     UnsafeHash,
 )
 from checker.fingerprint import all_hash_by_value, collision_probability
@@ -169,22 +169,45 @@ class Checker(Generic[S, A]):
         self.resume_from = os.fspath(resume_from) if resume_from is not None else None
         self.coverage = coverage
         self.fingerprints = fingerprints
-        self._checkpoint_requested = threading.Event()
-        self._stop_requested = threading.Event()
-        self.checkpoints_written = 0
+        self._control = SearchControl()
 
     # ------------------------------------------------------------------ public API
 
+    @property
+    def checkpoints_written(self) -> int:
+        """The checkpoints this checker's searches have written."""
+        return self._control.checkpoints_written
+
     def request_checkpoint(self) -> None:
         """Ask a running `bfs` to write a checkpoint at its next housekeeping point."""
-        self._checkpoint_requested.set()
+        self._control.checkpoint_requested.set()
 
     def request_stop(self) -> None:
         """Ask a running search to stop at its next housekeeping point (result incomplete)."""
-        self._stop_requested.set()
+        self._control.stop_requested.set()
+
+    def _options(self) -> SearchOptions:
+        """What the strategies read: the options as they are when a search starts."""
+        return SearchOptions(
+            model=self.model,
+            control=self._control,
+            max_states=self.max_states,
+            max_depth=self.max_depth,
+            processes=self.processes,
+            check_deadlock=self.check_deadlock,
+            record_graph=self.record_graph,
+            labelled_graph=self._labelled,
+            finish_when=self.finish_when,
+            progress=self.progress,
+            progress_interval=self.progress_interval,
+            checkpoint_path=self.checkpoint_path,
+            checkpoint_interval=self.checkpoint_interval,
+            resume_from=self.resume_from,
+            coverage=self.coverage,
+        )
 
     def _start(self, fingerprints: str | None = None) -> ModelContext:
-        self._stop_requested.clear()
+        self._control.stop_requested.clear()
         mode = fingerprints or self.fingerprints
         if mode == "auto":
             ctx = ModelContext(self.model, self.check_deadlock, "stable")
@@ -199,12 +222,13 @@ class Checker(Generic[S, A]):
             return ctx
         return ModelContext(self.model, self.check_deadlock, mode)
 
-    def _run(self, search: Callable[[ModelContext], Outcome]) -> CheckResult:
+    def _run(self, search: Callable[[SearchOptions, ModelContext], Outcome]) -> CheckResult:
         """Run `search` with fast fingerprints when they are valid, else with stable ones."""
+        options = self._options()
         ctx = self._start()
         with _quiet_gc():
             try:
-                outcome = search(ctx)
+                outcome = search(options, ctx)
             except UnsafeHash as unsafe:
                 reason = unsafe.reason
             except TypeError as error:
@@ -216,7 +240,7 @@ class Checker(Generic[S, A]):
             else:
                 return self._result(ctx, outcome)
             ctx = self._start("stable")
-            outcome = search(ctx)
+            outcome = search(options, ctx)
         outcome.notes.append(f"started again with stable fingerprints: {reason}")
         return self._result(ctx, outcome)
 
@@ -225,15 +249,15 @@ class Checker(Generic[S, A]):
         notes: list[str] = []
         if self.processes > 1 and not self.record_graph:
             if fork_available():
-                return self._run(lambda ctx: run_parallel_bfs(self, ctx))
+                return self._run(run_parallel_bfs)
             notes = ["parallel search needs the 'fork' start method; ran in one process"]
         elif self.processes > 1:
             why = ("the livelock check records the graph" if self.check_livelock
                    else "the recorded graph is held whole")
             notes = [f"one process, not {self.processes}: {why}"]
 
-        def sequential(ctx: ModelContext) -> Outcome:
-            outcome = run_sequential_bfs(self, ctx)
+        def sequential(options: SearchOptions, ctx: ModelContext) -> Outcome:
+            outcome = run_sequential_bfs(options, ctx)
             outcome.notes[:0] = notes
             return outcome
 
@@ -241,7 +265,7 @@ class Checker(Generic[S, A]):
 
     def dfs(self) -> CheckResult:
         """Depth-first search (not shortest counterexamples; small frontier)."""
-        return self._run(lambda ctx: run_dfs(self, ctx))
+        return self._run(run_dfs)
 
     def simulate(self, runs: int = 100, max_depth: int = 1000, seed: int = 0) -> CheckResult:
         """`runs` random walks of at most `max_depth` steps (reproducible from `seed`).
@@ -252,23 +276,9 @@ class Checker(Generic[S, A]):
         checked on walks that end, and on walks that revisit a state (a lasso) before
         meeting the predicate.  Never `complete`: unreached ``sometimes`` stay NOT_REACHED.
         """
-        return self._run(lambda ctx: run_simulation(self, ctx, runs, max_depth, seed))
-
-    # ------------------------------------------------------------------ read by the strategies
-
-    def _why_stopped(self, props: PropertyTracker) -> str:
-        """Why a search with work left stopped (when neither bound on depth nor exhaustion)."""
-        if props.stop:
-            return "all_decided" if self.finish_when == "all_decided" else "violation"
-        return "stop_requested" if self._stop_requested.is_set() else "max_states"
-
-    def _signature(self) -> str:
-        model = self.model
-        cls = type(model)
-        sig = f"{cls.__module__}.{cls.__qualname__}"
-        if cls.__repr__ is not object.__repr__:
-            sig += f":{model!r}"
-        return sig
+        return self._run(
+            lambda options, ctx: run_simulation(options, ctx, runs, max_depth, seed)
+        )
 
     # ------------------------------------------------------------------ results
 

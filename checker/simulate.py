@@ -7,7 +7,15 @@ import random
 import time
 from typing import Any
 
-from checker.engine import Coverage, Found, ModelContext, Outcome, PropertyTracker, SearchOptions
+from checker.engine import (
+    Coverage,
+    Found,
+    Housekeeping,
+    ModelContext,
+    Outcome,
+    PropertyTracker,
+    SearchOptions,
+)
 from checker.result import Progress
 from checker.trace import Trace
 
@@ -15,12 +23,12 @@ __all__ = ["run_simulation"]
 
 
 def run_simulation(
-    checker: SearchOptions, ctx: ModelContext, runs: int, max_depth: int, seed: int
+    options: SearchOptions, ctx: ModelContext, runs: int, max_depth: int, seed: int
 ) -> Outcome:
     rng = random.Random(seed)
-    props = PropertyTracker(ctx, checker.finish_when)
+    props = PropertyTracker(ctx, options.finish_when)
     start = time.perf_counter()
-    cov = Coverage(ctx, checker.coverage)
+    cov = Coverage(ctx, options.coverage)
     inits = ctx.initial()
     if not inits:
         raise ValueError("the model has no initial state")
@@ -29,11 +37,10 @@ def run_simulation(
     max_seen = 0
     eventually = list(ctx.eventually)
     ev_found: dict[str, Found] = {}
-    progress = checker.progress
-    next_progress = start + checker.progress_interval if progress else float("inf")
+    housekeeping = Housekeeping(options, start)
     runs_done = 0
     for _run in range(runs):
-        if props.stop or checker._stop_requested.is_set():
+        if props.stop or options.control.stop_requested.is_set():
             break
         s, f = inits[rng.randrange(len(inits))]
         path: list[tuple[Any, Any]] = [(None, s)]
@@ -86,14 +93,16 @@ def run_simulation(
         runs_done += 1
         ctx.sample_keys(path, 0, at=1)
         now = time.perf_counter()
-        if now >= next_progress:
-            next_progress = now + checker.progress_interval
-            progress(  # type: ignore[misc]
+        report = housekeeping.progress_due(now)
+        if report is not None:
+            report(
                 Progress("simulate", generated, len(seen), runs - runs_done, max_seen, now - start)
             )
     elapsed = time.perf_counter() - start
-    if progress:
-        progress(Progress("simulate", generated, len(seen), 0, max_seen, elapsed, done=True))
+    if options.progress:
+        options.progress(
+            Progress("simulate", generated, len(seen), 0, max_seen, elapsed, done=True)
+        )
     found = dict(props.found)
     found.update(ev_found)
     out = Outcome(

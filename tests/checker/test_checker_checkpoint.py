@@ -140,3 +140,22 @@ def test_save_checkpoint_is_atomic(tmp_path: Path) -> None:
     assert load_checkpoint(path, "m")["x"] == 2
     assert first != path.read_bytes()
     assert sorted(os.listdir(tmp_path)) == ["c.ckpt"]
+
+
+@pytest.mark.parametrize("processes", [1, 2])
+def test_pending_states_of_a_checkpoint_join_the_frontier(
+    tmp_path: Path, reference: CheckResult, processes: int
+) -> None:
+    """A checkpoint may hold states met but not yet visited (``pending``, with their parents):
+    both searches resume them through `resume_levels`, as visited states of the frontier."""
+    model = TwoPhaseCommit(5)
+    path = tmp_path / "run.ckpt"
+    Checker(model, max_states=2_500, checkpoint_path=path).bfs()
+    data = load_checkpoint(path)
+    (depth, level), *rest = sorted(data["levels"], key=lambda lv: lv[0])
+    kept, moved = level[: len(level) // 2], level[len(level) // 2 :]
+    assert moved
+    data["levels"] = [(depth, kept), *rest]
+    data["pending"] = (depth, [(t, g, data["visited"].pop(g)) for t, g in moved])
+    save_checkpoint(path, data)
+    _same(Checker(model, resume_from=path, processes=processes).bfs(), reference)

@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import FrozenInstanceError, dataclass, replace
 
 import pytest
 
 from checker import BaseModel, Checker, Progress, Property, Trace, Verdict, diff_states
+from checker.engine import ModelContext, PropertyTracker
 
 # --------------------------------------------------------------------------- toy models
 
@@ -322,6 +323,24 @@ def test_progress_callback_and_request_stop() -> None:
     )
     stopped = checker2.bfs()
     assert not stopped.complete and stopped.stop_reason == "stop_requested"
+
+
+def test_one_stop_rule_a_verdict_then_a_request_then_max_states() -> None:
+    """Every search stops by `SearchOptions.stop_reason`, read from options fixed when it
+    starts; a search with no work left is exhausted, whatever was asked."""
+    model = Counter(10)
+    checker = Checker(model, max_states=5)
+    options = checker._options()
+    with pytest.raises(FrozenInstanceError):
+        options.max_states = 6  # type: ignore[misc]
+    props = PropertyTracker(ModelContext(model, True), options.finish_when)
+    assert options.stop_reason(props, 4, work_left=True) is None
+    assert options.stop_reason(props, 5, work_left=True) == "max_states"
+    checker.request_stop()
+    assert options.stop_reason(props, 5, work_left=True) == "stop_requested"
+    props.stop = True
+    assert options.stop_reason(props, 5, work_left=True) == "all_decided"
+    assert options.stop_reason(props, 5, work_left=False) is None
 
 
 def test_invalid_configurations_are_refused() -> None:

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from checker import pinned
-from checker.cli import _unpinned_counts
+from checker.cli import _unpinned_counts, main
 from checker.fingerprint import canonical, hashes_by_value
 from checker.invar_model import Bounds, InvarModel, load_bounds
 from checker.model import PropertyKind
@@ -54,6 +54,22 @@ ASPECTS = {
         lambda b: b.launch_frames and b.prompts_per_batch * b.group_size >= BULK_FROM,
     "forged scores with a KL term (a reference matrix)": lambda b: b.forgeries and b.kl_coef > 0,
 }
+
+
+def test_the_gate_has_one_copy_shipped_with_the_package() -> None:
+    """The bounds and their pinned values live in checker/gate/, package data found through
+    importlib.resources (so an installed `invar-check` has them: test_checker_package.py);
+    spec/gate is a link to that folder, not a second copy to keep in step."""
+    assert GATE.is_symlink() and GATE.resolve() == pinned.GATE
+    assert pinned.PINNED == pinned.GATE / "pinned.json" and pinned.PINNED.is_file()
+
+
+def test_list_names_every_gate_bound_and_where_the_gate_is(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["--list"]) == 0
+    first, *rows = capsys.readouterr().out.splitlines()
+    assert str(pinned.GATE) in first and f"{len(BOUNDS)} bounds" in first
+    assert [row.split()[0] for row in rows] == list(BOUNDS)
 
 
 @pytest.mark.parametrize("aspect", list(ASPECTS))
