@@ -47,6 +47,17 @@ class RunConfig:
     def samples_per_batch(self) -> int:
         return self.prompts_per_batch * self.group_size
 
+    @property
+    def scores_batch(self) -> bool:
+        """True when an update starts by scoring its batch (`ScoreProbabilities`): the KL term
+        needs the reference log-probs, or "decoupled_ppo" needs the proximal ones of a policy
+        that the update's later steps move away from. With one optimizer step the proximal
+        policy is the current one (the weights before the update), so the step's own forward
+        supplies its log-probs (r_t = 1, as TRL's GRPO with one iteration); the other losses
+        never read them."""
+        return self.objective.needs_reference or (
+            self.objective.loss == "decoupled_ppo" and self.optimizer_steps > 1)
+
     def validate(self) -> RunConfig:
         """Return self, or raise ConfigError naming every field of the first impossible rule."""
         positive = ("prompts_per_batch", "group_size", "sync_period", "optimizer_steps",

@@ -473,6 +473,11 @@ def _on_probabilities_reported(state: State, event: ProbabilitiesReported) -> Ha
                or (event.reference is not None and _not_a_matrix("reference", event.reference)))
     if problem:
         return ProtocolError(state, event, Reason.MALFORMED_PAYLOAD, problem)
+    if not state.config.scores_batch:
+        return ProtocolError(state, event, Reason.UNREQUESTED_SCORES,
+                             f"scores of update {event.update} were not requested: this run's "
+                             f"updates take the proximal log-probs from their forward (one "
+                             f"optimizer step, no KL term)")
     learner = state.learner
     if event.attempt < learner.attempt or event.update < state.committed:
         return _LATE
@@ -495,7 +500,8 @@ def _on_probabilities_reported(state: State, event: ProbabilitiesReported) -> Ha
     if problem:
         return ProtocolError(state, event, Reason.MALFORMED_PAYLOAD, problem)
     scores = Scores(matrix_digest(event.proximal, event.reference), event.proximal,
-                    event.reference, _batch_inputs(state.config, batch, event))
+                    event.reference,
+                    _batch_inputs(state.config, batch, event.proximal, event.reference))
     return _request_forward(state, 0, scores=scores)
 
 
@@ -726,11 +732,12 @@ def _commit_command(update: int, learner: LearnerState) -> Commit:
     return Commit(update, learner.attempt, learner.step_digest)
 
 
-def _batch_inputs(config: RunConfig, batch: BatchState,
-                  scores: ProbabilitiesReported) -> BatchInputs:
+def _batch_inputs(config: RunConfig, batch: BatchState, proximal_scores: Matrix | None,
+                  reference_scores: Matrix | None) -> BatchInputs:
     """The objective inputs of each step of the batch's update: the batch's, gathered once in
     the order of the update's plan with the terms that do not depend on the current policy,
-    then each step's rows of them (consecutive rows)."""
+    then each step's rows of them (consecutive rows). Without proximal scores (the batch was
+    not scored) each step takes its forward's (`_cotangent`)."""
     completions = completions_of(batch.slots)
     tokens = completions.tokens
     plan = schedule.minibatch_plan(config, batch.batch)
@@ -747,8 +754,9 @@ def _batch_inputs(config: RunConfig, batch: BatchState,
     def padded(matrix: Matrix) -> np.ndarray:
         return in_plan_order(matrix.padded_values(mask))
 
-    proximal, behavior = padded(scores.proximal), padded(completions.behavior_logprobs)
-    reference = None if scores.reference is None else padded(scores.reference)
+    behavior = padded(completions.behavior_logprobs)
+    proximal = None if proximal_scores is None else padded(proximal_scores)
+    reference = None if reference_scores is None else padded(reference_scores)
     sizes = [len(positions) for positions in plan]
     step_sizes = np.repeat(np.array(sizes, dtype=np.intp), sizes)
     if mask is None:
@@ -783,6 +791,8 @@ def _cotangent(config: RunConfig, inputs: ObjectiveInputs,
     finite log-probs whose ratios overflow), what overflowed, where."""
     logprobs = event.current_logprobs
     current = logprobs.padded_values(inputs.mask)
+    if inputs.proximal is None:  # one optimizer step: the proximal policy is the current one
+        inputs = inputs.with_proximal(config.objective, current)
     with np.errstate(over="ignore", invalid="ignore"):  # overflows are looked for below
         terms, cotangent = checked_objective(config.objective, inputs, current)
     if not (np.isfinite(np.add.reduce(cotangent, axis=None))
@@ -803,6 +813,7 @@ def _divergence(config: RunConfig, inputs: ObjectiveInputs, current: np.ndarray,
     its request and token, else the terms themselves."""
     anchor, name = ((inputs.behavior, "behavior") if config.objective.loss != "decoupled_ppo"
                     else (inputs.proximal, "proximal"))
+    assert anchor is not None  # `_cotangent` supplied the proximal log-probs
     ratios = [(f"exp(current - {name})", ("current", current), (name, anchor))]
     if inputs.reference is not None:
         ratios.append(("exp(reference - current) of the KL term",
@@ -943,8 +954,13 @@ def _start_next_update(state: State, commands: list[Command]) -> State:
     if learner.phase is LearnerPhase.WAITING and state.batches and state.batches[0].completed == \
             state.config.samples_per_batch and state.batches[0].batch == state.committed \
             and not _boundary_commands(state):
-        state = evolve(state, learner=evolve(learner, phase=LearnerPhase.SCORING))
-        commands.append(_score_command(state))
+        if state.config.scores_batch:
+            state = evolve(state, learner=evolve(learner, phase=LearnerPhase.SCORING))
+            commands.append(_score_command(state))
+        else:
+            inputs = _batch_inputs(state.config, state.batches[0], None, None)
+            state, forward = _request_forward(state, 0, scores=Scores("", None, None, inputs))
+            commands += forward
     return state
 
 

@@ -337,6 +337,7 @@ def checked_objective(config: ObjectiveConfig, inputs: ObjectiveInputs,
         # plain PPO: the behaviour policy is the trust-region centre; decoupled: the proximal
         # one, and w (`behavior_weight`) corrects the proximal/behaviour mismatch.
         anchor = inputs.behavior if config.loss == "behavior_ppo" else inputs.proximal
+        assert anchor is not None, "the proximal log-probs are supplied before the objective"
         ratio = np.exp(current - anchor)
         # ratio.clip(low, high) (ratio is never NaN), without the Python wrapper of `clip`.
         clipped_ratio = np.minimum(np.maximum(ratio, 1.0 - config.clip_low),
@@ -393,7 +394,9 @@ class ObjectiveInputs(NamedTuple):
     as they come). Every array is (n, T) float64, C-ordered (the sums then add in the order
     masking gives), and 0.0 at the invalid positions."""
 
-    proximal: np.ndarray
+    proximal: np.ndarray | None
+    """None until `with_proximal` supplies it: an update that does not score its batch
+    (`RunConfig.scores_batch`) takes each step's from that step's forward."""
     behavior: np.ndarray
     reference: np.ndarray | None
     """None without the KL penalty."""
@@ -415,7 +418,7 @@ class ObjectiveInputs(NamedTuple):
     def rows(self, rows: slice, width: int) -> ObjectiveInputs:
         """The inputs of the responses `rows` alone, cut to `width` tokens, the longest of them:
         the arrays their log-probs padded on their own give (the core's minibatches)."""
-        whole = width == self.proximal.shape[1]  # then the rows are C-ordered as they lie
+        whole = width == self.behavior.shape[1]  # then the rows are C-ordered as they lie
 
         def cut(values: np.ndarray) -> np.ndarray:
             return values[rows] if whole else np.ascontiguousarray(values[rows, :width])
@@ -424,30 +427,40 @@ class ObjectiveInputs(NamedTuple):
         if mask is not None and mask.all():
             mask = None
         weight = None if self.weight is None else cut(self.weight)
-        proximal = cut(self.proximal)
+        behavior = cut(self.behavior)
         return ObjectiveInputs(
-            proximal, cut(self.behavior),
+            None if self.proximal is None else cut(self.proximal), behavior,
             None if self.reference is None else cut(self.reference),
             cut(self.minus_advantage), weight, cut(self.token_share), mask,
-            *_tokens_and_mean_weight(weight, mask, proximal.size), self.mean_staleness)
+            *_tokens_and_mean_weight(weight, mask, behavior.size), self.mean_staleness)
+
+    def with_proximal(self, config: ObjectiveConfig, proximal: np.ndarray) -> ObjectiveInputs:
+        """These inputs with the proximal log-probs p (checked, 0.0 at the invalid positions)
+        and the behaviour weight they give. An update of one optimizer step passes its
+        forward's current log-probs: the proximal policy is then the current one, so
+        r_t = exp(c_t - p_t) = 1 and w_t = min(exp(c_t - b_t), cap), constants as ever."""
+        weight = behavior_weight(config, proximal, self.behavior) if (
+            config.loss == "decoupled_ppo") else None
+        if weight is not None and self.mask is not None:
+            weight = np.where(self.mask, weight, 0.0)
+        tokens, mean_weight = _tokens_and_mean_weight(weight, self.mask, proximal.size)
+        return self._replace(proximal=proximal, weight=weight, tokens=tokens,
+                             mean_behavior_weight=mean_weight)
 
 
-def objective_inputs(config: ObjectiveConfig, advantages: np.ndarray, proximal: np.ndarray,
-                     behavior: np.ndarray, reference: np.ndarray | None,
-                     mask: np.ndarray | None, share: np.ndarray, mean_staleness: float
-                     ) -> ObjectiveInputs:
+def objective_inputs(config: ObjectiveConfig, advantages: np.ndarray,
+                     proximal: np.ndarray | None, behavior: np.ndarray,
+                     reference: np.ndarray | None, mask: np.ndarray | None, share: np.ndarray,
+                     mean_staleness: float) -> ObjectiveInputs:
     """The `ObjectiveInputs` of checked, C-ordered (n, T) log-probs that are 0.0 at the
     invalid positions (`mask`; None when every position is valid), the responses' advantages
-    (n,) and their `token_share` (n, 1)."""
-    weight = behavior_weight(config, proximal, behavior) if (
-        config.loss == "decoupled_ppo") else None
-    if weight is not None and mask is not None:
-        weight = np.where(mask, weight, 0.0)
-    width = proximal.shape[1]
-    return ObjectiveInputs(proximal, behavior, reference,
-                           _per_token(-advantages[:, None], mask, width), weight,
-                           _per_token(share, mask, width), mask,
-                           *_tokens_and_mean_weight(weight, mask, proximal.size), mean_staleness)
+    (n,) and their `token_share` (n, 1); `proximal` None leaves it to `with_proximal`."""
+    width = behavior.shape[1]
+    inputs = ObjectiveInputs(None, behavior, reference,
+                             _per_token(-advantages[:, None], mask, width), None,
+                             _per_token(share, mask, width), mask,
+                             *_tokens_and_mean_weight(None, mask, behavior.size), mean_staleness)
+    return inputs if proximal is None else inputs.with_proximal(config, proximal)
 
 
 def _per_token(column: np.ndarray, mask: np.ndarray | None, width: int) -> np.ndarray:

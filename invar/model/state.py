@@ -503,10 +503,11 @@ def _all_assigned_digest(worker: str, incarnation: int, size: int) -> int:
 @cached_repr
 @dataclass(frozen=True)
 class Scores:
-    """Proximal and reference log-probs of the batch under update, behind their digest."""
+    """Proximal and reference log-probs of the batch under update, behind their digest; an
+    update that does not score its batch (`RunConfig.scores_batch`) has neither, digest ""."""
 
     digest: str
-    proximal: Matrix = field(compare=False, repr=False)
+    proximal: Matrix | None = field(compare=False, repr=False)
     reference: Matrix | None = field(compare=False, repr=False)
     inputs: BatchInputs = field(compare=False, repr=False)
     """The objective inputs of each step, built once per update."""

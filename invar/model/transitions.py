@@ -41,8 +41,10 @@ LEARNER: dict[tuple[L, type], tuple[L, ...]] = {
 """(phase, event type) -> the phases it may lead to; pairs not listed are not in-protocol."""
 
 LEARNER_INTERNAL: dict[L, tuple[L, ...]] = {
-    L.WAITING: (L.SCORING,),  # its batch is complete and the newest
-    # version's evaluation and checkpoint are acknowledged
+    # Its batch is complete and the newest version's evaluation and checkpoint are
+    # acknowledged: it scores the batch, or, when the update needs no scores
+    # (`RunConfig.scores_batch`), asks for its first forward.
+    L.WAITING: (L.SCORING, L.FORWARD),
 }
 """Moves the core makes on its own when a condition on the rest of the state holds."""
 

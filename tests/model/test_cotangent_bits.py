@@ -85,7 +85,10 @@ def _expected(config: RunConfig, v: _Values, update: int, step_index: int):
     advantages = group_advantages(rewards, config.group_size,
                                   config.objective.normalize_advantages)[plan]
     current, mask = pad([v.current(requests[i], update, step_index) for i in plan])
-    proximal, _ = pad([v.proximal(requests[i], update) for i in plan])
+    # An update that does not score its batch (one optimizer step, no KL term) has the weights
+    # before it as its current policy: its proximal log-probs are the forward's.
+    proximal = pad([v.proximal(requests[i], update) for i in plan])[0] if (
+        config.scores_batch) else current
     behavior, _ = pad([v.behavior(requests[i]) for i in plan])
     reference = pad([v.reference(requests[i]) for i in plan])[0] if (
         config.objective.needs_reference) else None
@@ -122,6 +125,10 @@ def _assert_cotangents_are_the_objective(config: RunConfig, values: _Values) -> 
     cotangents = commands_of(driver.commands, m.ApplyCotangent)
     assert run_complete(driver.state)
     assert len(cotangents) == config.total_updates * config.optimizer_steps
+    scored = len(commands_of(driver.commands, m.ScoreProbabilities))
+    assert scored == (config.total_updates if config.scores_batch else 0)
+    assert all(bool(record.scores_digest) == config.scores_batch
+               for record in driver.state.ledger)
     for command in cotangents:
         terms, cotangent = _expected(config, values, command.observation.update,
                                      command.observation.step)

@@ -55,7 +55,7 @@ from invar.model.messages import (  # noqa: E402
 from invar.model.ragged import INT, Ragged  # noqa: E402
 from invar.model.schedule import RequestId  # noqa: E402
 from invar.model.shell import Verdict, deliver  # noqa: E402
-from invar.model.state import Sample  # noqa: E402
+from invar.model.state import Sample, completions_of  # noqa: E402
 from invar.testing import canonical_run, reply, version_digest  # noqa: E402
 
 CONFIG = small_config()  # B=2, G=2, S=1, P=1, K=2, N=3
@@ -773,3 +773,22 @@ def test_old_commit_with_another_digest_is_refused():
     outcome = d.attempt(UpdateCommitted(0, "not-w1"))
     assert isinstance(outcome, ProtocolError)
     assert outcome.reason is Reason.COMMIT_DIGEST_MISMATCH
+
+
+def test_scores_in_a_run_that_scores_no_batch_are_refused():
+    """One optimizer step and no KL term: each update's forward supplies its proximal
+    log-probs, so no ScoreProbabilities is ever sent and any scores are unrequested, the
+    current update's included."""
+    config = small_config(optimizer_steps=1)
+    assert not config.scores_batch
+    d = Driver(config)
+    at_phase(d, LearnerPhase.FORWARD)
+    assert not any(isinstance(c, ScoreProbabilities) for c in d.commands)
+    lengths = completions_of(d.state.batches[0].slots).tokens.lengths
+    scores = Ragged.of([(-0.5,) * n for n in lengths])
+    for update in (d.state.committed, d.state.committed + 1):
+        outcome = step(d.state, ProbabilitiesReported(update, d.state.learner.attempt,
+                                                      scores, None))
+        assert isinstance(outcome, ProtocolError)
+        assert outcome.reason is Reason.UNREQUESTED_SCORES
+        assert "one optimizer step, no KL term" in outcome.detail
