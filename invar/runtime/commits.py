@@ -1,6 +1,6 @@
 """Commits: the learner state on disk, and the lifecycle every learner backend shares.
 
-A commit file is a header (magic, payload length, blake2b-256 of the payload), then a
+A commit file is a header (magic, payload length, XXH3-128 of the payload), then a
 `torch.save`d dict of tensors and plain values (both backends write this format; an MLX
 commit stores its arrays as torch tensors under the torch policy's names). Commits are written
 atomically and pruned to the newest `keep`; a file that fails any check raises `CommitError`
@@ -16,7 +16,6 @@ verified file).
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import io
 import os
 import re
@@ -29,18 +28,21 @@ from typing import Any, BinaryIO
 
 import numpy as np
 import torch
+import xxhash
 
 from invar.runtime.backend import Binding, checked_cotangent
 from invar.runtime.config import OptimConfig
 from invar.runtime.files import atomic_write_leftovers, atomic_write_with
 from invar.runtime.policy_config import PolicyConfig
-from invar.runtime.weights import state_dict_to_bytes, weights_digest
+from invar.runtime.weights import content_digest, state_dict_to_bytes, weights_digest
 
 COMMIT_PREFIX = "commit-"
 _COMMIT_NAME = re.compile(rf"{COMMIT_PREFIX}(\d{{6,}})\.pt")
-COMMIT_MAGIC = b"INVARCKP"
-# A commit file is this header (magic, payload length, blake2b-256 of the payload) + payload.
-_COMMIT_HEADER = struct.Struct("<8sQ32s")
+COMMIT_MAGIC = b"INVARCK2"
+_OLDER_MAGIC = {b"INVARCKP": "format 1 (a BLAKE2b checksum and digests)"}
+# A commit file is this header (magic, payload length, `content_digest` of the payload) +
+# payload.
+_COMMIT_HEADER = struct.Struct("<8sQ16s")
 COMMIT_FIELDS = (
     "version",
     "model",
@@ -101,7 +103,7 @@ class _HashingWriter:
 
     def __init__(self, file: BinaryIO) -> None:
         self.file = file
-        self.checksum = hashlib.blake2b(digest_size=32)
+        self.checksum = xxhash.xxh3_128()
         self.length = 0
 
     def write(self, data: bytes) -> int:
@@ -128,6 +130,9 @@ def read_commit(path: str | Path) -> dict[str, Any]:
                 path, f"truncated: {len(head)} bytes, the header alone needs {_COMMIT_HEADER.size}"
             )
         magic, length, checksum = _COMMIT_HEADER.unpack(head)
+        if magic in _OLDER_MAGIC:
+            raise CommitError(path, f"a commit of an older Invar, {_OLDER_MAGIC[magic]}: this "
+                                    f"version cannot verify it (start a new run)")
         if magic != COMMIT_MAGIC:
             raise CommitError(path, f"not a commit file (magic {magic!r})")
         found = size - _COMMIT_HEADER.size
@@ -137,7 +142,7 @@ def read_commit(path: str | Path) -> dict[str, Any]:
             raise CommitError(path, f"{found - length} unexpected bytes after the payload")
         # Read once into its own bytes (BytesIO shares them): a slice would copy gigabytes.
         payload = file.read(length)
-    if hashlib.blake2b(payload, digest_size=32).digest() != checksum:
+    if content_digest(payload) != checksum:
         raise CommitError(path, "checksum mismatch: the payload is not what was written")
     # weights_only: a commit holds tensors and plain values, never code to run.
     content = torch.load(io.BytesIO(payload), map_location="cpu", weights_only=True)

@@ -14,7 +14,7 @@ anything else): the same core `step`, events and commands, and the same cotangen
   with the core's cotangent d(loss)/d(log-probs), clips the global gradient norm like
   `torch.nn.utils.clip_grad_norm_`, and steps `mlx.optimizers.AdamW` (with bias correction,
   as torch's AdamW).
-* Commits use the torch backend's file format: the same header (magic, length, blake2b
+* Commits use the torch backend's file format: the same header (magic, length, XXH3
   checksum), the same fields, written with `atomic_write` (temporary file, fsync, rename,
   directory fsync) and read back with `read_commit`, so a corrupt or truncated commit is
   refused with the same `CommitError`. Parameters are stored under their torch names, so a

@@ -8,6 +8,7 @@ from collections.abc import Mapping
 from typing import Any
 
 import torch
+import xxhash
 from torch import Tensor
 
 safetensors_torch: Any
@@ -57,8 +58,19 @@ def tensor_bytes(tensor: Tensor) -> memoryview:
     return view
 
 
+def content_digest(data: bytes | memoryview) -> bytes:
+    """XXH3-128 of `data`: what `weights_digest` and the commit file's checksum take of
+    bulk bytes. XXH3 runs at tens of GB/s where BLAKE2b manages under 1 GB/s here, and a real
+    model's learner state is gigabytes, digested after every step, at every commit and every
+    load: BLAKE2b made that seconds of each update. It tells apart bytes that differ by
+    accident (a bug, a bit flip, a backend that diverged) except with probability about
+    2^-128 per pair; XXH3 is not cryptographic, so bytes crafted to collide are not covered."""
+    return xxhash.xxh3_128_digest(data)
+
+
 def weights_digest(state_dict: Mapping[str, Tensor]) -> str:
-    """Blake2b hex digest of names, dtypes, shapes and bytes, independent of dict order."""
+    """BLAKE2b hex digest of the names, dtypes and shapes and the `content_digest` of each
+    tensor's bytes, independent of dict order."""
     digest = hashlib.blake2b(digest_size=32)
     for name in sorted(state_dict):
         tensor = state_dict[name]
@@ -67,7 +79,7 @@ def weights_digest(state_dict: Mapping[str, Tensor]) -> str:
             name.encode(),
             str(tensor.dtype).encode(),
             repr(tuple(tensor.shape)).encode(),
-            tensor_bytes(tensor),
+            content_digest(tensor_bytes(tensor)),
         )
         for field in fields:
             digest.update(len(field).to_bytes(8, "little"))

@@ -404,6 +404,10 @@ def corrupt_magic(path):
     path.write_bytes(b"NOTACOMM" + path.read_bytes()[8:])
 
 
+def corrupt_older_format(path):
+    path.write_bytes(b"INVARCKP" + path.read_bytes()[8:])  # format 1's magic
+
+
 def corrupt_missing_field(path):
     content = read_commit(path)
     del content["optimizer"]
@@ -610,6 +614,7 @@ CORRUPTIONS = {
     "truncated header": (corrupt_truncate_header, "truncated: 20 bytes"),
     "trailing bytes": (corrupt_append, "unexpected bytes"),
     "bad magic": (corrupt_magic, "not a commit file"),
+    "older format": (corrupt_older_format, "a commit of an older Invar, format 1"),
     "missing field": (corrupt_missing_field, "missing field.*optimizer"),
     "other seed": (corrupt_other_seed, "seed 7"),
     "tampered state": (corrupt_digest, "state_digest"),

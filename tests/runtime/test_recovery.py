@@ -86,7 +86,7 @@ def test_resume_after_sigkill_equals_the_uninterrupted_run(killed, reference, tm
     with open(run_dir / "journal.jsonl", "a") as file:
         file.write('{"seq":100000,"before":"0123')
     leftover = run_dir / "commits" / f".commit-{committed_before + 1:06d}.pt.x1y2z3.tmp"
-    leftover.write_bytes(b"INVARCKP" + b"\0" * 40)
+    leftover.write_bytes(b"INVARCK2" + b"\0" * 32)
 
     done = _resume(rt, run_dir)
     assert done.returncode == 0, done.stderr
