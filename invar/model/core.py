@@ -524,8 +524,12 @@ def _on_forward_observed(state: State, event: ForwardObserved) -> Handled:
         return ProtocolError(state, event, Reason.BINDING_MISMATCH,
                              f"forward ran from state {event.pre_step_digest}, step "
                              f"{learner.step} starts from {learner.step_digest}")
-    assert learner.scores is not None
-    inputs = learner.scores.inputs
+    scores = learner.scores
+    if scores is None:  # a batch not scored (`RunConfig.scores_batch`): its inputs, once
+        batch = state.batch(state.committed)
+        assert batch is not None
+        scores = Scores("", None, None, _batch_inputs(state.config, batch, None, None))
+    inputs = scores.inputs
     problem = _matrix_problem("current_logprobs", event.current_logprobs,
                               inputs.lengths[learner.step])
     if problem:
@@ -535,7 +539,7 @@ def _on_forward_observed(state: State, event: ForwardObserved) -> Handled:
         return ProtocolError(state, event, Reason.DIVERGED,
                              f"update {state.committed} step {learner.step}: {command}")
     learner = evolve(learner, phase=LearnerPhase.APPLYING, cotangent=command,
-                     forward_digest=command.forward_digest)
+                     forward_digest=command.forward_digest, scores=scores)
     return evolve(state, learner=learner), [command]
 
 
@@ -957,9 +961,8 @@ def _start_next_update(state: State, commands: list[Command]) -> State:
         if state.config.scores_batch:
             state = evolve(state, learner=evolve(learner, phase=LearnerPhase.SCORING))
             commands.append(_score_command(state))
-        else:
-            inputs = _batch_inputs(state.config, state.batches[0], None, None)
-            state, forward = _request_forward(state, 0, scores=Scores("", None, None, inputs))
+        else:  # its inputs are built when the forward's log-probs come (`_on_forward_observed`)
+            state, forward = _request_forward(state, 0)
             commands += forward
     return state
 
