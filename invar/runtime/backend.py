@@ -3,14 +3,17 @@
 `LearnerBackend` is what the driver, its `LearnerExecutor` and `run_serial` call: the torch
 and MLX learners (`invar.runtime.torch_learner`, `invar.runtime.mlx_learner`) and the test
 fake (`invar.testing.runtime.FakeLearner`) implement it, and
-`invar.testing.backend_conformance` checks a backend against it. The binding and input checks
-below are shared by the real backends, so a refusal reads the same whatever the framework.
-Nothing here imports a framework.
+`invar.testing.backend_conformance` checks a backend against it. `Sampler` is the backend's
+other half, what a rollout worker generates with (`invar.runtime.sampler.TorchSampler`,
+`invar.runtime.mlx_sampler.MLXSampler`); `invar.runtime.registry.LEARNERS` names both halves
+of each backend. The binding and input checks below are shared by the real backends, so a
+refusal reads the same whatever the framework. Nothing here imports a framework.
 """
 
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
@@ -62,6 +65,26 @@ class LearnerBackend(Protocol):
 
     def evaluate_greedy(self, task: Any, prompts: np.ndarray | Prompts) -> float:
         """Mean reward of greedy answers to `prompts` under the current weights."""
+        ...
+
+
+class Sampler(Protocol):
+    """What a rollout worker samples with: built from the worker's `WorkerArgs` (its policy
+    and sampling settings), it holds the weights of the version the worker loaded."""
+
+    policy: Any
+    """The network sampled from."""
+
+    def load(self, state: Mapping[str, Any]) -> None:
+        """Hold the published weights `state` (a torch state dict, as every backend publishes
+        them: `weights.state_dict_from_bytes`)."""
+        ...
+
+    def generate(self, prompts: Prompts, response_length: int, seeds: Sequence[int],
+                 eos: int | None) -> tuple[np.ndarray, np.ndarray]:
+        """(tokens [n, T], their float64 behaviour log-probs [n, T]) of one fixed-shape
+        chunk, T <= response_length (a backend may stop once every row has reached `eos`);
+        row i's randomness is `seeds[i]`'s alone (`invar.runtime.sampler`'s guarantees)."""
         ...
 
 

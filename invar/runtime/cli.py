@@ -1,4 +1,4 @@
-"""`invar train [CONFIG.toml] [--set key=value ...] [--backend torch|mlx] [--resume RUN_DIR]
+"""`invar train [CONFIG.toml] [--set key=value ...] [--backend NAME] [--resume RUN_DIR]
 [--serial] [--journal-key FILE] [--print-config]`; `invar report RUN_DIR... [--out DIR]
 [--threshold X]`;
 `invar export RUN_DIR OUT_DIR [--version N]`."""
@@ -27,26 +27,15 @@ from invar.runtime.config import (
     changed_keys,
     describe_bad_byte,
     load_config,
-    task_vocabulary,
     to_dict,
 )
+from invar.runtime.registry import LEARNERS, resolve
 
 
 def make_learner(config: TrainConfig) -> LearnerBackend:
-    """The learner backend the configuration names."""
-    commit_dir = Path(config.output.run_dir) / "commits"
-    if config.learner.backend == "mlx":
-        from invar.runtime.mlx_learner import MLXLearner
-        return MLXLearner(config.policy, config.optim, config.protocol.seed, commit_dir,
-                          keep_commits=config.learner.keep_commits)
-    import torch
-
-    from invar.runtime.torch_learner import TorchLearner
-    torch.set_num_threads(config.learner.threads)
-    torch.use_deterministic_algorithms(True)
-    return TorchLearner(config.policy, config.optim, config.protocol.seed, commit_dir,
-                        device=config.learner.device, keep_commits=config.learner.keep_commits,
-                        task_vocabulary=task_vocabulary(config))
+    """The learner backend the configuration names (its module imported now)."""
+    open_learner = resolve(LEARNERS[config.learner.backend].learner)
+    return open_learner(config, Path(config.output.run_dir) / "commits")
 
 
 def train(config: TrainConfig, resume: bool = False, serial: bool = False,
@@ -78,9 +67,11 @@ def main(argv: list[str] | None = None) -> int:
     run.add_argument("config", nargs="?", help="TOML configuration (defaults if omitted)")
     run.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                      help="override a key, e.g. --set optim.lr=3e-4 (repeatable)")
-    run.add_argument("--backend", choices=("torch", "mlx"),
-                     help="learner and sampler backend: shorthand for --set learner.backend=... "
-                          "(mlx runs synchronously: it needs protocol.max_staleness=0)")
+    synchronous = "".join(f" ({name} runs synchronously: it needs protocol.max_staleness=0)"
+                          for name, entry in LEARNERS.items() if entry.synchronous)
+    run.add_argument("--backend", choices=tuple(LEARNERS),
+                     help="learner and sampler backend: shorthand for --set "
+                          f"learner.backend=...{synchronous}")
     run.add_argument("--resume", metavar="RUN_DIR",
                      help="continue the run in RUN_DIR from its journal and last commit")
     run.add_argument("--serial", action="store_true",

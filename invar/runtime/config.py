@@ -23,6 +23,7 @@ from invar.model.errors import ConfigError
 from invar.model.objective import ObjectiveConfig
 from invar.runtime.gguf import is_gguf
 from invar.runtime.policy_config import PolicyConfig
+from invar.runtime.registry import LEARNERS, TRANSPORTS, one_of, resolve
 from invar.runtime.tasks import AUTO_TOKENIZER, build_task, make_tokenizer
 
 
@@ -184,7 +185,8 @@ class RolloutConfig:
     workers: int = 1
     """Number of worker processes."""
     transport: str = "local"
-    """"local" (subprocess with framed pipes) or "ssh" (processes on `hosts`, over SSH)."""
+    """"local" (subprocess with framed pipes) or "ssh" (processes on `hosts`, over SSH); the
+    transports are `invar.runtime.registry.TRANSPORTS`."""
     hosts: tuple[str, ...] = ()
     """For transport "ssh": the host of each worker, in worker order, "[user@]host[:port]"
     (the same host may be listed several times: several workers there). Must be empty for
@@ -213,7 +215,8 @@ class LearnerConfig:
     """The learner backend."""
 
     backend: str = "torch"
-    """"torch" or "mlx" (MLX runs only synchronously: protocol.max_staleness must be 0)."""
+    """"torch" or "mlx" (MLX runs only synchronously: protocol.max_staleness must be 0); the
+    backends are `invar.runtime.registry.LEARNERS`."""
     device: str = "cpu"
     """torch device: "cpu" or "cuda"."""
     threads: int = 2
@@ -291,8 +294,8 @@ class TrainConfig:
         if self.rollout.workers < 1 or self.rollout.chunk_prompts < 1 or self.rollout.threads < 1:
             raise ConfigError(("rollout.workers", "rollout.chunk_prompts", "rollout.threads"),
                               "must be >= 1")
-        if self.rollout.transport not in ("local", "ssh"):
-            raise ConfigError(("rollout.transport",), "must be \"local\" or \"ssh\"")
+        if self.rollout.transport not in TRANSPORTS:
+            raise ConfigError(("rollout.transport",), f"must be {one_of(TRANSPORTS)}")
         self._validate_transport()
         for index, fault in enumerate(self.rollout.faults):
             target, kind = split_fault(fault)
@@ -302,17 +305,7 @@ class TrainConfig:
                           f"{self.rollout.workers - 1}"
             if problem:
                 raise ConfigError((f"rollout.faults[{index}]",), f"{fault!r}: {problem}")
-        if self.learner.backend not in ("torch", "mlx"):
-            raise ConfigError(("learner.backend",), "must be \"torch\" or \"mlx\"")
-        if self.learner.backend == "mlx" and self.policy.kind == "transformers":
-            raise ConfigError(("learner.backend", "policy.kind"),
-                              "the MLX backend runs the built-in policy only; a transformers "
-                              "policy needs learner.backend = \"torch\"")
-        if self.learner.backend == "mlx" and self.protocol.max_staleness != 0:
-            raise ConfigError(("learner.backend", "protocol.max_staleness"),
-                              "the MLX backend runs synchronously: MLX evaluates lazily on one "
-                              "device stream, so rollout and learning cannot overlap; set "
-                              "protocol.max_staleness = 0")
+        self._validate_backend()
         if self.learner.threads < 1 or self.learner.keep_commits < 1:
             raise ConfigError(("learner.threads", "learner.keep_commits"), "must be >= 1")
         self._validate_machine()
@@ -398,6 +391,23 @@ class TrainConfig:
                               f"task's prompt and response ({task.prompt_length} + "
                               f"{task.response_length} = {needed} tokens)")
 
+    def _validate_backend(self) -> None:
+        """learner.backend is registered and runs this policy at this staleness."""
+        backend = LEARNERS.get(self.learner.backend)
+        if backend is None:
+            raise ConfigError(("learner.backend",), f"must be {one_of(LEARNERS)}")
+        kind = self.policy.kind
+        if kind not in backend.policy_kinds:
+            runners = [name for name, entry in LEARNERS.items() if kind in entry.policy_kinds]
+            raise ConfigError(("learner.backend", "policy.kind"),
+                              f"the {backend.label} backend runs policy.kind "
+                              f"{one_of(backend.policy_kinds)} only; a \"{kind}\" policy needs "
+                              f"learner.backend = {one_of(runners)}")
+        if backend.synchronous and self.protocol.max_staleness != 0:
+            raise ConfigError(("learner.backend", "protocol.max_staleness"),
+                              f"the {backend.label} backend runs synchronously: "
+                              f"{backend.synchronous}; set protocol.max_staleness = 0")
+
     def _validate_optim(self) -> None:
         optim = self.optim
         if not (math.isfinite(optim.lr) and optim.lr > 0):
@@ -415,40 +425,21 @@ class TrainConfig:
     def _validate_transport(self) -> None:
         """rollout.hosts, rollout.ssh.* and rollout.frame_faults.*: consistent, well formed."""
         rollout, ssh = self.rollout, self.rollout.ssh
-        if rollout.transport == "local" and rollout.hosts:
+        transport = TRANSPORTS[rollout.transport]
+        if not transport.hosts and rollout.hosts:
+            hosted = [name for name, entry in TRANSPORTS.items() if entry.hosts]
             raise ConfigError(("rollout.hosts", "rollout.transport"),
                               f"{len(rollout.hosts)} host(s) given, but rollout.transport is "
-                              "\"local\": set rollout.transport = \"ssh\" to use them, or "
-                              "rollout.hosts = [] for local workers")
-        if rollout.transport == "ssh":
-            if len(rollout.hosts) != rollout.workers:
-                raise ConfigError(("rollout.hosts", "rollout.workers"),
-                                  f"ssh transport needs one host per worker (list a host again "
-                                  f"for several workers there): {len(rollout.hosts)} host(s) "
-                                  f"for {rollout.workers} worker(s)")
-            from invar.runtime import sshspec  # no asyncssh needed to check the settings
-            for index, host in enumerate(rollout.hosts):
-                try:
-                    sshspec.parse_host(host)
-                except ValueError as error:
-                    raise ConfigError((f"rollout.hosts[{index}]",), str(error)) from None
-            try:
-                import asyncssh  # noqa: F401
-            except ImportError:
-                raise ConfigError(("rollout.transport",),
-                                  "\"ssh\" needs asyncssh: pip install -e '.[ssh]' in the Invar "
-                                  "checkout") from None
-            for index, key in enumerate(ssh.client_keys):
-                path = Path(key).expanduser()
-                if not os.access(path, os.R_OK):
-                    raise ConfigError((f"rollout.ssh.client_keys[{index}]",),
-                                      f"{str(path)!r} is not a readable file")
-            known = Path(ssh.known_hosts).expanduser()
-            if not ssh.trust_on_first_use and not known.is_file():
-                raise ConfigError(("rollout.ssh.known_hosts",),
-                                  f"{str(known)!r} does not exist, so no host can be verified; "
-                                  "add the hosts' keys to it, or set "
-                                  "rollout.ssh.trust_on_first_use = true")
+                              f"\"{rollout.transport}\": set rollout.transport = "
+                              f"{one_of(hosted)} to use them, or rollout.hosts = [] for "
+                              f"{rollout.transport} workers")
+        if transport.hosts and len(rollout.hosts) != rollout.workers:
+            raise ConfigError(("rollout.hosts", "rollout.workers"),
+                              f"{rollout.transport} transport needs one host per worker (list a "
+                              f"host again for several workers there): {len(rollout.hosts)} "
+                              f"host(s) for {rollout.workers} worker(s)")
+        if transport.settings_check:
+            resolve(transport.settings_check)(self)
         if not ssh.known_hosts.strip():
             raise ConfigError(("rollout.ssh.known_hosts",), "must name a file")
         for name in ("connect_timeout", "keepalive_interval", "reconnect_seconds"):
@@ -487,15 +478,11 @@ class TrainConfig:
         if kind not in ("cpu", "cuda") or (colon and (kind != "cuda" or not index.isdigit())):
             raise ConfigError(("learner.device",),
                               f"unknown device {device!r}; known: \"cpu\", \"cuda\", \"cuda:N\"")
-        if kind == "cuda" and self.learner.backend == "torch":
-            import torch
-            if not torch.cuda.is_available():
-                raise ConfigError(("learner.device",),
-                                  f"{device!r}, but CUDA is not available on this machine")
-            if index and int(index) >= torch.cuda.device_count():
-                raise ConfigError(("learner.device",),
-                                  f"{device!r}, but this machine has "
-                                  f"{torch.cuda.device_count()} CUDA device(s)")
+        device_check = LEARNERS[self.learner.backend].device_check
+        if kind != "cpu" and device_check:
+            problem = resolve(device_check)(device)
+            if problem:
+                raise ConfigError(("learner.device",), problem)
         for key, cpus in (("learner.cpus", self.learner.cpus), ("rollout.cpus", self.rollout.cpus)):
             if not cpus:
                 continue

@@ -74,19 +74,19 @@ from invar.runtime.learner_executor import (
     learner_inputs,
 )
 from invar.runtime.metrics import MetricsLog, response_terms, sampled_entropy
+from invar.runtime.registry import TRANSPORTS, resolve
 from invar.runtime.run_stats import Stats, VerifierFailures
 from invar.runtime.store import WeightsStore, heal, publish
 from invar.runtime.tasks import build_task, heldout_count, prompt_rows
 from invar.runtime.transport import (
     ConnectionLost,
     FrameError,
-    LocalProcessTransport,
+    Launcher,
     Transport,
     TransportRefused,
 )
 from invar.runtime.verifier import make_verifier
 from invar.runtime.wire import check_hello, read_event_frame
-from invar.runtime.worker_args import worker_args
 
 log = logging.getLogger("invar.driver")
 
@@ -116,8 +116,9 @@ class Driver:
     """One run (or its resumption) in one process.
 
     `learner`: a backend (`TorchLearner`, `MLXLearner`, or a fake: any `LearnerBackend`);
-    `spawn_worker(name, incarnation)`: a connected `Transport` to a new worker (default: a
-    local process); `learner_inputs`: what the backend gets beside each learner command;
+    `spawn_worker(name, incarnation)`: a connected `Transport` to a new worker (default:
+    `launcher.spawn`, rollout.transport's); `learner_inputs`: what the backend gets beside
+    each learner command;
     `journal_key`: the key of the journal's chain (`journal.read_key`; None: unkeyed).
     `stop_on_signals`: SIGINT and SIGTERM stop the run cleanly (`run` raises `Interrupted`;
     the command line's choice: a library caller keeps its own handlers).
@@ -143,12 +144,9 @@ class Driver:
         self.executor = LearnerExecutor(learner, self.task, heldout, self.run_dir, self.metrics,
                                         self.verifier)
         self.verifier_failures = VerifierFailures()
-        self._ssh: Any = None
-        if config.rollout.transport == "ssh":
-            from invar.runtime.ssh import SshWorkers  # asyncssh: only when asked for
-            self._ssh = SshWorkers(config.rollout.ssh, config.rollout.hosts,
-                                   worker_names(config.rollout.workers))
-        self.spawn_worker = spawn_worker or self._spawn_configured_worker
+        # The transport's module (asyncssh for "ssh") is imported only when asked for.
+        self.launcher: Launcher = resolve(TRANSPORTS[config.rollout.transport].launcher)(config)
+        self.spawn_worker = spawn_worker or self.launcher.spawn
         self.learner_inputs = learner_inputs
         self.stats = Stats()
         self.metrics.stats = self.stats  # its counts are recorded with the rows
@@ -252,10 +250,10 @@ class Driver:
                 f"{self.run_dir} holds a run already ({journal_path.name}): continue it with "
                 f"`invar train --resume {self.run_dir}`, or start another with "
                 f"--set output.run_dir=runs/NEW_NAME")
-        if self._ssh is not None and self.spawn_worker == self._spawn_configured_worker:
+        if self.spawn_worker == self.launcher.spawn:
             # Every host reachable, verified, accepting our key and able to run a worker, or
-            # the run does not start: an SshRefused naming the host (no fallback to local).
-            await self._ssh.check()
+            # the run does not start: a TransportRefused naming the host (no fallback to local).
+            await self.launcher.check()
         if not self.resume:
             self._write_config()
         self.journal = journal_io.Journal(journal_path, self.config.protocol, self.journal_key,
@@ -574,22 +572,6 @@ class Driver:
         self.events.put_nowait(VersionPublished(command.version, digest))
 
     # -- workers -----------------------------------------------------------------------------
-
-    async def _spawn_local_worker(self, name: str, incarnation: int) -> Transport:
-        logs = self.run_dir / "logs"
-        logs.mkdir(exist_ok=True)
-        return await LocalProcessTransport.spawn(
-            name, worker_args(self.config, name, incarnation),
-            logs / f"{name}.{incarnation}.log", cpus=self.config.rollout.cpus)
-
-    async def _spawn_configured_worker(self, name: str, incarnation: int) -> Transport:
-        """A new incarnation of `name` over rollout.transport."""
-        if self._ssh is None:
-            return await self._spawn_local_worker(name, incarnation)
-        logs = self.run_dir / "logs"
-        logs.mkdir(exist_ok=True)
-        return await self._ssh.spawn(name, worker_args(self.config, name, incarnation),
-                                     logs / f"{name}.{incarnation}.log")
 
     async def _start_worker(self, name: str, incarnation: int) -> None:
         while True:

@@ -54,7 +54,7 @@ from mlx.utils import tree_flatten, tree_map, tree_unflatten
 
 from invar.runtime.backend import Binding, checked_sequences
 from invar.runtime.commits import CommitError, CommittedLearner
-from invar.runtime.config import OptimConfig
+from invar.runtime.config import OptimConfig, TrainConfig
 from invar.runtime.mlx_policy import MLXPolicy, numpy_to_parameters, sequence_logprobs
 from invar.runtime.mlx_sampler import generate
 from invar.runtime.padding import Prompts, Sequences
@@ -91,6 +91,12 @@ def mlx_state_digest(model: Mapping[str, np.ndarray], optimizer: Mapping[str, An
     groups = json.dumps({"backend": BACKEND, **optimizer["hyper"]}, sort_keys=True)
     combined = f"{weights_digest(tensors)}\n{groups}".encode()
     return hashlib.blake2b(combined, digest_size=32).hexdigest()
+
+
+def open_learner(config: TrainConfig, commit_dir: Path) -> MLXLearner:
+    """`learner.backend = "mlx"` (`invar.runtime.registry.LEARNERS`): the learner of the run."""
+    return MLXLearner(config.policy, config.optim, config.protocol.seed, commit_dir,
+                      keep_commits=config.learner.keep_commits)
 
 
 class MLXLearner(CommittedLearner):

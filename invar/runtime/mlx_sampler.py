@@ -14,12 +14,18 @@ network itself runs on the default device, the GPU).
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, Any
 
 import mlx.core as mx
 import numpy as np
 
 from invar.runtime.mlx_policy import MLXKVCache, MLXPolicy, float64_stream
+from invar.runtime.padding import Prompts
+from invar.runtime.policy_config import PolicyConfig
+
+if TYPE_CHECKING:
+    from invar.runtime.worker import WorkerArgs
 
 
 def sampling_logprobs(
@@ -129,3 +135,25 @@ def generate(
         chosen_logprobs.append(logprob)
     tokens = np.array(mx.stack(chosen_tokens, axis=1)).astype(np.int64)
     return tokens, np.array(mx.stack(chosen_logprobs, axis=1))
+
+
+class MLXSampler:
+    """`learner.backend = "mlx"`'s rollout sampler (`invar.runtime.registry.LEARNERS`): the
+    built-in policy in MLX, loading the torch weights every backend publishes, converted."""
+
+    def __init__(self, args: WorkerArgs) -> None:
+        self.policy = MLXPolicy(PolicyConfig(**args.policy))
+        self.args = args
+
+    def load(self, state: Mapping[str, Any]) -> None:
+        self.policy.load_torch_state_dict(state)  # the same names and shapes, converted
+
+    def generate(self, prompts: Prompts, response_length: int, seeds: Sequence[int],
+                 eos: int | None) -> tuple[np.ndarray, np.ndarray]:
+        if prompts.padded:
+            raise ValueError("the MLX sampler does not mask padded prompts: give every "
+                             "prompt task.prompt_length tokens (or use the torch backend)")
+        # No early stop at `eos`: the worker cuts each response at its first EOS.
+        return generate(self.policy, prompts.tokens, response_length, seeds,
+                        temperature=self.args.temperature, top_k=self.args.top_k,
+                        top_p=self.args.top_p)

@@ -13,14 +13,19 @@ Two guarantees matter to the rest of Invar:
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
 from torch import Tensor
 
-from invar.runtime.padding import left_mask, positions_of
+from invar.runtime.padding import Prompts, left_mask, positions_of
 from invar.runtime.policy import KVCache, Policy
+from invar.runtime.policy_config import PolicyConfig
+
+if TYPE_CHECKING:
+    from invar.runtime.worker import WorkerArgs
 
 
 def sampling_logprobs(
@@ -165,3 +170,29 @@ def generate(
             step_positions = positions[:, -1:] + 1
             positions = torch.cat([positions, step_positions], dim=1)
     return torch.stack(chosen_tokens, dim=1), torch.stack(chosen_logprobs, dim=1)
+
+
+class TorchSampler:
+    """`learner.backend = "torch"`'s rollout sampler (`invar.runtime.registry.LEARNERS`): the
+    built-in policy, or a transformers one (`WorkerArgs.model`), sampled by `generate`."""
+
+    def __init__(self, args: WorkerArgs) -> None:
+        self.policy: Any
+        if args.model is not None:
+            from invar.runtime.hf_policy import HFPolicy, ModelSpec
+            spec = ModelSpec(**{**args.model, "symbol_ids": tuple(args.model["symbol_ids"])})
+            self.policy = HFPolicy(spec, seed=0, pretrained=False)
+        else:
+            self.policy = Policy(PolicyConfig(**args.policy), seed=0).eval()
+        self.args = args
+
+    def load(self, state: Mapping[str, Any]) -> None:
+        self.policy.load_state_dict(state)
+
+    def generate(self, prompts: Prompts, response_length: int, seeds: Sequence[int],
+                 eos: int | None) -> tuple[np.ndarray, np.ndarray]:
+        tokens, logprobs = generate(
+            self.policy, torch.as_tensor(prompts.tokens), response_length, seeds,
+            temperature=self.args.temperature, top_k=self.args.top_k, top_p=self.args.top_p,
+            prompt_lengths=prompts.lengths, eos=eos)
+        return tokens.numpy(), logprobs.numpy()

@@ -34,14 +34,16 @@ from typing import Any
 
 import asyncssh
 
-from invar.runtime.config import SshConfig
+from invar.runtime.config import SshConfig, TrainConfig, worker_names
 from invar.runtime.sshspec import HostSpec, parse_host, probe_command, remote_command
 from invar.runtime.transport import (
     CLOSE_GRACE_SECONDS,
     ConnectionLost,
     StreamTransport,
     TransportRefused,
+    worker_log,
 )
+from invar.runtime.worker_args import worker_args
 
 log = logging.getLogger("invar.ssh")
 
@@ -236,6 +238,24 @@ class SshWorkers:
         log.warning("ssh %s: trusting on first use (rollout.ssh.trust_on_first_use): its key "
                     "%s was not in %s and has been added; check the fingerprint with the "
                     "host's administrator", host, key.get_fingerprint(), self.known_hosts)
+
+
+class SshLauncher:
+    """`rollout.transport = "ssh"` (`invar.runtime.registry.TRANSPORTS`): each worker on its
+    `rollout.hosts` entry, over SSH (`SshWorkers`)."""
+
+    def __init__(self, config: TrainConfig) -> None:
+        self.config = config
+        self.workers = SshWorkers(config.rollout.ssh, config.rollout.hosts,
+                                  worker_names(config.rollout.workers))
+
+    async def check(self) -> None:
+        await self.workers.check()
+
+    async def spawn(self, name: str, incarnation: int) -> SshTransport:
+        return await self.workers.spawn(
+            name, worker_args(self.config, name, incarnation),
+            worker_log(Path(self.config.output.run_dir), name, incarnation))
 
 
 class SshTransport(StreamTransport):

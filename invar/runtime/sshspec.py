@@ -1,5 +1,6 @@
-"""What an SSH worker is started as, checked without asyncssh: host strings and the remote
-command line.
+"""What an SSH worker is started as, checked without asyncssh: host strings, the remote
+command line, and the transport's settings (`check_settings`, what the configuration calls for
+`rollout.transport = "ssh"`).
 
 The remote command is fixed: `[cd DIR &&] exec env NAME=value... PYTHON -m
 invar.runtime.worker ARGS`, every part quoted for the remote POSIX shell (sshd runs a command
@@ -12,10 +13,17 @@ from __future__ import annotations
 
 import ipaddress
 import json
+import os
 import re
 import shlex
 from dataclasses import dataclass
-from typing import Any
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from invar.model.errors import ConfigError
+
+if TYPE_CHECKING:
+    from invar.runtime.config import TrainConfig
 
 DEFAULT_PORT = 22
 _USER = re.compile(r"[A-Za-z_][A-Za-z0-9._-]{0,31}")
@@ -70,6 +78,35 @@ def parse_host(text: str) -> HostSpec:
             raise ValueError(f"{text!r}: {host!r} is not a host name or IPv4 address "
                              "(letters, digits, '-' and '.' only)")
     return HostSpec(user, host, port)
+
+
+def check_settings(config: TrainConfig) -> None:
+    """The SSH transport's settings can work: every host well formed, asyncssh installed, the
+    client keys readable, known_hosts there (unless trust_on_first_use); else a ConfigError
+    naming the key."""
+    rollout, ssh = config.rollout, config.rollout.ssh
+    for index, host in enumerate(rollout.hosts):
+        try:
+            parse_host(host)
+        except ValueError as error:
+            raise ConfigError((f"rollout.hosts[{index}]",), str(error)) from None
+    try:
+        import asyncssh  # noqa: F401
+    except ImportError:
+        raise ConfigError(("rollout.transport",),
+                          "\"ssh\" needs asyncssh: pip install -e '.[ssh]' in the Invar "
+                          "checkout") from None
+    for index, key in enumerate(ssh.client_keys):
+        path = Path(key).expanduser()
+        if not os.access(path, os.R_OK):
+            raise ConfigError((f"rollout.ssh.client_keys[{index}]",),
+                              f"{str(path)!r} is not a readable file")
+    known = Path(ssh.known_hosts).expanduser()
+    if not ssh.trust_on_first_use and not known.is_file():
+        raise ConfigError(("rollout.ssh.known_hosts",),
+                          f"{str(known)!r} does not exist, so no host can be verified; "
+                          "add the hosts' keys to it, or set "
+                          "rollout.ssh.trust_on_first_use = true")
 
 
 def _port(text: str, port: str) -> int:

@@ -33,7 +33,7 @@ from torch import Tensor
 from invar.model.schedule import derive_seed
 from invar.runtime.backend import Binding, checked_sequences
 from invar.runtime.commits import CommitError, CommittedLearner
-from invar.runtime.config import OptimConfig
+from invar.runtime.config import OptimConfig, TrainConfig, task_vocabulary
 from invar.runtime.padding import Prompts, Sequences, positions_of
 from invar.runtime.policy import PolicyConfig, build_policy, sequence_logprobs
 from invar.runtime.sampler import generate
@@ -78,6 +78,26 @@ def response_logprobs(policy: torch.nn.Module, tokens: Tensor, response_start: i
     else:
         logits = policy(tokens[:, :-1], mask, positions)[:, response_start - 1:]
     return sequence_logprobs(logits, tokens[:, response_start:])
+
+
+def open_learner(config: TrainConfig, commit_dir: Path) -> TorchLearner:
+    """`learner.backend = "torch"` (`invar.runtime.registry.LEARNERS`): the learner of the
+    run, with torch's threads and deterministic kernels set for this process."""
+    torch.set_num_threads(config.learner.threads)
+    torch.use_deterministic_algorithms(True)
+    return TorchLearner(config.policy, config.optim, config.protocol.seed, commit_dir,
+                        device=config.learner.device, keep_commits=config.learner.keep_commits,
+                        task_vocabulary=task_vocabulary(config))
+
+
+def device_problem(device: str) -> str:
+    """Why this machine cannot run the learner on `device` ("cuda" or "cuda:N"); "" if it can."""
+    if not torch.cuda.is_available():
+        return f"{device!r}, but CUDA is not available on this machine"
+    _, _, index = device.partition(":")
+    if index and int(index) >= torch.cuda.device_count():
+        return f"{device!r}, but this machine has {torch.cuda.device_count()} CUDA device(s)"
+    return ""
 
 
 class TorchLearner(CommittedLearner):

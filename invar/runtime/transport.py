@@ -10,7 +10,9 @@ the caller logs it and drops it; the stream itself stays usable when the lengths
 `Transport` is the interface the driver uses; `LocalProcessTransport` runs a worker as a
 subprocess over its stdin/stdout pipes, `MemoryTransport` is the in-memory fake (public, so
 that every driver test and backend runs against the same interface), and the SSH transport
-(`invar.runtime.ssh`) implements the same interface.
+(`invar.runtime.ssh`) implements the same interface. A `Launcher` is how the driver gets them
+for `rollout.transport` (`invar.runtime.registry.TRANSPORTS`): `LocalLauncher` here,
+`invar.runtime.ssh.SshLauncher` over SSH.
 """
 
 from __future__ import annotations
@@ -22,7 +24,12 @@ import signal
 import struct
 import sys
 from pathlib import Path
-from typing import Any, BinaryIO, Protocol
+from typing import TYPE_CHECKING, Any, BinaryIO, Protocol
+
+from invar.runtime.worker_args import worker_args
+
+if TYPE_CHECKING:
+    from invar.runtime.config import TrainConfig
 
 MAX_HEADER = 1 << 20
 MAX_BLOB = 1 << 30
@@ -187,6 +194,43 @@ class LocalProcessTransport(StreamTransport):
                 except ProcessLookupError:
                     pass
         await self.process.wait()
+
+
+class Launcher(Protocol):
+    """How `rollout.transport` starts workers, built from the run's configuration."""
+
+    async def check(self) -> None:
+        """Before the run starts: every worker can be started; else `TransportRefused` naming
+        the host and why (the run does not start)."""
+
+    async def spawn(self, name: str, incarnation: int) -> Transport:
+        """A connected transport to incarnation `incarnation` of worker `name` (the driver's
+        `SpawnWorker`), its stderr in `worker_log`; `ConnectionLost` when its host cannot be
+        reached now (retried), `TransportRefused` when it never will."""
+
+
+def worker_log(run_dir: Path, name: str, incarnation: int) -> Path:
+    """The log file of one worker incarnation (its stderr); its directory made."""
+    logs = run_dir / "logs"
+    logs.mkdir(exist_ok=True)
+    return logs / f"{name}.{incarnation}.log"
+
+
+class LocalLauncher:
+    """`rollout.transport = "local"`: each worker a subprocess of this one, with this Python
+    (`LocalProcessTransport`)."""
+
+    def __init__(self, config: TrainConfig) -> None:
+        self.config = config
+
+    async def check(self) -> None:
+        """Nothing to check: a local worker runs with the driver's own interpreter."""
+
+    async def spawn(self, name: str, incarnation: int) -> Transport:
+        return await LocalProcessTransport.spawn(
+            name, worker_args(self.config, name, incarnation),
+            worker_log(Path(self.config.output.run_dir), name, incarnation),
+            cpus=self.config.rollout.cpus)
 
 
 class MemoryTransport:

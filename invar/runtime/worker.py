@@ -39,9 +39,9 @@ from invar.model.messages import (
 )
 from invar.model.ragged import Ragged
 from invar.runtime.allocator import limit_fragmentation
+from invar.runtime.backend import Sampler
 from invar.runtime.padding import Prompts, response_lengths
-from invar.runtime.policy import Policy, PolicyConfig
-from invar.runtime.sampler import generate
+from invar.runtime.registry import LEARNERS, resolve
 from invar.runtime.tasks import build_task, end_token
 from invar.runtime.transport import (
     ConnectionLost,
@@ -74,7 +74,8 @@ class WorkerArgs:
     top_p: float = 1.0
     threads: int = 1
     backend: str = "torch"
-    """Sampler: "torch" or "mlx" (the learner's backend; both load the same weights blob)."""
+    """The learner's backend, whose sampler this worker generates with
+    (`invar.runtime.registry.LEARNERS`; every backend publishes the same weights blob)."""
     model: dict[str, Any] | None = None
     """For a transformers policy: its resolved `hf_policy.ModelSpec` (config and token map),
     so the worker builds the same architecture without reading `policy.path`."""
@@ -90,18 +91,10 @@ class RolloutWorker:
         self.args = args
         self.task = build_task(args.task)
         self.verifier = make_verifier(self.task, args.task)
-        self.policy: Any  # a torch module (built-in or transformers) or an MLX one
-        if args.backend == "mlx":
-            from invar.runtime.mlx_policy import MLXPolicy
-            self.policy = MLXPolicy(PolicyConfig(**args.policy))
-        elif args.backend == "torch" and args.model is not None:
-            from invar.runtime.hf_policy import HFPolicy, ModelSpec
-            spec = ModelSpec(**{**args.model, "symbol_ids": tuple(args.model["symbol_ids"])})
-            self.policy = HFPolicy(spec, seed=0, pretrained=False)
-        elif args.backend == "torch":
-            self.policy = Policy(PolicyConfig(**args.policy), seed=0).eval()
-        else:
-            raise ValueError(f"unknown backend {args.backend!r}; known: torch, mlx")
+        backend = LEARNERS.get(args.backend)
+        if backend is None:
+            raise ValueError(f"unknown backend {args.backend!r}; known: {', '.join(LEARNERS)}")
+        self.sampler: Sampler = resolve(backend.sampler)(args)
         self.version: int | None = None
         self.load_serial = -1
         """The serial of the last load carried out (`LoadWeights.load`)."""
@@ -127,10 +120,7 @@ class RolloutWorker:
         state = state_dict_from_bytes(blob)
         if weights_digest(state) != params_digest:
             raise FrameError(f"weights of version {command.version} do not match their digest")
-        if self.args.backend == "mlx":
-            self.policy.load_torch_state_dict(state)  # the same names and shapes, converted
-        else:
-            self.policy.load_state_dict(state)
+        self.sampler.load(state)
         self.version = command.version
         self.load_serial = command.load
         self.replies.clear()
@@ -171,6 +161,11 @@ class RolloutWorker:
                 found.setdefault(f"verifier_{status}", []).append(list(request))
         return found
 
+    @property
+    def policy(self) -> Any:
+        """The network the sampler holds."""
+        return self.sampler.policy
+
     def close(self) -> None:
         self.verifier.close()
 
@@ -200,19 +195,7 @@ class RolloutWorker:
             seeds[row] = command.seed
         prompts = Prompts.of(prompt_of_row, self.task.prompt_length)
         eos = end_token(self.task)
-        if self.args.backend == "mlx":
-            from invar.runtime.mlx_sampler import generate as mlx_generate
-            if prompts.padded:
-                raise ValueError("the MLX sampler does not mask padded prompts: give every "
-                                 "prompt task.prompt_length tokens (or use the torch backend)")
-            tokens, logprobs = mlx_generate(
-                self.policy, prompts.tokens, self.task.response_length, seeds,
-                temperature=self.args.temperature, top_k=self.args.top_k, top_p=self.args.top_p)
-        else:
-            tokens, logprobs = (values.numpy() for values in generate(
-                self.policy, torch.as_tensor(prompts.tokens), self.task.response_length, seeds,
-                temperature=self.args.temperature, top_k=self.args.top_k, top_p=self.args.top_p,
-                prompt_lengths=prompts.lengths, eos=eos))
+        tokens, logprobs = self.sampler.generate(prompts, self.task.response_length, seeds, eos)
         lengths = response_lengths(tokens, eos)
         rows_of_group = [(command.request.prompt - first_prompt) * g + command.request.sample
                          for command in group]

@@ -76,7 +76,7 @@ def run_driver(config: Any, resume: bool = False, spawn: Any = None) -> Any:
     """An asynchronous run with real worker processes; returns the final core state.
 
     `spawn(driver, name, incarnation)`, if given, starts each worker instead of the driver
-    (it may delay one, then call `driver._spawn_local_worker`).
+    (it may delay one, then call `driver.launcher.spawn`).
     """
     from invar.runtime.cli import make_learner
     from invar.runtime.driver import Driver

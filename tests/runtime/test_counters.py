@@ -10,8 +10,8 @@ import re
 import signal
 import subprocess
 
-from invar.runtime.driver import worker_args
 from invar.runtime.transport import LocalProcessTransport
+from invar.runtime.worker_args import worker_args
 
 UPDATES = 8
 KILL_AFTER_COMMITS = 3

@@ -227,7 +227,7 @@ async def _worker_1_first(driver, name, incarnation):
     if name == "worker-0":
         while driver.state.worker("worker-1") is None:
             await asyncio.sleep(0.02)
-    return await driver._spawn_local_worker(name, incarnation)
+    return await driver.launcher.spawn(name, incarnation)
 
 
 def test_run_continues_on_the_remaining_worker(baseline, tmp_path, rt):

@@ -27,13 +27,13 @@ from invar.model.messages import LoadWeights  # noqa: E402
 from invar.runtime import export  # noqa: E402
 from invar.runtime.commits import read_commit  # noqa: E402
 from invar.runtime.config import load_config, to_dict  # noqa: E402
-from invar.runtime.driver import worker_args  # noqa: E402
 from invar.runtime.hf_policy import HFPolicy, resolve, task_tokenizer  # noqa: E402
 from invar.runtime.policy import PolicyConfig  # noqa: E402
 from invar.runtime.sampler import generate  # noqa: E402
 from invar.runtime.task import BOS, SEP, DigitReversal  # noqa: E402
 from invar.runtime.torch_learner import OptimConfig, TorchLearner  # noqa: E402
 from invar.runtime.worker import RolloutWorker, WorkerArgs  # noqa: E402
+from invar.runtime.worker_args import worker_args  # noqa: E402
 from invar.testing.runtime import SimulatedCrash  # noqa: E402
 
 TASK = DigitReversal(4)

@@ -276,7 +276,7 @@ MLX_TINY = ('learner.backend="mlx"', "protocol.max_staleness=0",
 
 
 def test_a_tiny_serial_mlx_run_completes(tmp_path, rt):
-    from invar.runtime.driver import worker_args
+    from invar.runtime.worker_args import worker_args
     config = rt.tiny_config(tmp_path, *MLX_TINY, "protocol.eval_every=2")
     assert worker_args(config, "worker-0")["backend"] == "mlx"
     state = rt.run_serial(config)

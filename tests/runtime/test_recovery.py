@@ -339,7 +339,7 @@ def test_a_store_file_a_worker_refuses_is_published_again(killed_at_load, refere
     async def damage_then_spawn(driver, name, incarnation):
         if not damaged:
             damaged.extend(_damage_the_store(run_dir))
-        return await driver._spawn_local_worker(name, incarnation)
+        return await driver.launcher.spawn(name, incarnation)
 
     state = rt.run_driver(rt.tiny_config(run_dir, f"protocol.total_updates={UPDATES}"),
                           resume=True, spawn=damage_then_spawn)

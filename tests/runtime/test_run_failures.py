@@ -10,8 +10,8 @@ import time
 import pytest
 
 from invar.runtime import driver as driver_module
-from invar.runtime.driver import worker_args
 from invar.runtime.transport import LocalProcessTransport
+from invar.runtime.worker_args import worker_args
 
 
 def test_losing_the_only_worker_without_respawn_stops_and_resumes(tmp_path, rt):

@@ -361,7 +361,7 @@ def _hello_and_load(server: Server, tmp_path: Path, rt: Any, digest: str) -> tup
     import torch
 
     from invar.runtime.cli import make_learner
-    from invar.runtime.driver import worker_args
+    from invar.runtime.worker_args import worker_args
 
     config = rt.tiny_config(tmp_path / "run")
     threads = torch.get_num_threads()
@@ -405,7 +405,7 @@ def test_weights_travel_over_ssh_and_are_verified_by_digest(server, tmp_path, rt
 
 def test_a_silent_partition_is_detected_by_the_keepalive(server, tmp_path, rt):
     """Through the proxy, then the proxy stops forwarding: no FIN, no RST, just silence."""
-    from invar.runtime.driver import worker_args
+    from invar.runtime.worker_args import worker_args
     config = rt.tiny_config(tmp_path / "run")
     options = ssh_options(server, keepalive_interval=0.5, keepalive_count=2)
     workers = SshWorkers(options, (f"127.0.0.1:{server.proxy_port}",), ["worker-0"])
@@ -471,7 +471,7 @@ def _unreachable_then_local(times: int, tried: list[int]) -> Any:
         tried.append(incarnation)
         if len(tried) <= times:
             raise HostUnreachable(f"ssh test-host:22: unreachable: attempt {len(tried)}")
-        return await driver._spawn_local_worker(name, incarnation)
+        return await driver.launcher.spawn(name, incarnation)
     return spawn
 
 
