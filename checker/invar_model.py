@@ -170,15 +170,11 @@ class InvarModel(BaseModel[Explored, tuple]):
                            for perm in itertools.permutations(self.worker_names)
                            if perm != self.worker_names]
         self._transitions = IdentityMemo()
-        self._transition_verdicts = self._transitions.entries
         self._phase_moves = IdentityMemo()
-        self._phase_verdicts = self._phase_moves.entries
         self._deliveries = IdentityMemo()
-        self._delivery_entries = self._deliveries.entries
         self._answers = w.AnswersByValue()
         self._independent = IdentityMemo()
         self._finals = IdentityMemo()
-        self._final_entries = self._finals.entries
         self._refusals = IdentityMemo()
         self._kinds: dict[tuple, str] = {}
         self._spent: dict[tuple[Budget, str], Budget] = {}
@@ -305,12 +301,11 @@ class InvarModel(BaseModel[Explored, tuple]):
         one (a driver restart goes back to a journal, which is one of them), so every core is
         shared. Kept per model instance: a test that patches the core never meets a core
         computed before the patch."""
-        known = self._delivery_entries.get((id(core), id(event), None))  # `get`, inline
-        if known is not None and known[0] is core and known[1] is event:
-            answer: tuple[Delivery, w.Routed] = known[2]
-            return answer
         deliveries = self._deliveries
-        answer = deliveries.get(core, None, event)
+        answer: tuple[Delivery, w.Routed] | None = deliveries.lookup(core, event)
+        if answer is not None:
+            return answer
+        answer = deliveries.lookup(core, None, event)
         if answer is None:
             delivery, routed = w.routed_delivery(core, event, self._answers.carried)
             shared = evolve(delivery, state=self._core_of_value(delivery.state))
@@ -323,14 +318,9 @@ class InvarModel(BaseModel[Explored, tuple]):
         return self._cores_by_value.setdefault((core, core.noops), core)
 
     def is_final(self, state: Explored) -> bool:
-        # `run_complete`, a function of the core alone: remembered per core object (the memo
-        # read inline, as `IdentityMemo.of` does: asked of every state expanded).
-        core = state.world.core
-        known = self._final_entries.get((id(core), _NONE_ID, None))
-        if known is not None and known[0] is core:
-            final: bool = known[2]
-            return final
-        return self._finals.of(core, run_complete)
+        # `run_complete`, a function of the core alone: remembered per core object.
+        final: bool = self._finals.of(state.world.core, run_complete)
+        return final
 
     def properties(self) -> list[Property]:
         props = [
@@ -454,14 +444,12 @@ class InvarModel(BaseModel[Explored, tuple]):
             return True  # reported by correct_components_never_refused
         # A function of the two cores and the commands sent, which the event delivered (named
         # by the action) decides, but for a load the store no longer holds: none is then sent
-        # (`broken` says so). Remembered for those cores (the memo read inline: once per
-        # transition).
+        # (`broken` says so). Remembered for those cores.
         before, now = state.world.core, world.core
         case = (action, world.broken)
-        known = self._transition_verdicts.get((id(before), id(now), case))
-        if known is not None and known[0] is before and known[1] is now:
-            ok: bool = known[2]
-            return ok
+        known: bool | None = self._transitions.lookup(before, now, case)
+        if known is not None:
+            return known
         taken = 0 if kind == "timer" else 1
         sent = world.network[len(state.world.network) - taken:]
         commands = [m.body for m in sent if m.to != CORE]
@@ -474,10 +462,9 @@ class InvarModel(BaseModel[Explored, tuple]):
         before, now = state.world.core, after.world.core
         if before is now:
             return True  # the core did not move
-        known = self._phase_verdicts.get((id(before), id(now), action))
-        if known is not None and known[0] is before and known[1] is now:
-            ok: bool = known[2]
-            return ok
+        known: bool | None = self._phase_moves.lookup(before, now, action)
+        if known is not None:
+            return known
         return self._phase_moves.put(before, now, action,
                                      _phase_moves_are_listed(state, action, after))
 
@@ -502,7 +489,7 @@ class InvarModel(BaseModel[Explored, tuple]):
         for key in candidates:
             # A function of the core and the reply: remembered for those very objects.
             body = bodies[key]
-            verdict = independent.get(core, body)
+            verdict = independent.lookup(core, body)
             if verdict is None:
                 verdict = independent.put(core, body, None, independent_completion(core, body))
             if verdict:
@@ -639,7 +626,6 @@ def _mergeable_pairs(world: World) -> list[tuple[str, str]]:
 
 
 _CORES_KEPT = 1 << 17
-_NONE_ID = id(None)
 _SPENDS = {"drop": "drops", "duplicate": "duplicates", "repeat": "repeats",
            "crash_worker": "worker_crashes",
            "crash_learner": "learner_crashes", "restart_driver": "driver_restarts"}
@@ -693,7 +679,7 @@ class _Renaming:
                 world.timer, state.budget, world.refused, world.broken)
 
     def _part(self, part: Any, rename: Any) -> Any:
-        known = self._parts.get(part)
+        known = self._parts.lookup(part)
         if known is None:
             known = self._parts.put(part, None, None, rename(part, self.mapping))
         return known

@@ -17,39 +17,42 @@ RecordType = TypeVar("RecordType", bound=type)
 
 
 class IdentityMemo:
-    """`get(first, second, value)` returns what `put(first, second, value, answer)` stored for
-    those very objects (`first` and `second` compared by identity; `second` may be None) and an
-    equal `value` (compared by equality: for arguments that are rebuilt each time, such as a
-    fresh `TimerFired()`), or None. An entry holds its objects, so their ids cannot be reused
-    while it is kept. Bounded: forgotten wholesale when full (a forgotten answer is only
+    """`lookup(first, second, value)` returns what `put(first, second, value, answer)` stored
+    for those very objects (`first` and `second` compared by identity; `second` may be None)
+    and an equal `value` (compared by equality: for arguments that are rebuilt each time, such
+    as a fresh `TimerFired()`), or None. An entry holds its objects, so their ids cannot be
+    reused while it is kept. Bounded: forgotten wholesale when full (a forgotten answer is only
     computed again)."""
 
     def __init__(self, kept: int = 1 << 17) -> None:
         self._kept = kept
-        self.entries: dict[tuple[int, int, Hashable], tuple[Any, Any, Any]] = {}
-        """`(id(first), id(second), value) -> (first, second, answer)`: a hot loop may read it
-        itself (an entry is its answer only if it holds those very objects), saving a call;
-        the dict stays the same object (cleared, never replaced)."""
+        self._entries: dict[tuple[int, int, Hashable], tuple[Any, Any, Any]] = {}
+        """`(id(first), id(second), value) -> (first, second, answer)`: an entry is its answer
+        only if it holds those very objects (an id may be another object's once one is gone)."""
 
-    def get(self, first: Any, second: Any = None, value: Hashable = None) -> Any:
-        known = self.entries.get((id(first), id(second), value))
+    def lookup(self, first: Any, second: Any = None, value: Hashable = None) -> Any:
+        known = self._entries.get((id(first), id(second), value))
         if known is not None and known[0] is first and known[1] is second:
             return known[2]
         return None
 
     def put(self, first: Any, second: Any, value: Hashable, answer: Any) -> Any:
         """Remember `answer` for `first`, `second` and `value`; returns it."""
-        if len(self.entries) >= self._kept:
-            self.entries.clear()
-        self.entries[(id(first), id(second), value)] = (first, second, answer)
+        if len(self._entries) >= self._kept:
+            self._entries.clear()
+        self._entries[(id(first), id(second), value)] = (first, second, answer)
         return answer
 
     def of(self, first: Any, compute: Any) -> Any:
         """`compute(first)`, computed once for this very object (the answer must not be None)."""
-        known = self.get(first)
+        known = self.lookup(first)
         if known is None:
             known = self.put(first, None, None, compute(first))
         return known
+
+    def clear(self) -> None:
+        """Forget every answer."""
+        self._entries.clear()
 
 
 def _memoised(attribute: str, compute: Any) -> Any:

@@ -495,7 +495,7 @@ def _checked_inputs(
     Inputs that are already such arrays pass in a few passes over all of them together
     (`_dense_inputs`); anything else, and any fault, goes through the checks one input at a
     time, which name the first input at fault."""
-    if not _VALIDATED.get(config):
+    if not _VALIDATED.lookup(config):
         config.validate()
         _VALIDATED.put(config, None, None, True)
     checked = _dense_inputs(config, advantages, current, proximal, behavior, mask, reference,

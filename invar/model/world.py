@@ -437,7 +437,7 @@ def _merged_message(a: Message, b: Message) -> Message:
     """The message of `a` and `b` merged, made once for those very messages (a model checker
     merges the same two in many worlds): its frame is joined and its key printed once, and it
     is one object in every world, so the memos keyed by identity downstream keep hitting."""
-    known: Message | None = _merges.get(a, b)
+    known: Message | None = _merges.lookup(a, b)
     if known is None:
         known = _merges.put(a, b, None, message(CORE, merged(a.body, b.body)))
     return known
@@ -530,7 +530,7 @@ def _delivered(core: State, event: Event) -> tuple[Delivery, Routed]:
     """`routed_delivery`, remembered for the very `core` object and an equal event (see
     `invar.model.memo`: a model checker delivers the same event to the same core in many
     worlds that differ elsewhere)."""
-    known: tuple[Delivery, Routed] | None = _deliveries.get(core, None, event)
+    known: tuple[Delivery, Routed] | None = _deliveries.lookup(core, None, event)
     if known is None:
         known = _deliveries.put(core, None, event, routed_delivery(core, event))
     return known
@@ -564,24 +564,21 @@ class Answers:
 
     def __init__(self, kept: int = 1 << 16) -> None:
         self._learners = IdentityMemo(kept)
-        self._learner_entries = self._learners.entries
         self._workers = IdentityMemo(kept)
 
     def learner(self, learner: Learner, command: Command,
                 value: tuple[bool, int]) -> LearnerAnswer:
         """What `learner` does with `command` in a world of `value` (reproducible forwards,
         optimizer steps): its next self and its reply (None: no reply)."""
-        entry = self._learner_entries.get((id(learner), id(command), value))  # `get`, inline
-        if entry is not None and entry[0] is learner and entry[1] is command:
-            known: LearnerAnswer = entry[2]
-            return known
-        answer = self._learner_answer(learner, command, value)
-        self._learners.put(learner, command, value, answer)
-        return answer
+        known: LearnerAnswer | None = self._learners.lookup(learner, command, value)
+        if known is None:
+            known = self._learners.put(learner, command, value,
+                                       self._learner_answer(learner, command, value))
+        return known
 
     def worker(self, worker: Worker, command: LoadWeights | LaunchRequest) -> WorkerAnswer:
         """What `worker` does with `command`: its next self and its reply (None: no reply)."""
-        known: WorkerAnswer | None = self._workers.get(worker, command)
+        known: WorkerAnswer | None = self._workers.lookup(worker, command)
         if known is None:
             known = self._workers.put(worker, command, None,
                                       self._worker_answer(worker, command))
