@@ -9,11 +9,15 @@ restart redoes — is made here or in `schedule`, from logical identities only.
 After handling an event, `_reconcile` derives the follow-up commands from the state alone
 (admission, assignment, loads, the learner's next request, publication, retention, the retry
 timer), so the same state always leads to the same commands whatever the history's timing.
+
+The rules here are the plain ones, one completion at a time, as spec/PROTOCOL.md states them.
+Where a large reply frame or a learner's event would make that slow, a rule first asks
+`invar.model.fast`, which answers exactly as the rule would (over whole columns, or by knowing
+that a pass decides nothing) or declines; `fast.ENABLED` switches every fast path off at once.
 """
 
 from __future__ import annotations
 
-import collections
 import functools
 import hashlib
 import itertools
@@ -27,10 +31,9 @@ from typing import Any
 
 import numpy as np
 
-from invar.model import schedule
+from invar.model import fast, schedule
 from invar.model.config import RunConfig
 from invar.model.errors import ProtocolError, Reason
-from invar.model.memo import IdentityMemo
 from invar.model.messages import (
     ApplyCotangent,
     Checkpoint,
@@ -75,7 +78,6 @@ from invar.model.objective import (
 from invar.model.ragged import FLOAT, Ragged
 from invar.model.schedule import RequestId
 from invar.model.state import (
-    BULK_FROM,
     AppliedStep,
     Assigned,
     BatchInputs,
@@ -97,7 +99,6 @@ from invar.model.state import (
     completions_of,
     evolve,
     sample_of,
-    samples_of,
 )
 from invar.model.transitions import learner_accepts
 
@@ -289,10 +290,22 @@ def _on_requests_completed(state: State, event: RequestsCompleted) -> Handled:
                              f"worker {event.worker!r} never connected")
     raw_digests = _sample_digests(frame)
     digests = list(map(bytes.hex, raw_digests))
-    if len(frame) >= BULK_FROM:
-        filled = _filled_in_bulk(state, frame, digests, raw_digests)
-        if filled is not None:
-            return filled
+    filled = fast.filled_in_bulk(state, frame, digests, raw_digests)
+    if filled is None:
+        filled = _filled(state, frame, digests)
+    batches, freed, noops = filled
+    if not batches:
+        return _NoOp(**noops)
+    state = _count(state, _NoOp(**noops))
+    for batch in batches:
+        state = _put_batch(state, batch)
+    return _free(state, freed), []
+
+
+def _filled(state: State, frame: Completions, digests: list[str]) -> fast.Filled:
+    """Each completion in turn fills its slot, or repeats the sample there (duplicate) or
+    contradicts it (divergent): the batches filled, each worker's completed requests and the
+    no-ops, by kind. `digests` are the completions' digests."""
     g = state.config.group_size
     requests = frame.requests.tolist()
     batches = {index: state.batch(index) for index in {request[0] for request in requests}}
@@ -315,78 +328,12 @@ def _on_requests_completed(state: State, event: RequestsCompleted) -> Handled:
         new[position] = sample_of(frame, row, digest, versions[row])
         if slot is not None:
             freed[slot.worker] += 1  # type: ignore[union-attr]
-    changes = {index: new for index, new in changes.items() if new}
-    if not changes:
-        return _NoOp(**noops)
-    state = _count(state, _NoOp(**noops))
-    for index, slots in changes.items():
-        state = _put_batch(state, state.batch(index).with_slots(slots))  # type: ignore[union-attr]
-    return _free(state, freed), []
+    filled = [batches[index].with_slots(slots)  # type: ignore[union-attr]
+              for index, slots in changes.items() if slots]
+    return filled, freed, noops
 
 
-def _filled_in_bulk(state: State, frame: Completions, digests: list[str],
-                    raw_digests: list[bytes]) -> Handled | None:
-    """`_on_requests_completed` of a large frame whose completions fill distinct slots that
-    hold no sample yet (a worker's reply to one launch), a batch at a time: None for any
-    other frame (a repeat), which is then taken completion by completion. `digests` are the
-    completions' digests, `raw_digests` their bytes."""
-    requests = frame.requests
-    positions = requests[:, 1] * state.config.group_size + requests[:, 2]
-    indices = requests[:, 0]
-    first, last = int(indices.min()), int(indices.max())
-    rows_of_batches = ([(first, None)] if first == last else  # None: every row
-                       [(index, np.flatnonzero(indices == index))
-                        for index in range(first, last + 1)])
-    versions = frame.versions.tolist()
-    filled: list[BatchState] = []
-    freed: Counter[str] = Counter()
-    consumed = 0
-    packed: np.ndarray | None = None  # the digests' bytes, an (n, 12) array once needed
-    for index, rows in rows_of_batches:
-        batch = state.batch(index)
-        if batch is None:
-            consumed += len(frame) if rows is None else len(rows)
-            continue
-        if rows is not None and not len(rows):
-            continue
-        batch_positions = (positions if rows is None else positions[rows]).tolist()
-        if len(set(batch_positions)) != len(batch_positions):
-            return None
-        old = _slots_at(batch.slots, batch_positions)
-        assignee = old[0]
-        if old.count(assignee) == len(old):  # one launch's slots (identical: no comparison)
-            if isinstance(assignee, Sample):
-                return None
-            if assignee is not None:  # None: pending
-                freed[assignee.worker] += len(old)
-        else:
-            if Sample in set(map(type, old)):
-                return None
-            freed.update(map(_WORKER, filter(None, old)))  # the assigned (None: pending)
-        rows_list = range(len(frame)) if rows is None else rows.tolist()
-        if packed is None:
-            packed = np.frombuffer(b"".join(raw_digests), np.uint8).reshape(len(frame), 12)
-        filled.append(batch.with_column(batch_positions,
-                                        samples_of(frame, rows_list, digests, versions),
-                                        packed if rows is None else packed[rows]))
-    if not filled:
-        return _NoOp(duplicates=consumed)  # every batch was consumed: the ledger holds them
-    state = _count(state, _NoOp(duplicates=consumed))
-    for batch in filled:
-        state = _put_batch(state, batch)
-    return _free(state, freed), []
-
-
-def _slots_at(slots: tuple[Slot, ...], positions: list[int]) -> tuple[Slot, ...]:
-    """The slots at `positions`, in one C-level call (`itemgetter` of one position gives the
-    slot itself, not a tuple)."""
-    if len(positions) == 1:
-        return (slots[positions[0]],)
-    return operator.itemgetter(*positions)(slots)  # type: ignore[no-any-return]
-
-
-_WORKER, _VERSION, _DIGEST = (operator.attrgetter(name) for name in ("worker", "version",
-                                                                      "digest"))
+_VERSION, _DIGEST = operator.attrgetter("version"), operator.attrgetter("digest")
 
 
 def _free(state: State, freed: Counter[str]) -> State:
@@ -403,11 +350,9 @@ def _free(state: State, freed: Counter[str]) -> State:
 def _completions_error(state: State, event: RequestsCompleted,
                        frame: Completions) -> ProtocolError | None:
     """The first bad completion of the frame, if any: an unknown request, a version other
-    than the one its batch is assigned, or a malformed payload. A large frame is judged whole
-    in a few passes over its columns; each completion is looked at only in a small frame or
-    when those fail, to name the one at fault."""
+    than the one its batch is assigned, or a malformed payload."""
     config, admitted = state.config, state.admitted
-    if len(frame) >= _COLUMNS_FROM and _frame_plausible(config, admitted, frame):
+    if fast.frame_fine(config, admitted, frame):
         return None
     prompts, group = config.prompts_per_batch, config.group_size
     versions: dict[int, int] = {}
@@ -904,40 +849,20 @@ def _reconcile(state: State, commands: list[Command]) -> tuple[State, tuple[Comm
     """Every pass that follows from the state, in order; each appends what it decides.
 
     The passes over the rollout side (admission, loads, launches, publication, release) are
-    skipped where they are known to decide nothing (`_SETTLED`): after a learner's event, most
-    often (its scores, forwards and steps change nothing they read)."""
-    settled = _rollout_settled(state)
+    skipped where `fast.rollout_settled` knows they decide nothing."""
+    rollout = not fast.rollout_settled(state)
     before = state
-    if not settled:
+    if rollout:
         state = _admit_batches(state)
         state = _schedule_loads(state, commands)
         state = _assign_pending(state, commands)
     state = _start_next_update(state, commands)  # changes only the learner, which they do not read
-    if not settled:
+    if rollout:
         state = _publish_next_version(state, commands)
         state = _release_unneeded_versions(state, commands)
-        # Admission, loads and launches decided nothing (each would have changed the batches
-        # or the workers): then no pass has anything left to do here. Publication and release
-        # read nothing the others write, and neither finds more after acting once (one
-        # publication at a time; a release looks at every retained version).
-        if state.batches is before.batches and state.workers is before.workers:
-            _SETTLED.put(state.batches, state.workers, (state.admitted, state.publishing),
-                         (state.config, state.commit_digests, state.published, state.retained))
+        fast.settle(before, state)
     state = _arm_timer(state, commands)
     return state, tuple(commands)
-
-
-_SETTLED = IdentityMemo(16)
-"""Rollout sides on which the rollout passes of `_reconcile` decide nothing: (batches, workers,
-(admitted, publishing)) -> (config, commit_digests, published, retained), every object by
-identity. The passes are pure functions of exactly these fields, so on any state holding the
-same objects they decide nothing. A few are kept: they hold their batches' reply frames."""
-
-
-def _rollout_settled(state: State) -> bool:
-    known = _SETTLED.get(state.batches, state.workers, (state.admitted, state.publishing))
-    return (known is not None and known[0] is state.config and known[1] is state.commit_digests
-            and known[2] is state.published and known[3] is state.retained)
 
 
 def _admit_batches(state: State) -> State:
@@ -1044,8 +969,10 @@ def _assign_pending(state: State, commands: list[Command]) -> State:
             commands.append(columns.command(version))
             positions += columns.positions
             assignees += [columns.slot] * len(columns.positions)
-        state = evolve(state, batches=_set(state.batches, index,
-                                           batch.with_column(positions, assignees)))
+        assigned = fast.with_column(batch, positions, assignees)
+        if assigned is None:
+            assigned = batch.with_slots(dict(zip(positions, assignees)))
+        state = evolve(state, batches=_set(state.batches, index, assigned))
         for w in ready:
             state = _put_worker(state, evolve(w, assigned=loads[w.name]))
     return state
@@ -1056,10 +983,9 @@ def _group_runs(slots: tuple[Slot, ...], kinds: list[type] | None, group_size: i
     """Each prompt group with free slots given to the least-loaded worker of `loads` (counted
     in): each worker's free positions as runs, bounds [start, end, start, end, ...] (a worker
     given consecutive groups gets one run: its columns are then slices of the batch's)."""
-    if kinds is None and len(loads) == 1:  # every slot free, one worker: every group its
-        (name,) = loads
-        loads[name] += len(slots)
-        return {name: [0, len(slots)]}
+    whole = fast.whole_batch_run(kinds is None, len(slots), loads)
+    if whole is not None:
+        return whole
     runs: dict[str, list[int]] = {}
     # A prompt's group goes to one worker: its samples share the prompt's prefill, and the
     # worker computes them in one fixed-shape call (see runtime.worker on invariance).
@@ -1190,34 +1116,6 @@ def _sample_problem(tokens: tuple[int, ...], logprobs: tuple[float, ...], reward
     return ""
 
 
-def _frame_plausible(config: RunConfig, admitted: int, frame: Completions) -> bool:
-    """`_completions_error` of a whole frame at once, in a few passes over its columns: True
-    only if no completion has a problem (False: look at each, to name the one at fault)."""
-    requests = frame.requests
-    # Whole-array passes: a reduction along the short axis of (n, 3) costs more than these.
-    if requests.min() < 0 or (requests >= (admitted, config.prompts_per_batch,
-                                           config.group_size)).any():
-        return False
-    indices = requests[:, 0]
-    first = int(indices.min())
-    if first == indices.max():  # one batch (a reply to one launch): one version
-        if not (frame.versions == schedule.gen_version(config, first)).all():
-            return False
-    else:
-        batches, row_batch = np.unique(indices, return_inverse=True)
-        expected = np.array([schedule.gen_version(config, b) for b in batches.tolist()],
-                            dtype=np.int64)
-        if not np.array_equal(frame.versions, expected[row_batch]):
-            return False
-    tokens, logprobs = frame.tokens, frame.behavior_logprobs
-    lengths = tokens.lengths
-    if lengths != logprobs.lengths or (lengths[0] if tokens.uniform() else min(lengths)) == 0:
-        return False
-    if tokens.values.min() < 0:
-        return False
-    return _logprobs(logprobs.values) and bool(np.isfinite(frame.rewards).all())
-
-
 def _not_a_matrix(name: str, matrix: Ragged) -> str:
     """What is wrong with the values' type of a log-prob matrix field (empty: float64): checked
     before anything reads them, as decoding would (a hand-built event may hold rows of Python
@@ -1232,23 +1130,15 @@ def _matrix_problem(name: str, matrix: Matrix | None, lengths: tuple[int, ...]) 
         return f"{name}: missing"
     if len(matrix) != len(lengths):
         return f"{name}: {len(matrix)} rows for {len(lengths)} samples"
-    # The whole matrix in two C passes; the row at fault is looked for only when one is.
-    if matrix.lengths == lengths and _logprobs(matrix.values):
+    if fast.matrix_fine(matrix, lengths):
         return ""
     for i, length in enumerate(lengths):
-        row = matrix.row(i)
+        row = matrix.row(i).tolist()
         if len(row) != length:
             return f"{name}[{i}]: {len(row)} values for {length} tokens"
-        if not _logprobs(row):
+        if not all(-math.inf < value <= 0.0 for value in row):  # False for a NaN
             return f"{name}[{i}]: every value must be a finite log-probability (<= 0)"
     return ""
-
-
-def _logprobs(values: np.ndarray) -> bool:
-    """Every value finite and <= 0: the largest is <= 0 (not NaN, not +inf, not positive) and
-    the smallest is not -inf (nor NaN)."""
-    return not len(values) or bool(np.maximum.reduce(values) <= 0.0
-                                   and np.minimum.reduce(values) > -math.inf)
 
 
 def sample_digests(frame: Completions) -> list[str]:
@@ -1261,21 +1151,11 @@ def _sample_digests(frame: Completions) -> list[bytes]:
     """Each completion's digest, as its 12 bytes (a sample's `digest` is their hex; the batch
     digest's terms are taken from the bytes): blake2b_96 over its tokens as little-endian
     int64, its log-probs as float64 and its reward as float64, hashed from the frame's columns
-    where they lie (token and log-prob rows of one length: checked). A large frame of one
-    length (fixed-shape generation) is one table, a bytes object per row, hashed in C-level
-    passes: a Python-level step per completion would cost as much as its hash."""
+    where they lie (token and log-prob rows of one length: checked)."""
+    digests = fast.sample_digests(frame)
+    if digests is not None:
+        return digests
     tokens, logprobs, rewards = frame.tokens, frame.behavior_logprobs, frame.rewards
-    n = len(frame)
-    if n >= _COLUMNS_FROM and tokens.uniform():
-        width = tokens.lengths[0]
-        table = np.concatenate([tokens.values.reshape(n, width).view(np.uint8),
-                                logprobs.values.reshape(n, width).view(np.uint8),
-                                rewards.reshape(n, 1).view(np.uint8)], axis=1)
-        # Rows as opaque (void) items: `tolist` gives each as bytes, trailing zeros kept.
-        rows = table.view(np.dtype((np.void, table.shape[1]))).ravel().tolist()
-        hashes = list(map(_COPY, itertools.repeat(_BLAKE2B_96, n)))
-        collections.deque(map(_UPDATE, hashes, rows), 0)
-        return list(map(_DIGEST_BYTES, hashes))
     token_bytes = np.ascontiguousarray(tokens.values).data.cast("B")
     logprob_bytes = np.ascontiguousarray(logprobs.values).data.cast("B")
     reward_bytes = rewards.tobytes()
@@ -1292,8 +1172,3 @@ def _sample_digests(frame: Completions) -> list[bytes]:
 
 
 _BLAKE2B_96 = hashlib.blake2b(digest_size=12)
-_COPY, _UPDATE, _DIGEST_BYTES = (getattr(type(_BLAKE2B_96), name)
-                                 for name in ("copy", "update", "digest"))
-_COLUMNS_FROM = 16
-"""Completions in a frame from which passes over its columns pay for their fixed cost (a few
-µs each): a smaller frame is looked at completion by completion."""

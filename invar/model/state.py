@@ -19,7 +19,6 @@ import typing
 from array import array
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from types import NoneType
 from typing import Any, NamedTuple, TypeVar
 
 import numpy as np
@@ -198,7 +197,7 @@ class Sample(_SampleFields):  # type: ignore[misc]  # a NamedTuple under a datac
     value); with no memo of its repr or hash (both are of one short string).
 
     A named tuple underneath: a reply makes hundreds at once, each made from its fields in one
-    C-level call (`samples_of`), with no dict, its fields read as fast as slots."""
+    C-level call (`fast.samples_of`), with no dict, its fields read as fast as slots."""
 
     __slots__ = ()
     digest: str
@@ -223,18 +222,6 @@ class Sample(_SampleFields):  # type: ignore[misc]  # a NamedTuple under a datac
     @property
     def reward(self) -> float:
         return float(self.frame.rewards[self.row])
-
-
-def samples_of(frame: Completions, rows: Sequence[int], digests: Sequence[str],
-               versions: Sequence[int]) -> list[Sample]:
-    """The samples of `rows` of `frame` (`digests[row]`, `versions[row]` theirs), made without
-    a Python-level step per sample (hundreds come per reply): each made from its fields' tuple
-    in one C-level call."""
-    if type(rows) is not range or rows != range(len(digests)):
-        digests = list(map(digests.__getitem__, rows))
-        versions = list(map(versions.__getitem__, rows))
-    return list(map(_TUPLE_NEW, itertools.repeat(Sample, len(rows)),
-                    zip(digests, versions, itertools.repeat(frame), rows)))
 
 
 def sample_of(frame: Completions, row: int, digest: str, version: int) -> Sample:
@@ -318,40 +305,6 @@ class BatchState:
                 digest ^= _assigned_hash(position, new.worker, new.incarnation)
         return BatchState(self.batch, tuple(slots), pending, completed, digest)
 
-    def with_column(self, positions: list[int], slots: Sequence[Slot],
-                    digests: np.ndarray | None = None) -> BatchState:
-        """`with_slots(dict(zip(positions, slots)))` for distinct `positions`, in bulk: for the
-        hundreds of slots a reply frame fills or a launch assigns. The counters follow counts of
-        kinds, the digest the XOR of each side's terms, computed per kind in a few array passes
-        (a handful of slots goes through `with_slots`: numpy's fixed cost would not pay).
-        `digests`: given only when `slots` are all samples, their digests' bytes
-        (`bytes.fromhex` of each `digest`) as an (n, 12) uint8 array, as the reply frame's were
-        computed: their terms are then taken over arrays."""
-        if len(positions) < BULK_FROM:
-            return self.with_slots(dict(zip(positions, slots)))
-        current = self.slots
-        size = len(current)
-        olds = operator.itemgetter(*positions)(current)
-        chosen: list[int] | None = positions
-        if positions == _every_position(size):
-            chosen, updated = None, tuple(slots)
-        else:
-            changed = list(current)
-            for position, slot in zip(positions, slots):
-                changed[position] = slot
-            updated = tuple(changed)
-        old_pending, old_completed, old_terms = _summary(chosen, olds, size)
-        new_pending, new_completed, new_terms = _summary(chosen, slots, size, digests)
-        pending = self.pending - old_pending + new_pending
-        completed = self.completed - old_completed + new_completed
-        digest = self.slots_digest ^ old_terms ^ new_terms
-        return BatchState(self.batch, updated, pending, completed, digest)
-
-
-BULK_FROM = 96
-"""Slots changed at once from which `BatchState.with_column` works on arrays (their fixed cost,
-a few µs per pass, is then below the per-slot work it replaces)."""
-
 
 # The slot hashes: a stable 128-bit hash of (position, slot) from what takes part in the slot's
 # equality (a sample's digest, an assignee); the batch digest XORs them, so a change costs two.
@@ -398,106 +351,6 @@ def _slot_hash(position: int, slot: Slot) -> int:
     if isinstance(slot, Sample):
         return _sample_hash(position, slot.digest)
     return _assigned_hash(position, slot.worker, slot.incarnation)
-
-
-# The same terms for many positions at once, as 128-bit values in two uint64 lanes (high, low):
-# the XOR of many terms is the lanes' XOR, a sample's term a 128-bit product done in 32-bit
-# halves. Each gives exactly `_slot_hash`'s values (tests/model/test_fast_paths.py).
-
-
-def _summary(positions: list[int] | None, slots: Sequence[Slot], size: int,
-             digests: np.ndarray | None = None) -> tuple[int, int, int]:
-    """How many of `slots` are pending, how many are samples, and the XOR of their terms
-    (`_slot_hash(p, s)` over `zip(positions, slots)`; positions None: every one in order):
-    in bulk when the slots are all pending, all one assignee, or all samples whose digests'
-    bytes are given (`BatchState.with_column`: only then)."""
-    n, first = len(slots), slots[0]
-    if digests is not None:
-        return 0, n, _sample_terms(positions, digests, size)
-    # Counting the first slot among identical slots calls no comparison; samples are not
-    # counted so (each is another object: their dataclass __eq__ would run).
-    if type(first) is not Sample and slots.count(first) == n:
-        if first is None:
-            if positions is None:
-                return n, 0, _all_pending_digest(size)
-            return n, 0, _lanes_xor(_pending_lanes(size), positions)
-        assert isinstance(first, Assigned)
-        worker, incarnation = first.worker, first.incarnation
-        if positions is None:
-            return 0, 0, _all_assigned_digest(worker, incarnation, size)
-        return 0, 0, _lanes_xor(_assigned_lanes(worker, incarnation, size), positions)
-    kinds = list(map(type, slots))
-    samples = kinds.count(Sample)
-    terms = functools.reduce(operator.xor, map(_slot_hash, positions or range(size), slots), 0)
-    return kinds.count(NoneType), samples, terms
-
-
-def _sample_terms(positions: list[int] | None, digests: np.ndarray, size: int) -> int:
-    """The XOR of `_sample_hash(p, d.hex())` over positions and digests' bytes (n, 12)."""
-    # digest << 32 as 16 big-endian bytes: the digest's 12, then 4 zero bytes.
-    shifted = np.zeros((len(digests), 16), np.uint8)
-    shifted[:, :12] = digests
-    value = shifted.view(">u8").astype(np.uint64)
-    pending_high, pending_low = _pending_lanes(size)
-    if positions is not None:
-        pending_high, pending_low = pending_high[positions], pending_low[positions]
-    high, low = _times_mix(value[:, 0] ^ pending_high, value[:, 1] ^ pending_low)
-    return _joined(np.bitwise_xor.reduce(high), np.bitwise_xor.reduce(low))
-
-
-_DIGEST = operator.attrgetter("digest")
-_M32 = np.uint64(0xFFFFFFFF)
-_S32 = np.uint64(32)
-_MIX_HIGH, _MIX_LOW = np.uint64(_MIX >> 64), np.uint64(_MIX & 0xFFFFFFFFFFFFFFFF)
-_MIX_LOW_HALVES = np.uint64(_MIX & 0xFFFFFFFF), np.uint64((_MIX >> 32) & 0xFFFFFFFF)
-Lanes = tuple[np.ndarray, np.ndarray]
-"""128-bit values as their high and low 64 bits, each an array."""
-
-
-def _times_mix(high: np.ndarray, low: np.ndarray) -> Lanes:
-    """(high, low) * _MIX mod 2**128, lane-wise (uint64 arithmetic wraps mod 2**64)."""
-    m0, m1 = _MIX_LOW_HALVES
-    a0, a1 = low & _M32, low >> _S32
-    p00, p01, p10, p11 = a0 * m0, a0 * m1, a1 * m0, a1 * m1
-    carry = ((p00 >> _S32) + (p01 & _M32) + (p10 & _M32)) >> _S32
-    low_times_low_high = p11 + (p01 >> _S32) + (p10 >> _S32) + carry
-    return low_times_low_high + high * _MIX_LOW + low * _MIX_HIGH, low * _MIX_LOW
-
-
-def _lanes_xor(lanes: Lanes, positions: list[int]) -> int:
-    high, low = lanes
-    return _joined(np.bitwise_xor.reduce(high[positions]), np.bitwise_xor.reduce(low[positions]))
-
-
-def _joined(high: np.uint64, low: np.uint64) -> int:
-    return int(high) << 64 | int(low)
-
-
-def _lanes(terms: Iterable[int]) -> Lanes:
-    values = list(terms)
-    return (np.array([t >> 64 for t in values], dtype=np.uint64),
-            np.array([t & 0xFFFFFFFFFFFFFFFF for t in values], dtype=np.uint64))
-
-
-@functools.lru_cache(maxsize=64)
-def _every_position(size: int) -> list[int]:
-    return list(range(size))
-
-
-@functools.lru_cache(maxsize=64)
-def _pending_lanes(size: int) -> Lanes:
-    return _lanes(map(_pending_hash, range(size)))
-
-
-@functools.lru_cache(maxsize=256)
-def _assigned_lanes(worker: str, incarnation: int, size: int) -> Lanes:
-    return _lanes(_assigned_hash(p, worker, incarnation) for p in range(size))
-
-
-@functools.lru_cache(maxsize=256)
-def _all_assigned_digest(worker: str, incarnation: int, size: int) -> int:
-    high, low = _assigned_lanes(worker, incarnation, size)
-    return _joined(np.bitwise_xor.reduce(high), np.bitwise_xor.reduce(low))
 
 
 @cached_repr

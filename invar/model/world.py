@@ -877,7 +877,7 @@ INTRUDER = "intruder"
 
 
 LARGE_FRAME = 16
-"""Completions in a forged frame that the core judges by its columns (`core._COLUMNS_FROM`)."""
+"""Completions in a forged frame that the core judges by its columns (`fast.COLUMNS_FROM`)."""
 
 _FORGED_ROW = Ragged.of(((-0.5,),))
 """One log-prob row, well formed: made once (a matrix is a value, shared by every forgery)."""

@@ -3,7 +3,8 @@
 Each `SeededBug` names the mistake, the smallest bounds under which `invar-check` must catch
 it, the properties allowed to catch it (the first one is the one it is *meant* to violate),
 and `apply(monkeypatch)`, which swaps one module attribute of `invar.model.core` (a handler
-in `core._HANDLERS`, a helper function, or the core's reference to `schedule`). The invariants
+in `core._HANDLERS`, a helper function, or the core's reference to `schedule`) or of its fast
+paths, `invar.model.fast`. The invariants
 (`invar.model.invariants`) and the world's fakes (`invar.testing`) are never touched: they
 keep their own references, so the mutant is judged by the correct specification.
 
@@ -23,7 +24,7 @@ from typing import Any
 import numpy as np
 
 from checker.invar_model import Bounds, InvarModel
-from invar.model import core, schedule
+from invar.model import core, fast, schedule
 from invar.model.core import logical_projection, run_complete
 from invar.model.errors import ProtocolError
 from invar.model.invariants import transition_violations, violations
@@ -263,7 +264,7 @@ def _negative_tokens_accepted(mp: Any) -> None:
 
 
 def _negative_tokens_plausible_in_a_large_frame(mp: Any) -> None:
-    original = core._frame_plausible
+    original = fast.frame_plausible
 
     def plausible(config, admitted, frame):
         # The bug: the column pass over a large frame never looks at a token's sign.
@@ -271,7 +272,7 @@ def _negative_tokens_plausible_in_a_large_frame(mp: Any) -> None:
         return original(config, admitted, Completions._made(
             frame.requests, frame.versions, tokens, frame.behavior_logprobs, frame.rewards))
 
-    mp.setattr(core, "_frame_plausible", plausible)
+    mp.setattr(fast, "frame_plausible", plausible)
 
 
 SEEDED_BUGS: tuple[SeededBug, ...] = (

@@ -19,9 +19,10 @@ from checker.cli import _unpinned_counts, main
 from checker.fingerprint import canonical, hashes_by_value
 from checker.invar_model import Bounds, InvarModel, load_bounds
 from checker.model import PropertyKind
-from invar.model import RunConfig, core, initial_state, schedule
+from invar.model import RunConfig, fast, initial_state, schedule
+from invar.model.fast import BULK_FROM
 from invar.model.shell import deliver
-from invar.model.state import BULK_FROM, Sample
+from invar.model.state import Sample
 from invar.model.world import run_fifo
 from invar.testing import canonical_run
 
@@ -141,17 +142,17 @@ def test_a_core_holding_samples_hashes_by_value_and_fingerprints_by_digest() -> 
 
 
 def test_the_large_frames_bound_fills_batches_in_bulk(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Its frames reach `_filled_in_bulk` (and so the column paths before it) and fill there:
+    """Its frames reach `fast.filled_in_bulk` (and so the column paths before it) and fill there:
     a mutant of the bulk paths changes what that bound's runs hold."""
     filled = []
-    original = core._filled_in_bulk
+    original = fast.filled_in_bulk
 
     def counted(state, frame, *rest):
         outcome = original(state, frame, *rest)
         filled.append((len(frame), outcome is not None))
         return outcome
 
-    monkeypatch.setattr(core, "_filled_in_bulk", counted)
+    monkeypatch.setattr(fast, "filled_in_bulk", counted)
     model = InvarModel(BOUNDS["large_frames"][0])
     world = run_fifo(model.init_states()[0].world)
     assert world.core.committed == model.config.total_updates

@@ -1,5 +1,5 @@
 """The bulk slot paths against the per-slot ones: a large reply frame filled a batch at a time
-(`_filled_in_bulk`) and `BatchState.with_column` give exactly the state (equality, digest,
+(`fast.filled_in_bulk`) and `fast.with_column` give exactly the state (equality, digest,
 slots, counters) and commands that filling slot by slot gives, on frames split, merged,
 duplicated, reordered, over two batches, with divergent repeats and with replies of lost
 incarnations whose slots are now held by others."""
@@ -13,8 +13,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from invar.model import RunConfig, core, initial_state, state_digest, step
+from invar.model import RunConfig, core, fast, initial_state, state_digest, step
 from invar.model.errors import ProtocolError
+from invar.model.fast import BULK_FROM
 from invar.model.messages import (
     Completions,
     LaunchRequests,
@@ -23,7 +24,7 @@ from invar.model.messages import (
     WorkerConnected,
     WorkerLost,
 )
-from invar.model.state import BULK_FROM, Assigned, BatchState, Sample
+from invar.model.state import Assigned, BatchState, Sample
 from invar.testing import reply, version_digest, worker_reply
 
 CONFIG = RunConfig(prompts_per_batch=16, group_size=8, max_staleness=1, total_updates=3)
@@ -91,7 +92,7 @@ def frames(draw, launches):
 
 def one_by_one(state, event, monkeypatch):
     with monkeypatch.context() as patch:
-        patch.setattr(core, "BULK_FROM", 10**9)
+        patch.setattr(fast, "BULK_FROM", 10**9)
         return step(state, event)
 
 
@@ -133,7 +134,7 @@ def test_a_launch_reply_is_filled_in_bulk_and_a_repeat_is_not(scenarios):
             [*frame.completions, frame.completions[0]]), False)):  # repeats a sample
         raw = core._sample_digests(completions)
         digests = [d.hex() for d in raw]
-        assert (core._filled_in_bulk(state, completions, digests, raw) is not None) == bulk
+        assert (fast.filled_in_bulk(state, completions, digests, raw) is not None) == bulk
 
 
 def test_a_bulk_frame_with_one_completion_of_another_batch(scenarios, monkeypatch):
@@ -186,7 +187,7 @@ def columns(draw):
 
 
 def digest_bytes(slots):
-    """The samples' digests as `with_column` takes them from a reply frame (None: not all are
+    """The samples' digests as `fast.with_column` takes them from a reply frame (None: not all are
     samples with a 24-digit hex digest)."""
     if not all(isinstance(s, Sample) and len(s.digest) == 24 for s in slots):
         return None
@@ -203,7 +204,8 @@ def test_with_column_is_with_slots(changes, with_digests):
     batch = reference = BatchState.admitted(0, SIZE)
     for positions, slots in changes:
         digests = digest_bytes(slots) if with_digests else None
-        batch = batch.with_column(positions, slots, digests)
+        batch = (fast.with_column(batch, positions, slots, digests)
+                 or batch.with_slots(dict(zip(positions, slots))))  # None: fewer than BULK_FROM
         reference = reference.with_slots(dict(zip(positions, slots)))
         assert batch == reference and batch.slots == reference.slots
         assert (batch.pending, batch.completed, batch.slots_digest) == \

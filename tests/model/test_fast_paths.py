@@ -14,12 +14,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from invar.model import RunConfig, schedule
-from invar.model.core import (
-    _frame_plausible,
-    _matrix_problem,
-    _sample_digests,
-    _sample_problem,
-)
+from invar.model.core import _matrix_problem, _sample_digests, _sample_problem
+from invar.model.fast import frame_plausible, samples_of
 from invar.model.messages import Completion, Completions, matrix_digest
 from invar.model.ragged import Ragged
 from invar.model.schedule import RequestId
@@ -30,7 +26,6 @@ from invar.model.state import (
     _sample_hash,
     _text_hash,
     sample_of,
-    samples_of,
 )
 
 REQUEST = RequestId(0, 0, 0)
@@ -133,7 +128,7 @@ def nearly_fine_frames(draw):
 @settings(max_examples=400, deadline=None)
 @given(nearly_fine_frames())
 def test_a_plausible_frame_is_one_of_fine_completions(frame):
-    assert _frame_plausible(FRAMES, 4, Completions.of(frame)) == all(
+    assert frame_plausible(FRAMES, 4, Completions.of(frame)) == all(
         fine(FRAMES, 4, c) for c in frame)
 
 

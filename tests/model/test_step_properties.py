@@ -37,6 +37,7 @@ from invar.model import (
     ObjectiveConfig,
     RunConfig,
     core,
+    fast,
     logical_projection,
     outstanding_commands,
     run_complete,
@@ -462,7 +463,7 @@ def test_canonical_run_keeps_every_invariant(name):
 
 
 class SettledCheckedRun(Run):
-    """A run whose core steps are each also taken with `core._SETTLED` forgotten: every
+    """A run whose core steps are each also taken with `fast._SETTLED` forgotten: every
     rollout pass of the reconcile then runs, and the answer must be the one the skipping gave;
     `skipped` counts the steps that did skip them."""
 
@@ -472,14 +473,14 @@ class SettledCheckedRun(Run):
 
     def _core_step(self, event: Any, act) -> None:
         before = self.world.core
-        settled = core._rollout_settled
+        settled = fast.rollout_settled
         seen: list[bool] = []
-        with mock.patch.object(core, "_rollout_settled",
+        with mock.patch.object(fast, "rollout_settled",
                                lambda state: seen.append(settled(state)) or seen[-1]):
-            fast = deliver(before, event)
-        core._SETTLED.entries.clear()
+            skipping = deliver(before, event)
+        fast._SETTLED.clear()
         full = deliver(before, event)
-        assert same_delivery(fast, full) and state_digest(fast.state) == \
+        assert same_delivery(skipping, full) and state_digest(skipping.state) == \
             state_digest(full.state), f"skipping the settled passes changed {event}"
         self.skipped += any(seen)
         super()._core_step(event, act)
@@ -490,7 +491,7 @@ class SettledCheckedRun(Run):
           suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 @given(data=st.data())
 def test_skipping_a_settled_rollout_side_is_the_full_reconcile(name, data):
-    """The reconcile's fast path (`core._SETTLED`: the rollout passes skipped on a rollout side
+    """The reconcile's fast path (`fast._SETTLED`: the rollout passes skipped on a rollout side
     they were seen to leave alone) gives exactly what running every pass gives, on every step
     of runs with faults; and it is taken (most of the learner's events take it)."""
     config, workers = CONFIGS[name]
@@ -500,16 +501,16 @@ def test_skipping_a_settled_rollout_side_is_the_full_reconcile(name, data):
 
 
 def test_a_rollout_side_is_settled_only_for_the_very_objects_it_was_seen_with():
-    """`core._SETTLED` answers for the objects the rollout passes were seen to leave alone:
+    """`fast._SETTLED` answers for the objects the rollout passes were seen to leave alone:
     a state that differs from a settled one in any field those passes read, even by an equal
     copy, is not taken as settled; one that differs elsewhere (the learner) is."""
     config, workers = CONFIGS["S2 P2 K2 eval2 ckpt3 2w"]
     state = None
     for event in canonical_run(config, workers).events:
         state = deliver(state or initial_state(config), event).state
-        if core._rollout_settled(state) and state.retained and state.batches:
+        if fast.rollout_settled(state) and state.retained and state.batches:
             break
-    assert state is not None and core._rollout_settled(state)
+    assert state is not None and fast.rollout_settled(state)
     copies = {
         "config": replace(state.config),
         "admitted": state.admitted + 1,
@@ -522,8 +523,8 @@ def test_a_rollout_side_is_settled_only_for_the_very_objects_it_was_seen_with():
     }
     for name, value in copies.items():
         assert value is not getattr(state, name)
-        assert not core._rollout_settled(evolve(state, **{name: value})), name
-    assert core._rollout_settled(evolve(state, learner=evolve(state.learner, step=1)))
+        assert not fast.rollout_settled(evolve(state, **{name: value})), name
+    assert fast.rollout_settled(evolve(state, learner=evolve(state.learner, step=1)))
 
 
 def test_a_rollout_side_is_not_settled_by_a_reconcile_that_launched():
