@@ -18,12 +18,9 @@ import re
 import shlex
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from invar.model.errors import ConfigError
-
-if TYPE_CHECKING:
-    from invar.runtime.config import TrainConfig
 
 DEFAULT_PORT = 22
 _USER = re.compile(r"[A-Za-z_][A-Za-z0-9._-]{0,31}")
@@ -80,10 +77,11 @@ def parse_host(text: str) -> HostSpec:
     return HostSpec(user, host, port)
 
 
-def check_settings(config: TrainConfig) -> None:
-    """The SSH transport's settings can work: every host well formed, asyncssh installed, the
-    client keys readable, known_hosts there (unless trust_on_first_use); else a ConfigError
-    naming the key."""
+def check_settings(config: Any) -> None:
+    """The SSH transport's settings of `config` (a `TrainConfig`, not imported: the
+    configuration imports this module) can work: every host well formed, asyncssh installed,
+    the client keys readable, known_hosts there (unless trust_on_first_use); else a
+    ConfigError naming the key."""
     rollout, ssh = config.rollout, config.rollout.ssh
     for index, host in enumerate(rollout.hosts):
         try:
