@@ -365,32 +365,27 @@ class Driver:
             if isinstance(event.error, (RunStopped, ReleaseNotDurable)):
                 raise event.error
             raise RuntimeError("a driver task failed") from event.error
-        # The CPU clock is read outside the wall-clock window: reading it is a system call
-        # (often a reschedule point) that is the measurement's cost, not the driver's.
-        began_cpu = time.thread_time()
-        began = time.perf_counter()
-        # Popped first, while `event` is alive: its id cannot have been reused.
-        encoded = self._received.pop(id(event), None)
-        delivery = deliver(self.state, event)
-        if delivery.verdict is Verdict.REFUSED:
-            assert delivery.error is not None
-            self.stats.refused += 1
-            self.metrics.count(f"refused_{delivery.error.reason.value}")
-            log.warning("%s", delivery.error)
-            if delivery.error.reason is Reason.DIVERGED:
-                # Re-sending the forward would bring the same log-probs back: a stall.
-                raise RunStopped(
-                    f"the policy diverged: {delivery.error.detail}; the run stops at update "
-                    f"{self.state.committed} of {self.config.protocol.total_updates} and can "
-                    f"be resumed from its last commit (version {self.state.committed}) with "
-                    f"`invar train --resume {self.run_dir}`")
-        elif delivery.verdict is Verdict.NOOP:
-            self.stats.noops += 1
-            self.state = delivery.state  # keeps the no-op counts
-        else:
-            self._accept(event, delivery, encoded)
-        self.stats.core_seconds += time.perf_counter() - began
-        self.stats.core_cpu_seconds += time.thread_time() - began_cpu
+        with self.stats.core_time():
+            # Popped first, while `event` is alive: its id cannot have been reused.
+            encoded = self._received.pop(id(event), None)
+            delivery = deliver(self.state, event)
+            if delivery.verdict is Verdict.REFUSED:
+                assert delivery.error is not None
+                self.stats.refused += 1
+                self.metrics.count(f"refused_{delivery.error.reason.value}")
+                log.warning("%s", delivery.error)
+                if delivery.error.reason is Reason.DIVERGED:
+                    # Re-sending the forward would bring the same log-probs back: a stall.
+                    raise RunStopped(
+                        f"the policy diverged: {delivery.error.detail}; the run stops at update "
+                        f"{self.state.committed} of {self.config.protocol.total_updates} and "
+                        f"can be resumed from its last commit (version {self.state.committed}) "
+                        f"with `invar train --resume {self.run_dir}`")
+            elif delivery.verdict is Verdict.NOOP:
+                self.stats.noops += 1
+                self.state = delivery.state  # keeps the no-op counts
+            else:
+                self._accept(event, delivery, encoded)
 
     def _accept(self, event: Event, delivery: Delivery, encoded: str | None) -> None:
         """Journal an accepted event (synced when the delivery is durable), then dispatch."""
@@ -432,15 +427,12 @@ class Driver:
                     self._synced = covered
                 if self._stopping:
                     return  # a run that stops sends nothing more (a resume re-sends it)
-                began_cpu = time.thread_time()  # outside the wall window, as in `_apply`
-                began = time.perf_counter()
-                while self._held and not (self._held[0].durable
-                                          and self._held[0].seq > self._synced):
-                    held = self._held.popleft()
-                    self._releasing = held.seq
-                    self._dispatch(held.commands, held.state)
-                self.stats.core_seconds += time.perf_counter() - began
-                self.stats.core_cpu_seconds += time.thread_time() - began_cpu
+                with self.stats.core_time():
+                    while self._held and not (self._held[0].durable
+                                              and self._held[0].seq > self._synced):
+                        held = self._held.popleft()
+                        self._releasing = held.seq
+                        self._dispatch(held.commands, held.state)
                 if self.journal.snapshots_due:
                     self.stats.core_cpu_seconds += await asyncio.to_thread(
                         self._write_snapshots)
@@ -686,13 +678,8 @@ class Driver:
         """A worker's event, as `wire.read_event_frame` reads it: a load's JSON text is
         journalled as received; completions, which came as bytes, are encoded for the journal
         by its writer (`Journal.sync`), off the event path."""
-        began_cpu = time.thread_time()  # outside the wall window, as in `_apply`
-        began = time.perf_counter()
-        try:
+        with self.stats.core_time():
             self._decode_frame(name, header, blob)
-        finally:
-            self.stats.core_seconds += time.perf_counter() - began
-            self.stats.core_cpu_seconds += time.thread_time() - began_cpu
 
     def _decode_frame(self, name: str, header: dict[str, Any], blob: bytes) -> None:
         # Worker-reported compute time (benchmarks: rollout time R per batch).

@@ -4,7 +4,9 @@ events, refusals, time spent (`Stats`) and the requests whose verifier failed (`
 
 from __future__ import annotations
 
+import contextlib
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -35,6 +37,21 @@ class Stats:
     started: float = field(default_factory=time.perf_counter)
     completed_by: dict[str, int] = field(default_factory=dict)
     """Requests each worker (any incarnation) reported completed."""
+
+    @contextlib.contextmanager
+    def core_time(self) -> Iterator[None]:
+        """Count the block's wall and CPU seconds as the core's and the driver's own work
+        (`core_seconds`, `core_cpu_seconds`). For the calling thread only: another thread
+        returns its CPU seconds to the loop's to add (a shared float is not added to safely)."""
+        # The CPU clock is read outside the wall-clock window: reading it is a system call
+        # (often a reschedule point) that is the measurement's cost, not the driver's.
+        began_cpu = time.thread_time()
+        began = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.core_seconds += time.perf_counter() - began
+            self.core_cpu_seconds += time.thread_time() - began_cpu
 
 
 class VerifierFailures:
