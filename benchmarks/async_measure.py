@@ -171,7 +171,7 @@ def profile_breakdown(path: Path, wall: float) -> dict[str, Any]:
         ("  state_digest (before/after)", "model/state.py", "state_digest"),
         ("  journal append", "runtime/journal.py", "append"),
         ("  Driver._dispatch", "runtime/driver.py", "_dispatch"),
-        ("  Driver._record_update (metrics row)", "runtime/driver.py", "_record_update"),
+        ("  Run._record_update (metrics row)", "runtime/run.py", "_record_update"),
         ("Driver._accept_frame (decode worker events)", "runtime/driver.py", "_accept_frame"),
         ("  messages.decode", "model/messages.py", "decode"),
         ("transport.decode_header (frame JSON)", "runtime/transport.py", "decode_header"),

@@ -30,7 +30,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from invar.runtime import driver, journal  # noqa: E402
+from invar.runtime import driver, journal, run  # noqa: E402
 from invar.runtime.cli import main as invar_main  # noqa: E402
 
 WALL: defaultdict[str, float] = defaultdict(float)
@@ -100,7 +100,7 @@ def main() -> int:
         shutil.rmtree(run_dir, ignore_errors=True)
     _timed(driver, "deliver", "step (shell.deliver)")
     _timed(journal, "state_digest", "state digests")  # in the syncing thread
-    _timed(driver.Driver, "_record", "metrics row")
+    _timed(run.Run, "record", "metrics row")
     _timed(journal.Journal, "append", "journal append")
     _timed(driver.Driver, "_dispatch", "dispatch")
     _timed(driver.Driver, "_decode_frame", "frame decoding")

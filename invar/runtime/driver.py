@@ -13,20 +13,19 @@ neither is fatal. Rollout workers are processes behind a `Transport`; the learne
 in a thread of this process (`LearnerExecutor`, keeping `LearnerRules`), so rollout and
 learning overlap when the schedule allows it.
 
-The learner's commands are executed by `invar.runtime.learner_executor`, the weights workers
-load kept by `invar.runtime.store`; `invar.runtime.serial.run_serial` executes the same
-schedule with the same components one command at a time, in one process: the reference an
-asynchronous run is compared with.
+A Driver is a `Run` (`invar.runtime.run`: the components and the metrics rows every run
+has); the learner's commands are executed by `invar.runtime.learner_executor`, the weights
+workers load kept by `invar.runtime.store`; `invar.runtime.serial.run_serial` executes the
+same schedule with the same components one command at a time, in one process: the reference
+an asynchronous run is compared with.
 """
 
 from __future__ import annotations
 
 import asyncio
 import gc
-import json
 import logging
 import os
-import statistics
 import sys
 import time
 from collections import deque
@@ -35,7 +34,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from invar.model import schedule
 from invar.model.core import run_complete
 from invar.model.errors import Reason
 from invar.model.messages import (
@@ -43,15 +41,11 @@ from invar.model.messages import (
     DecodeError,
     Event,
     LaunchRequests,
-    LearnerStarted,
     LoadWeights,
     Publish,
     ReleaseVersion,
     RequestsCompleted,
-    StepFinished,
     TimerFired,
-    UpdateCommitted,
-    VersionEvaluated,
     VersionPublished,
     WorkerConnected,
     WorkerLost,
@@ -61,23 +55,20 @@ from invar.model.messages import (
     packed_fields,
 )
 from invar.model.shell import LEARNER, STORE, TIMER, Delivery, Verdict, deliver, route
-from invar.model.state import State, WorkerPhase, completions_of, initial_state
+from invar.model.state import State, WorkerPhase, initial_state
 from invar.runtime import journal as journal_io
 from invar.runtime.backend import LearnerBackend
-from invar.runtime.config import TrainConfig, task_section, to_dict, worker_names
+from invar.runtime.config import TrainConfig, worker_names
 from invar.runtime.faults import with_frame_faults
-from invar.runtime.files import atomic_write
 from invar.runtime.interrupts import STOP_SIGNALS, Interrupted
 from invar.runtime.learner_executor import (
-    LearnerExecutor,
+    LearnerExecutor,  # noqa: F401 (built by `Run`; callers reach it as the driver's, as before)
     LearnerInputs,
     learner_inputs,
 )
-from invar.runtime.metrics import MetricsLog, response_terms, sampled_entropy
 from invar.runtime.registry import TRANSPORTS, resolve
-from invar.runtime.run_stats import Stats, VerifierFailures
-from invar.runtime.store import WeightsStore, heal, publish
-from invar.runtime.tasks import build_task, heldout_count, prompt_rows
+from invar.runtime.run import JOURNAL, Run
+from invar.runtime.store import heal, publish
 from invar.runtime.transport import (
     ConnectionLost,
     FrameError,
@@ -85,7 +76,6 @@ from invar.runtime.transport import (
     Transport,
     TransportRefused,
 )
-from invar.runtime.verifier import make_verifier
 from invar.runtime.wire import check_hello, read_event_frame
 
 log = logging.getLogger("invar.driver")
@@ -112,7 +102,7 @@ RECONNECT_BACKOFF_MAX = 10.0
 """The longest wait between two attempts to reach a worker's host (SSH)."""
 
 
-class Driver:
+class Driver(Run):
     """One run (or its resumption) in one process.
 
     `learner`: a backend (`TorchLearner`, `MLXLearner`, or a fake: any `LearnerBackend`);
@@ -130,26 +120,14 @@ class Driver:
                  restored: tuple[Any, State, int] | None = None,
                  journal_key: bytes | None = None,
                  stop_on_signals: bool = False) -> None:
-        self.config = config
-        self.run_dir = Path(config.output.run_dir)
-        self.run_dir.mkdir(parents=True, exist_ok=True)
-        self.learner = learner
-        self.task = build_task(task_section(config))
-        self.metrics = MetricsLog(self.run_dir, config, tensorboard=config.output.tensorboard,
-                                  trackers=config.output.trackers)
+        super().__init__(config, learner, tensorboard=config.output.tensorboard,
+                         trackers=config.output.trackers, timing=True)
         self.metrics.deferred = True  # written out with each journal sync (`_sync`)
-        heldout = prompt_rows(self.task, "heldout",
-                              range(heldout_count(self.task, config.task.heldout_prompts)))
-        self.verifier = make_verifier(self.task, task_section(config))
-        self.executor = LearnerExecutor(learner, self.task, heldout, self.run_dir, self.metrics,
-                                        self.verifier)
-        self.verifier_failures = VerifierFailures()
+        self.metrics.stats = self.stats  # its counts are recorded with the rows
         # The transport's module (asyncssh for "ssh") is imported only when asked for.
         self.launcher: Launcher = resolve(TRANSPORTS[config.rollout.transport].launcher)(config)
         self.spawn_worker = spawn_worker or self.launcher.spawn
         self.learner_inputs = learner_inputs
-        self.stats = Stats()
-        self.metrics.stats = self.stats  # its counts are recorded with the rows
         self.events: asyncio.Queue[Event | _Crash] = asyncio.Queue()
         self.learner_queue: asyncio.Queue[tuple[Command, State]] = asyncio.Queue()
         self.workers: dict[str, WorkerHandle] = {}
@@ -171,10 +149,6 @@ class Driver:
         self._unreachable: dict[str, tuple[float, int]] = {}
         """Per worker whose host cannot be reached now: since when, and attempts so far."""
         self._given_up: dict[str, str] = {}
-        self._terms: dict[int, list[dict[str, float]]] = {}
-        self._update_started = time.perf_counter()
-        # Learner, rollout, core seconds and rollout replies at the last metrics row.
-        self._timing_marks: tuple[float, ...] = (0.0, 0.0, 0.0, 0.0, 0)
         self._journal_text_counted = 0.0
         """The journal's `text_seconds` already counted in `stats.core_seconds`."""
         self._received: dict[int, str] = {}
@@ -227,7 +201,7 @@ class Driver:
             running.cancel()
 
     async def _run(self) -> State:
-        journal_path = self.run_dir / "journal.jsonl"
+        journal_path = self.run_dir / JOURNAL
         if self.resume:
             protocol, self.state, self.seq = self.restored or journal_io.restore(
                 journal_path, self.journal_key)
@@ -255,13 +229,11 @@ class Driver:
             # the run does not start: a TransportRefused naming the host (no fallback to local).
             await self.launcher.check()
         if not self.resume:
-            self._write_config()
-        self.journal = journal_io.Journal(journal_path, self.config.protocol, self.journal_key,
-                                          self.config.output.journal_keep_updates)
+            self.write_config()
+        self.open_files(self.journal_key)
         if self.resume:
             self.journal.sync()  # what the run is resumed from is durable before anything goes out
         self._synced = self.seq - 1
-        self.store = WeightsStore(self.run_dir / "store")
         self._spawn_task(self._learner_loop())
         thresholds = gc.get_threshold()
         try:
@@ -289,7 +261,7 @@ class Driver:
             self.events.put_nowait(started)
             if self.resume:
                 # Accepted: only now may the resumed run record its (operational) settings.
-                self._write_config()
+                self.write_config()
                 # A store file damaged while the driver was down would be refused by every
                 # worker sent it: published again from its commit before any worker starts.
                 await asyncio.to_thread(heal, self.learner, self.store, self.state.retained)
@@ -308,9 +280,7 @@ class Driver:
                 previous = self.state.worker(name)
                 self._spawn_task(self._start_worker(name, 0 if previous is None
                                                     else previous.incarnation + 1))
-            with self.metrics.progress(self.config.protocol.total_updates,
-                                       self.config.output.progress) as progress:
-                self._progress = progress
+            with self.showing_progress():
                 # Complete includes the final evaluation and checkpoint, acknowledged.
                 while not run_complete(self.state):
                     event = await self.events.get()
@@ -323,10 +293,6 @@ class Driver:
             await self._shutdown()
         self.metrics.finish(self.stats, self.executor.busy_seconds, events=self.seq)
         return self.state
-
-    def _write_config(self) -> None:
-        atomic_write(self.run_dir / "config.json",
-                     json.dumps(to_dict(self.config), indent=2).encode())
 
     async def _shutdown(self) -> None:
         self._stopping = True
@@ -393,7 +359,7 @@ class Driver:
         # Metrics rows go first (kept, then written before the journal's lines by `_sync`): a
         # crash right after the journal line must not lose them (a row whose event the
         # journal missed is written again, and replaced, on resume).
-        self._record(event, before_state, after_state)
+        self.record(event, before_state, after_state)
         seq = self.seq
         # The journal digests the states when it writes the line, in the thread that syncs.
         self.journal.append(seq, event, before_state, after_state, sync=False, encoded=encoded)
@@ -462,17 +428,6 @@ class Driver:
         began = time.thread_time()
         self.journal.write_snapshots()
         return time.thread_time() - began
-
-    def _record(self, event: Event, before: State, after: State) -> None:
-        """The metrics an accepted event makes (each accepted once: duplicates are no-ops)."""
-        if isinstance(event, StepFinished) and before.learner.cotangent is not None:
-            self._terms.setdefault(event.observation.update, []).append(
-                before.learner.cotangent.terms.to_dict())
-        elif isinstance(event, (UpdateCommitted, LearnerStarted)) and \
-                after.committed > before.committed:
-            self._record_update(before)
-        elif isinstance(event, VersionEvaluated):
-            self.metrics.evaluation(event.version, event.reward)
 
     def _dispatch(self, commands: tuple[Command, ...], state: State) -> None:
         """The one place where commands meet the world: each goes where `shell.route` says.
@@ -712,39 +667,6 @@ class Driver:
         blob, params_digest = self.store.read(command.version)
         self._spawn_task(self._send(handle, {"kind": "command", "message": encode(command),
                                              "params_digest": params_digest}, blob))
-
-    # -- metrics -----------------------------------------------------------------------------
-
-    def _record_update(self, before: State) -> None:
-        update = before.committed
-        completions = completions_of(before.batches[0].slots)
-        rewards = completions.rewards
-        terms = self._terms.pop(update, [])
-        now = time.perf_counter()
-        marks = (self.executor.busy_seconds, self.executor.training_seconds,
-                 self.stats.rollout_seconds, self.stats.core_seconds, self.stats.rollout_replies)
-        timing = {name: now_ - then for name, now_, then in
-                  zip(("learner_seconds", "learner_training_seconds", "rollout_seconds",
-                       "core_seconds", "rollout_replies"), marks, self._timing_marks)}
-        self._timing_marks = marks
-        reward = float(rewards.mean())
-        self.metrics.update(
-            update=update,
-            reward=reward,
-            staleness=schedule.staleness(self.config.protocol, update),
-            terms={**{k: statistics.fmean([t[k] for t in terms])
-                      for k in (terms[0] if terms else {})},
-                   **response_terms(completions.tokens, self.task.response_length)},
-            seconds=now - self._update_started,
-            refused=self.stats.refused,
-            noops=self.stats.noops,
-            verifier=self.verifier_failures.take(update),
-            timing=timing,
-            entropy=sampled_entropy(completions),
-        )
-        self._update_started = now
-        self._progress(update + 1, reward,
-                       schedule.staleness(self.config.protocol, update))
 
 
 def _log_failed_deletion(future: asyncio.Future[None]) -> None:
