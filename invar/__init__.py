@@ -12,8 +12,8 @@ Layering (each layer imports only the ones above it):
     invar.testing  deterministic fakes of every component (public: the checker, the property
                    tests and the runtime's conformance tests all drive `step` with them).
     invar.runtime  the imperative shell: what every run sets up and records (`run`), the
-                   asynchronous driver and the serial reference built on it, journal,
-                   transports, learners, workers, CLI.
+                   asynchronous driver and the serial reference built on it, the worker
+                   supervisor, journal, transports, learners, workers, CLI.
     checker        (top-level package) `invar-check`, the explicit-state model checker: its
                    Invar model and trace validation import invar.model, invar.journal_format
                    and invar.testing, never invar.runtime.

@@ -9,7 +9,8 @@ after) and its commands are handed to the components `shell.route` names (`Drive
 when the delivery is `durable` they wait for a sync covering its line, and every later event's
 commands wait behind them, in order (the sync runs in a thread: the loop goes on stepping
 events instead of waiting on the disk). A no-op is counted, a refusal logged and counted,
-neither is fatal. Rollout workers are processes behind a `Transport`; the learner runs
+neither is fatal. Rollout workers are processes behind a `Transport`, started, started again
+and given up on by a `WorkerSupervisor` (`invar.runtime.supervisor`); the learner runs
 in a thread of this process (`LearnerExecutor`, keeping `LearnerRules`), so rollout and
 learning overlap when the schedule allows it.
 
@@ -29,9 +30,8 @@ import os
 import sys
 import time
 from collections import deque
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 from invar.model.core import run_complete
@@ -69,37 +69,34 @@ from invar.runtime.learner_executor import (
 from invar.runtime.registry import TRANSPORTS, resolve
 from invar.runtime.run import JOURNAL, Run
 from invar.runtime.store import heal, publish
+from invar.runtime.supervisor import (
+    LogTail,
+    RespawnPolicy,
+    SpawnWorker,
+    WorkerHandle,
+    WorkerSupervisor,
+)
 from invar.runtime.transport import (
     ConnectionLost,
     FrameError,
     Launcher,
     Transport,
-    TransportRefused,
 )
 from invar.runtime.wire import check_hello, read_event_frame
 
 log = logging.getLogger("invar.driver")
 
-SpawnWorker = Callable[[str, int], Awaitable[Transport]]
-
-
-@dataclass
-class WorkerHandle:
-    name: str
-    incarnation: int
-    transport: Transport
-
-
 MAX_RESPAWNS = 5
 """A worker that dies this many times in a row, each incarnation without completing a request,
 is not restarted again."""
 RESPAWN_BACKOFF = 0.5
-"""Seconds before the second respawn in a row of such a worker, doubled for each next one."""
+"""Seconds before the second respawn in a row of such a worker, doubled for each next one (and
+before the second attempt to reach its host, likewise)."""
+RECONNECT_BACKOFF_MAX = 10.0
+"""The longest wait between two attempts to reach a worker's host (SSH)."""
 YOUNG_GENERATION = 10_000
 """The collector's first threshold while a run goes (allocations less deallocations of tracked
 objects between young collections; CPython's default is 700)."""
-RECONNECT_BACKOFF_MAX = 10.0
-"""The longest wait between two attempts to reach a worker's host (SSH)."""
 
 
 class Driver(Run):
@@ -130,7 +127,14 @@ class Driver(Run):
         self.learner_inputs = learner_inputs
         self.events: asyncio.Queue[Event | _Crash] = asyncio.Queue()
         self.learner_queue: asyncio.Queue[tuple[Command, State]] = asyncio.Queue()
-        self.workers: dict[str, WorkerHandle] = {}
+        self.supervisor = WorkerSupervisor(
+            worker_names(config.rollout.workers), self._launch, serve=self._serve_worker,
+            died=self._worker_died, before_respawn=self._heal_store,
+            none_left=self._no_worker_left, run_dir=self.run_dir,
+            policy=RespawnPolicy(respawn=config.rollout.respawn, max_respawns=MAX_RESPAWNS,
+                                 backoff=RESPAWN_BACKOFF,
+                                 reconnect_backoff_max=RECONNECT_BACKOFF_MAX,
+                                 reconnect_seconds=config.rollout.ssh.reconnect_seconds))
         self.resume = resume
         self.restored = restored
         """`journal.restore` of the run's journal, when the caller checked it before (resume)."""
@@ -143,12 +147,6 @@ class Driver(Run):
         self._stop_on_signals = stop_on_signals
         self._signalled: int | None = None
         """The first stop signal received, if any."""
-        self._failures: dict[str, int] = {}
-        self._connected: dict[str, int] = {}
-        """The incarnation of each worker whose hello was received (WorkerConnected sent)."""
-        self._unreachable: dict[str, tuple[float, int]] = {}
-        """Per worker whose host cannot be reached now: since when, and attempts so far."""
-        self._given_up: dict[str, str] = {}
         self._journal_text_counted = 0.0
         """The journal's `text_seconds` already counted in `stats.core_seconds`."""
         self._received: dict[int, str] = {}
@@ -264,7 +262,7 @@ class Driver(Run):
                 self.write_config()
                 # A store file damaged while the driver was down would be refused by every
                 # worker sent it: published again from its commit before any worker starts.
-                await asyncio.to_thread(heal, self.learner, self.store, self.state.retained)
+                await self._heal_store()
                 # Whatever was in flight when the driver died is re-sent (a no-op if nothing).
                 self.events.put_nowait(TimerFired())
                 # Workers the journal knows but the configuration no longer has (the run was
@@ -278,8 +276,8 @@ class Driver(Run):
             self._spawn_task(self._watchdog())
             for name in worker_names(self.config.rollout.workers):
                 previous = self.state.worker(name)
-                self._spawn_task(self._start_worker(name, 0 if previous is None
-                                                    else previous.incarnation + 1))
+                self._spawn_task(self.supervisor.supervise(
+                    name, 0 if previous is None else previous.incarnation + 1))
             with self.showing_progress():
                 # Complete includes the final evaluation and checkpoint, acknowledged.
                 while not run_complete(self.state):
@@ -296,10 +294,10 @@ class Driver(Run):
 
     async def _shutdown(self) -> None:
         self._stopping = True
+        self.supervisor.stop()
         if self._syncing is not None:  # a sync in flight finishes before the journal closes
             await asyncio.gather(self._syncing, return_exceptions=True)
-        for handle in list(self.workers.values()):
-            await handle.transport.close()
+        await self.supervisor.close()
         for task in list(self._tasks):
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
@@ -451,8 +449,8 @@ class Driver(Run):
                 self._send_load(command)
         if launches:
             for (name, incarnation), header in launch_frames(launches).items():
-                handle = self.workers.get(name)
-                if handle is not None and handle.incarnation == incarnation:
+                handle = self.supervisor.current(name, incarnation)
+                if handle is not None:
                     self._spawn_task(self._send(handle, header))
 
     def _to_store(self, command: Command) -> None:
@@ -520,75 +518,24 @@ class Driver(Run):
 
     # -- workers -----------------------------------------------------------------------------
 
-    async def _start_worker(self, name: str, incarnation: int) -> None:
-        while True:
-            try:
-                served = await self._serve_worker(name, incarnation)
-            except TransportRefused as error:  # host key or client key: retrying cannot help
-                if not self._stopping:
-                    self._gave_up(name, incarnation, str(error))
-                return
-            if self._stopping:
-                return
-            if served is None and self.config.rollout.respawn:
-                # Not started: its host is unreachable (for now). Not a death: tried again,
-                # backing off up to RECONNECT_BACKOFF_MAX, for rollout.ssh.reconnect_seconds
-                # in all, so a restarting sshd or a rebooting host is waited for.
-                since, tries = self._unreachable.get(name, (time.monotonic(), 0))
-                self._unreachable[name] = (since, tries + 1)
-                waited = time.monotonic() - since
-                limit = self.config.rollout.ssh.reconnect_seconds
-                if waited <= limit:
-                    await asyncio.sleep(min(RECONNECT_BACKOFF_MAX, RESPAWN_BACKOFF * 2 ** tries))
-                    incarnation += 1
-                    continue
-                self._gave_up(name, incarnation, f"its host stayed unreachable for {waited:.0f} s "
-                              f"(rollout.ssh.reconnect_seconds = {limit:g})")
-                return
-            self._unreachable.pop(name, None)
-            self.stats.worker_deaths += 1
-            self.metrics.count("worker_deaths")
-            if self._connected.get(name) == incarnation:
-                # Only an incarnation the core saw connect can be lost (a connection that
-                # failed before its hello is just a failed attempt).
-                self.events.put_nowait(WorkerLost(name, incarnation))
-            # Deaths in a row without a completed request: a worker that cannot serve.
-            self._failures[name] = 0 if served else self._failures.get(name, 0) + 1
-            failures = self._failures[name]
-            if not self.config.rollout.respawn:
-                why = "rollout.respawn is false"
-            elif failures > MAX_RESPAWNS:
-                why = f"it died {failures} times in a row without completing a request"
-            else:
-                if not served:  # it may have refused a damaged store file: healed first
-                    await asyncio.to_thread(heal, self.learner, self.store, self.state.retained)
-                # Backoff: at once after a death that followed work, then 0.5 s, 1 s, 2 s...
-                await asyncio.sleep(0 if failures <= 1 else RESPAWN_BACKOFF * 2 ** (failures - 2))
-                incarnation += 1
-                continue
-            self._gave_up(name, incarnation, why)
-            return
+    async def _launch(self, name: str, incarnation: int) -> Transport:
+        """A new incarnation of `name` (`spawn_worker`), with the protocol-level faults of
+        rollout.frame_faults whatever the transport (off: unwrapped)."""
+        transport = await self.spawn_worker(name, incarnation)
+        return with_frame_faults(transport, self.config.rollout.frame_faults, incarnation,
+                                 self.metrics.count)
 
-    async def _serve_worker(self, name: str, incarnation: int) -> bool | None:
-        """Run one incarnation of a worker until its connection ends; True if it completed a
-        request, None if it could not be started (its host unreachable for now)."""
+    async def _serve_worker(self, handle: WorkerHandle) -> bool:
+        """Read one incarnation's frames until its connection ends; True if it completed a
+        request."""
+        name, incarnation, transport = handle.name, handle.incarnation, handle.transport
         completed = self.stats.completed_by.get(name, 0)
-        try:
-            transport = await self.spawn_worker(name, incarnation)
-        except ConnectionLost as error:  # e.g. a host unreachable for now: retried, backing off
-            log.warning("worker %s#%d not started: %s", name, incarnation, error)
-            return None
-        # Protocol-level faults (rollout.frame_faults), whatever the transport; off: unwrapped.
-        transport = with_frame_faults(transport, self.config.rollout.frame_faults, incarnation,
-                                      self.metrics.count)
-        handle = WorkerHandle(name, incarnation, transport)
-        self.workers[name] = handle
         try:
             header, _ = await transport.receive()
             # A worker of another version is refused, not respawned into the same mismatch
             # forever (MAX_RESPAWNS applies).
             check_hello(name, header)
-            self._connected[name] = incarnation
+            handle.connected = True
             self.events.put_nowait(WorkerConnected(name, incarnation))
             while True:
                 try:
@@ -601,33 +548,30 @@ class Driver(Run):
         except (ConnectionLost, FrameError) as error:
             if not self._stopping:
                 log.warning("worker %s#%d lost: %s", name, incarnation, error)
-        finally:
-            await transport.close()
         return self.stats.completed_by.get(name, 0) > completed
 
-    def _gave_up(self, name: str, incarnation: int, why: str) -> None:
-        """No more incarnations of `name`; when no worker is left, the run stops (it stays
-        resumable: the journal and the commits are as a crash would leave them)."""
-        self._given_up[name] = why
-        tail = self._log_tail(name, incarnation)
-        log.error("worker %s is not restarted: %s%s", name, why,
-                  f"; its last log lines ({tail[0]}):\n{tail[1]}" if tail else "")
-        if len(self._given_up) == len(worker_names(self.config.rollout.workers)):
-            where = f"; last lines of {tail[0]}:\n{tail[1]}" if tail else ""
-            self.events.put_nowait(_Crash(RunStopped(
-                f"no rollout worker can serve: {name} died and is not restarted ({why}); the "
-                f"run stops at update {self.state.committed} of "
-                f"{self.config.protocol.total_updates} and can be resumed with "
-                f"`invar train --resume {self.run_dir}`{where}")))
+    def _worker_died(self, name: str, incarnation: int, connected: bool) -> None:
+        self.stats.worker_deaths += 1
+        self.metrics.count("worker_deaths")
+        if connected:
+            # Only an incarnation the core saw connect can be lost (a connection that
+            # failed before its hello is just a failed attempt).
+            self.events.put_nowait(WorkerLost(name, incarnation))
 
-    def _log_tail(self, name: str, incarnation: int, lines: int = 10) -> tuple[Path, str] | None:
-        path = self.run_dir / "logs" / f"{name}.{incarnation}.log"
-        try:
-            text = path.read_text(encoding="utf-8", errors="replace")
-        except OSError:
-            return None
-        tail = [line for line in text.splitlines() if line.strip()][-lines:]
-        return (path, "\n".join("  " + line for line in tail)) if tail else None
+    async def _heal_store(self) -> None:
+        """Publish again the kept versions whose store files are damaged (`store.heal`): a
+        worker sent one refuses it, and dies."""
+        await asyncio.to_thread(heal, self.learner, self.store, self.state.retained)
+
+    def _no_worker_left(self, name: str, why: str, tail: LogTail | None) -> None:
+        """The last worker was given up: the run stops (it stays resumable: the journal and the
+        commits are as a crash would leave them)."""
+        where = f"; last lines of {tail.path}:\n{tail.lines}" if tail else ""
+        self.events.put_nowait(_Crash(RunStopped(
+            f"no rollout worker can serve: {name} died and is not restarted ({why}); the "
+            f"run stops at update {self.state.committed} of "
+            f"{self.config.protocol.total_updates} and can be resumed with "
+            f"`invar train --resume {self.run_dir}`{where}")))
 
     def _accept_frame(self, name: str, header: dict[str, Any], blob: bytes) -> None:
         """A worker's event, as `wire.read_event_frame` reads it: a load's JSON text is
@@ -661,8 +605,8 @@ class Driver(Run):
         """Read the weights from the store now, at dispatch, and send them with the load: a
         release that follows cannot take them away from a load already sent (and sends keep
         the order of dispatch, so a worker sees its loads in serial order)."""
-        handle = self.workers.get(command.worker)
-        if handle is None or handle.incarnation != command.incarnation:
+        handle = self.supervisor.current(command.worker, command.incarnation)
+        if handle is None:
             return
         blob, params_digest = self.store.read(command.version)
         self._spawn_task(self._send(handle, {"kind": "command", "message": encode(command),
