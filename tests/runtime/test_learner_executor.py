@@ -9,8 +9,6 @@ could leave truncated, evaluated or copied whatever weights were in memory (find
 from __future__ import annotations
 
 import os
-import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -42,10 +40,7 @@ from invar.runtime.metrics import MetricsLog
 from invar.runtime.policy import PolicyConfig
 from invar.runtime.task import DigitReversal
 from invar.runtime.torch_learner import OptimConfig, TorchLearner
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-from invar.testing.runtime import Counted  # noqa: E402
+from invar.testing.runtime import Counted
 
 TASK = DigitReversal(4)
 REQUESTS = tuple(RequestId(0, p, 0) for p in range(4))

@@ -11,7 +11,6 @@ from __future__ import annotations
 import importlib.util
 import os
 import subprocess
-import sys
 from pathlib import Path
 from types import ModuleType
 
@@ -21,7 +20,6 @@ BENCHMARKS = Path(__file__).resolve().parents[2] / "benchmarks"
 
 
 def _load(name: str) -> ModuleType:
-    sys.path.insert(0, str(BENCHMARKS))  # twohost_acceptance imports twohost by name
     spec = importlib.util.spec_from_file_location(name, BENCHMARKS / f"{name}.py")
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)

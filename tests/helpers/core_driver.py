@@ -1,4 +1,4 @@
-"""Shared helpers of the tests under tests/model: a step-by-step driver of the pure core.
+"""A step-by-step driver of the pure core, shared by the tests under tests/model.
 
 `Driver` is a small, fault-free world: it applies events to `step`, answers every command with
 `invar.testing.reply` in FIFO order (the order `canonical_run` uses), and can be paused at any
