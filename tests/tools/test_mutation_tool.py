@@ -1,4 +1,4 @@
-"""The mutation tool (benchmarks/mutation.py) on a small synthetic module: enumeration, ids,
+"""The mutation tool (tools/mutation.py) on a small synthetic module: enumeration, ids,
 single-node mutants, and the classification of gate runs. Never runs the real checker."""
 
 from __future__ import annotations
@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-_TOOL = Path(__file__).resolve().parents[1] / "benchmarks" / "mutation.py"
-_spec = importlib.util.spec_from_file_location("benchmarks_mutation", _TOOL)
+_TOOL = Path(__file__).resolve().parents[2] / "tools" / "mutation.py"
+_spec = importlib.util.spec_from_file_location("tools_mutation", _TOOL)
 assert _spec is not None and _spec.loader is not None
 mutation = importlib.util.module_from_spec(_spec)
 sys.modules[_spec.name] = mutation  # dataclasses look their module up while being built
@@ -203,7 +203,7 @@ def test_reports_score_survivors_and_equivalent_mutants(tmp_path):
     equivalent_file.write_text(f'"{mutants[4].id}" = "only changes a | message"\n')
     equivalent = mutation.load_equivalent(equivalent_file)
     run = mutation.RunSummary(
-        command="benchmarks/mutation.py --sample 5", gate=["gate"], files=[FILE],
+        command="tools/mutation.py --sample 5", gate=["gate"], files=[FILE],
         enumerated=40, timeout=9.0, baseline_seconds=1.0,
         results=[(m, mutation.Outcome(s, 1.0, "why" if s != "survived" else ""))
                  for m, s in zip(mutants, statuses)],

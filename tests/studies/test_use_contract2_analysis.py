@@ -1,4 +1,4 @@
-"""The second use-contract study's analysis (benchmarks/use_contract2.py) against hand-computed
+"""The second use-contract study's analysis (studies/use_contract2.py) against hand-computed
 cases: Kaplan-Meier and its restricted mean, the time to threshold of a curve, the pairing, the
 paired bootstrap, the registered rule, the power calculation and the re-run rule. Nothing here
 runs training; the offline evaluation is checked against the learner's own."""
@@ -12,10 +12,9 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "benchmarks"))
-_spec = importlib.util.spec_from_file_location("benchmarks_use_contract2",
-                                               ROOT / "benchmarks" / "use_contract2.py")
+ROOT = Path(__file__).resolve().parents[2]
+_spec = importlib.util.spec_from_file_location("studies_use_contract2",
+                                               ROOT / "studies" / "use_contract2.py")
 assert _spec is not None and _spec.loader is not None
 uc2 = importlib.util.module_from_spec(_spec)
 sys.modules[_spec.name] = uc2
@@ -258,9 +257,8 @@ def test_size_budget_by_hand():
 
 
 def _fake_result(spec, root, updates, other_cpu=0.0):
-    import async_runs
-    return async_runs.Result(spec, -2, 10.0, {}, updates, [], 5.0, None, None, other_cpu,
-                             (1.0, 1.0, 1.0), (1.1, 1.0, 1.0), True, 512)
+    return uc2.async_runs.Result(spec, -2, 10.0, {}, updates, [], 5.0, None, None, other_cpu,
+                                 (1.0, 1.0, 1.0), (1.1, 1.0, 1.0), True, 512)
 
 
 def test_execute_records_a_run_with_its_offline_curve(tmp_path, monkeypatch):

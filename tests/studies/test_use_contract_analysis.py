@@ -1,4 +1,4 @@
-"""The use-contract study's analysis (benchmarks/use_contract.py) and what is said from it: the
+"""The use-contract study's analysis (studies/use_contract.py) and what is said from it: the
 committed RESULTS.md is what the code makes of runs.jsonl, and the README's figures are the
 recorded runs'. Nothing here runs training."""
 
@@ -13,9 +13,9 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
-_TOOL = ROOT / "benchmarks" / "use_contract.py"
-_spec = importlib.util.spec_from_file_location("benchmarks_use_contract", _TOOL)
+ROOT = Path(__file__).resolve().parents[2]
+_TOOL = ROOT / "studies" / "use_contract.py"
+_spec = importlib.util.spec_from_file_location("studies_use_contract", _TOOL)
 assert _spec is not None and _spec.loader is not None
 uc = importlib.util.module_from_spec(_spec)
 sys.modules[_spec.name] = uc  # dataclasses look their module up while being built

@@ -1,6 +1,6 @@
 """The use contract, second study (issue 33): a design that can reach a verdict.
 
-Study 1 (benchmarks/use_contract.py, reports/use-contract/PREREGISTRATION.md) compared times
+Study 1 (studies/use_contract.py, reports/use-contract/PREREGISTRATION.md) compared times
 to a held-out threshold evaluated every 5 updates inside the run, with 5 seeds: most runs were
 censored, the interval of a median of 5 is [min, max], the final reward depended on when the
 last evaluation fell, and its R/T lever did not move R/T. Here:
@@ -15,7 +15,7 @@ last evaluation fell, and its R/T lever did not move R/T. Here:
 - every run records the code commit, a dirty flag, the load average, the machine's other work
   and the processes that did it; a run above the registered disturbance is re-run.
 
-Entry point: `benchmarks/use_contract.py --study 2 ...` (this module's `main`).
+Entry point: `studies/use_contract.py --study 2 ...` (this module's `main`).
 """
 
 from __future__ import annotations
@@ -43,7 +43,8 @@ import async_runs  # noqa: E402
 OUT = ROOT / "reports" / "use-contract"
 RECORDS = OUT / "runs-2.jsonl"
 PILOT_RECORDS = OUT / "pilot-2.jsonl"
-RUNS = Path("/work/runs-use-contract/study2")
+RUNS = ROOT.parent / "runs-use-contract" / "study2"
+"""Where the runs are written: beside the checkout, outside the repository."""
 
 # ---------------------------------------------------------------------------------------------
 # The design (PREREGISTRATION-2.md; the pilot sized what it says it sized, then it was frozen)
@@ -131,7 +132,7 @@ def arm_sets(placement: str, staleness: int) -> dict[str, Any]:
 
 
 # ---------------------------------------------------------------------------------------------
-# Analysis functions (pure: records in, figures out; tests/test_use_contract2_analysis.py)
+# Analysis functions (pure: records in, figures out; tests/studies/test_use_contract2_analysis.py)
 
 
 def km_survival(times: Sequence[float], events: Sequence[bool]) -> list[tuple[float, float]]:
@@ -935,7 +936,7 @@ def write_results(attempts: dict[str, list[dict[str, Any]]], out: Path, console:
     result["deviations"] = list(DEVIATIONS)
     (out / "results-2.json").write_text(json.dumps(result, indent=1, default=str))
     c, arms = result["comparison"], result["arms"]
-    command = "`.venv/bin/python benchmarks/use_contract.py --study 2 --report-only" + (
+    command = "`.venv/bin/python studies/use_contract.py --study 2 --report-only" + (
         "" if out.resolve() == OUT.resolve() else f" --out {out}") + "`"
     lines = [
         "# The use contract, second study: results", "",
@@ -1067,7 +1068,7 @@ def write_results(attempts: dict[str, list[dict[str, Any]]], out: Path, console:
                      + ", ".join(f"`{m}`" for m in result["missing"]) + ".")
     lines += ["", "## Reproduce", "", f"- This report: {command}",
               "- The study (runs what is missing, then this report): "
-              "`.venv/bin/python benchmarks/use_contract.py --study 2`", ""]
+              "`.venv/bin/python studies/use_contract.py --study 2`", ""]
     (out / "RESULTS-2.md").write_text("\n".join(lines))
     console.print(f"[bold]wrote[/] {out / 'RESULTS-2.md'}")
 
@@ -1099,7 +1100,7 @@ def main(argv: Sequence[str]) -> int:
         entries = [e for e in plan() if args.only is None or e["kind"] == args.only]
         console.print(f"[bold]study 2[/]: load {async_measure.loadavg()}")
         run_plan(entries, RECORDS, args.stop_at, True, console)
-        return subprocess.run([sys.executable, str(ROOT / "benchmarks" / "use_contract.py"),
+        return subprocess.run([sys.executable, str(ROOT / "studies" / "use_contract.py"),
                                "--study", "2", "--report-only", "--out", str(args.out)]
                               ).returncode
     args.out.mkdir(parents=True, exist_ok=True)

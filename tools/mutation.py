@@ -1,9 +1,9 @@
 """Mutation testing of the protocol core: how many small, plausible bugs does the gate catch?
 
-    .venv/bin/python benchmarks/mutation.py --list --summary
-    .venv/bin/python benchmarks/mutation.py --sample 60 --seed 0 --jobs 2 --timeout 400 \\
+    .venv/bin/python tools/mutation.py --list --summary
+    .venv/bin/python tools/mutation.py --sample 60 --seed 0 --jobs 2 --timeout 400 \\
         --json reports/mutation/mutants.json --report reports/mutation/README.md
-    .venv/bin/python benchmarks/mutation.py --only ID [ID ...] \\
+    .venv/bin/python tools/mutation.py --only ID [ID ...] \\
         -- .venv/bin/python -m pytest -q tests/model
 
 A mutant changes one AST node inside a function body of a target file (`--files`, by default
@@ -747,7 +747,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print("equivalence list names mutants that no longer exist: " + ", ".join(stale),
               file=sys.stderr)
     gate = gate or default_gate()
-    command = shlex.join([".venv/bin/python", "benchmarks/mutation.py", *given])
+    command = shlex.join([".venv/bin/python", "tools/mutation.py", *given])
     to_run = [m for m in selected if m.id not in equivalent]
     print(f"{len(selected)} of {len(mutants)} mutants ({len(selected) - len(to_run)} judged "
           f"equivalent); gate: {shlex.join(gate)}", flush=True)
