@@ -35,6 +35,7 @@ from invar.model.state import State, completions_of, initial_state
 from invar.runtime import journal as journal_io
 from invar.runtime.backend import LearnerBackend
 from invar.runtime.config import TrainConfig, task_section, to_dict, worker_names
+from invar.runtime.files import atomic_write
 from invar.runtime.interrupts import Interrupted, Signalled
 from invar.runtime.learner_executor import LearnerExecutor, learner_inputs
 from invar.runtime.metrics import MetricsLog, response_terms, sampled_entropy
@@ -68,7 +69,7 @@ def run_serial(config: TrainConfig, learner: LearnerBackend,
     executor = LearnerExecutor(learner, task, heldout, run_dir, metrics, verifier)
     failures = VerifierFailures()
     store = WeightsStore(run_dir / "store")
-    (run_dir / "config.json").write_text(json.dumps(to_dict(config), indent=2))
+    atomic_write(run_dir / "config.json", json.dumps(to_dict(config), indent=2).encode())
     journal = journal_io.Journal(journal_path, config.protocol, journal_key,
                                  config.output.journal_keep_updates)
     stats = Stats()
