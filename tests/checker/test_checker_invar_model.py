@@ -1,7 +1,7 @@
 """The Invar model under `invar-check`: pinned state counts, a pinned counterexample, the
 validation of each reduction against the unreduced search, and the `invar-check` CLI.
 
-Reductions (issue 3): a reduction is kept only if, on bounds small enough to search
+Reductions: a reduction is kept only if, on bounds small enough to search
 unreduced, the reduced search gives the same verdicts and the same set of completed-run
 projections. Symmetry is held to more: the set of reachable states up to a renaming of the
 workers (their orbits) must be exactly the set the symmetric search visits.

@@ -98,7 +98,7 @@ def test_a_changed_seq_is_a_departure(complete, capsys):
     assert "departure" in out and "sequence number" in out
 
 
-# -- fields no state digest covers: the chain does (finding 2 of issue 30) -------------------
+# -- fields no state digest covers: the chain does ------------------------------------------
 
 
 @pytest.mark.parametrize("kind, field, value", [("VersionEvaluated", "reward", 0.999),

@@ -1,6 +1,6 @@
 """A diverged policy (finite log-probs whose ratios overflow) is refused, naming the update, the
-step and the ratio, never turned into a non-finite cotangent (finding 4: proximal log-probs of
--800 gave NaN cotangents, current ones of -800 with a KL term -inf)."""
+step and the ratio, never turned into a non-finite cotangent (unchecked, proximal log-probs
+of -800 give NaN cotangents, current ones of -800 with a KL term -inf)."""
 
 from __future__ import annotations
 

@@ -105,8 +105,8 @@ def test_single_worker_lost_and_back_resumes_its_requests():
 
 def test_a_repeated_connection_of_the_live_incarnation_changes_nothing():
     """The connection of the incarnation already live (a driver that observes it twice) is a
-    duplicate: its assignments stay, nothing is re-queued or re-sent (mutation pass seed 3:
-    `_on_worker_connected:cmp-op:1` treated it as a new incarnation)."""
+    duplicate: its assignments stay, nothing is re-queued or re-sent (the mutant
+    `_on_worker_connected:cmp-op:1` treats it as a new incarnation)."""
     d = Driver(small_config(), workers=("w0",))
     d.pump_until_command(lambda c: isinstance(c, LaunchRequest))
     before = d.state

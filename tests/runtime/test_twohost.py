@@ -65,7 +65,7 @@ def test_a_wrong_host_key_is_refused_by_name(hosts, tmp_path):
     wrong.write_text(f"[{twohost.HOST_B}]:{twohost.SSH_PORT} {rogue}\n")
     done = _train_on_a(hosts, tmp_path / "run", f"rollout.ssh.known_hosts=\"{wrong}\"")
     assert done.returncode == 1, done.stderr
-    # The recorded key is not the host's: a CHANGED key (issue 31), named with its file.
+    # The recorded key is not the host's: a CHANGED key, named with its file.
     assert (f"invar: cannot start: ssh root@{twohost.HOST_B}:{twohost.SSH_PORT}: the host key "
             "has CHANGED") in done.stderr
     assert str(wrong) in done.stderr
