@@ -2,14 +2,16 @@
 
 The runs here are driven in `invar.model.world`: the same `World`, components and actions the
 model checker explores (a learner that keeps `LearnerRules`, workers that hold one loaded
-version, a weights store, a journal that loses its unsynced suffix). Hypothesis draws which
-action happens next: deliver any message in flight, duplicate or drop one on the wire, repeat
-one of the driver's own observations (connections, losses, starts and timer firings: never
-lost, but possibly observed twice), merge two reply
+version, a weights store, a journal that loses its unsynced suffix). A Hypothesis state machine
+(`FaultyRun`) chooses what happens next, one rule at a time: deliver any message in flight,
+duplicate or drop one on the wire, repeat one of the driver's own observations (connections,
+losses, starts and timer firings: never lost, but possibly observed twice), merge two reply
 frames of a worker or split one (every grouping of a worker's answers), fire the retry timer
-early, crash and restart a worker or the learner, restart the driver from its journal; each
-fault within a small budget. When nothing is in flight, dead components come back and then the
-core's retry timer fires.
+early, crash a worker or the learner, bring a dead one back, restart the driver from its
+journal; each fault within a budget per run, and only from an update drawn once per example.
+When nothing is in flight, dead components come back and then the core's retry timer fires.
+After the drawn rules the run is delivered first in, first out to its end, so a failure
+shrinks to the few choices that cause it.
 
 After every step of the core the run checks: every invariant and transition invariant; no
 correct component refused (`world.refused`) and none told to do the impossible
@@ -23,15 +25,24 @@ from __future__ import annotations
 import copyreg
 import io
 import pickle
-import random
+import sys
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass, fields, replace
 from typing import Any
 from unittest import mock
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
+from hypothesis.stateful import (
+    RuleBasedStateMachine,
+    initialize,
+    invariant,
+    precondition,
+    rule,
+    run_state_machine_as_test,
+)
 
 from invar.model import (
     ObjectiveConfig,
@@ -147,6 +158,8 @@ def same_delivery(a: Delivery, b: Delivery) -> bool:
 
 @dataclass
 class Budget:
+    """How many faults of each kind one run may have."""
+
     duplicates: int = 3
     drops: int = 3
     early_timers: int = 2
@@ -217,11 +230,9 @@ class Run:
         else:
             self.log.append(f"-> {msg.to}: {repr(msg.body)[:140]}")
             self.world = w.deliver_message(self.world, key)
-        self._check_components()
 
     def fire_timer(self) -> None:
         self._core_step(TimerFired(), lambda: w.fire_timer(self.world))
-        self._check_components()
 
     def fault(self, kind: str, arg: Any = None) -> None:
         self.applied[kind] += 1
@@ -232,7 +243,6 @@ class Run:
             self.world = getattr(w, kind)(self.world)
         if kind == "restart_driver":  # the core is back at its journal's durable state
             assert violations(self.world.core) == {}, violations(self.world.core)
-        self._check_components()
 
     def regroup(self, kind: str, keys: tuple[str, ...]) -> None:
         """A worker's reply frames merged or split (not a fault: how its answers are grouped)."""
@@ -243,7 +253,14 @@ class Run:
         else:
             self.world = w.split_reply(self.world, *keys)
 
-    def _check_components(self) -> None:
+    def revive(self, who: str) -> None:
+        if who == "learner":
+            self.fault("restart_learner")
+        else:
+            self.fault("restart_worker", who)
+
+    def check_components(self) -> None:
+        """No component was told to do the impossible (`world.broken` stays set once set)."""
         assert not self.world.broken, f"{self.world.broken}\n{self.tail()}"
 
     # -- what may happen now ---------------------------------------------------------------
@@ -283,110 +300,203 @@ class Run:
         out = [x.name for x in self.world.workers if not x.alive]
         return out + ([] if self.world.learner.alive else ["learner"])
 
-    def revive(self, who: str) -> None:
-        if who == "learner":
-            self.fault("restart_learner")
+    # -- what happens when nobody chooses --------------------------------------------------
+
+    def advance(self) -> None:
+        """The first message in flight is delivered; with nothing in flight a dead component
+        comes back, else the retry timer fires (armed, with something outstanding: anything
+        else is a deadlock)."""
+        if self.world.network:
+            self.deliver(self.deliverable()[0])
+        elif self.dead():
+            self.revive(self.dead()[0])
         else:
-            self.fault("restart_worker", who)
+            assert self.world.timer and outstanding_commands(self.world.core), \
+                f"deadlock: nothing in flight, nothing outstanding\n{self.tail()}"
+            self.fire_timer()
 
+    def settle(self) -> None:
+        """An incomplete run with nothing in flight moves by itself."""
+        while not self.world.network and not w.complete(self.world):
+            self.advance()
 
-class Choices:
-    """Every choice of a run, drawn by hypothesis (0 everywhere is the FIFO run, so failures
-    shrink toward it)."""
-
-    def __init__(self, data) -> None:
-        self.data = data
-
-    def action(self) -> int:
-        return self.data.draw(st.integers(0, 99), label="action")
-
-    def index(self, n: int) -> int:
-        return self.data.draw(st.integers(0, n - 1), label="index")
-
-
-class SeededChoices:
-    """The same choices from a seeded PRNG with a fault rate: a fixed, reproducible sweep."""
-
-    def __init__(self, seed: int, fault_rate: float) -> None:
-        self.rng = random.Random(seed)
-        self.fault_rate = fault_rate
-
-    def action(self) -> int:
-        return self.rng.randint(79, 99) if self.rng.random() < self.fault_rate else 0
-
-    def index(self, n: int) -> int:
-        return self.rng.randrange(n)
-
-
-def play(run: Run, choices, budget: Budget) -> None:
-    """Drawn actions until the run completes; then drain what is in flight (late and
-    duplicate replies after the end change nothing)."""
-    while not w.complete(run.world):
-        assert run.core_steps < MAX_CORE_STEPS, f"the run did not complete\n{run.tail()}"
-        world = run.world
-        if not world.network:
-            # Quiescent and incomplete: dead components come back, then only the timer helps.
-            dead = run.dead()
-            if dead:
-                run.revive(dead[0])
-                continue
-            assert world.timer and outstanding_commands(world.core), \
-                f"deadlock: nothing in flight, nothing outstanding\n{run.tail()}"
-            run.fire_timer()
-            continue
-        choice = choices.action()
-        if choice < 79:
-            keys = run.deliverable()
-            run.deliver(keys[choices.index(len(keys))])
-        elif choice < 85:
-            pairs, frames = run.mergeable(), run.splittable()
-            if pairs and (choice < 82 or not frames):
-                run.regroup("merge", pairs[choices.index(len(pairs))])
-            elif frames:
-                run.regroup("split", (frames[choices.index(len(frames))],))
+    def finish(self) -> None:
+        """First in, first out until the run completes; then drain what is in flight (late and
+        duplicate replies after the end change nothing)."""
+        while not w.complete(self.world):
+            assert self.core_steps < MAX_CORE_STEPS, f"the run did not complete\n{self.tail()}"
+            self.advance()
+        final = logical_projection(self.world.core)
+        for _ in range(MAX_CORE_STEPS):
+            if self.world.network:
+                self.deliver(self.world.network[0].key)
+            elif self.world.timer and outstanding_commands(self.world.core):
+                self.fire_timer()
             else:
-                run.deliver(run.deliverable()[0])
-        elif choice < 86 and budget.repeats and run.observations():
-            budget.repeats -= 1
-            keys = run.observations()
-            run.fault("repeat_observation", keys[choices.index(len(keys))])
-        elif choice < 88 and budget.duplicates and run.wire():
-            budget.duplicates -= 1
-            keys = run.wire()
-            run.fault("duplicate", keys[choices.index(len(keys))])
-        elif choice < 91 and budget.drops and run.wire():
-            budget.drops -= 1
-            keys = run.wire()
-            run.fault("drop", keys[choices.index(len(keys))])
-        elif choice < 93 and budget.early_timers and world.timer:
-            budget.early_timers -= 1
-            run.applied["early_timer"] += 1
-            run.fire_timer()
-        elif choice < 95 and budget.worker_crashes and any(x.alive for x in world.workers):
-            budget.worker_crashes -= 1
-            alive = [x.name for x in world.workers if x.alive]
-            run.fault("crash_worker", alive[choices.index(len(alive))])
-        elif choice < 97 and budget.learner_crashes and world.learner.alive:
-            budget.learner_crashes -= 1
-            run.fault("crash_learner")
-        elif choice < 98 and budget.driver_restarts:
-            budget.driver_restarts -= 1
-            run.fault("restart_driver")
-        elif choice < 100 and run.dead():
-            dead = run.dead()
-            run.revive(dead[choices.index(len(dead))])
-        else:
-            run.deliver(run.deliverable()[0])
-    final = logical_projection(run.world.core)
-    for _ in range(MAX_CORE_STEPS):
-        if run.world.network:
-            run.deliver(run.world.network[0].key)
-        elif run.world.timer and outstanding_commands(run.world.core):
-            run.fire_timer()
-        else:
-            break
-    assert w.complete(run.world)
-    assert logical_projection(run.world.core) == final, "a message after the end changed it"
+                break
+        assert w.complete(self.world)
+        assert logical_projection(self.world.core) == final, "a message after the end changed it"
+        self.check_components()
+
+
+# ---------------------------------------------------------------------------------------------
+# The state machine: which action comes next, as rules with preconditions.
+
+
+STEPS = 100
+"""Rules drawn per example; what is left of the run is then delivered first in, first out."""
+
+
+class FaultyRun(RuleBasedStateMachine):
+    """Runs of one configuration, each action chosen by Hypothesis among those possible now:
+    a message in flight delivered, frames regrouped, or a fault while its budget lasts. A run
+    that completes is finished and checked (`at_end`), and a new one starts with a full
+    budget; the run under way when the rules stop is finished first in, first out and checked
+    the same way."""
+
+    def __init__(self, start: Callable[[], Run], budget: Budget,
+                 at_end: Callable[[Run], None]) -> None:
+        super().__init__()
+        self.start, self.budget, self.at_end = start, budget, at_end
+        self.run, self.left = self.fresh()
+        self.faults_from = 0
+        self.raised_before = sys.exc_info()[1]
+
+    def fresh(self) -> tuple[Run, Budget]:
+        """A new run, moved to where something is in flight, and its whole budget."""
+        run = self.start()
+        run.settle()
+        return run, replace(self.budget)
+
+    def in_flight(self) -> bool:
+        return bool(self.run.world.network)
+
+    def may(self, fault: str) -> bool:
+        """A fault of this kind is within the budget, and the run is far enough."""
+        return (self.in_flight() and getattr(self.left, fault) > 0
+                and self.run.world.core.committed >= self.faults_from)
+
+    def spend(self, fault: str) -> None:
+        setattr(self.left, fault, getattr(self.left, fault) - 1)
+
+    def settle(self) -> None:
+        """After every rule: nothing in flight, the run moves by itself; complete, it is
+        finished and checked, and the next run starts."""
+        self.run.settle()
+        if w.complete(self.run.world):
+            ended = self.run
+            self.run, self.left = self.fresh()
+            ended.finish()
+            self.at_end(ended)
+
+    @initialize(data=st.data())
+    def choose_the_first_update_with_faults(self, data: st.DataObject) -> None:
+        """Faults only from this update on, so that late updates see them too."""
+        last = self.run.world.core.config.total_updates - 1
+        self.faults_from = data.draw(st.integers(0, last), label="faults from update")
+
+    @precondition(lambda self: self.in_flight())
+    @rule(data=st.data())
+    def deliver(self, data: st.DataObject) -> None:
+        self.run.deliver(data.draw(st.sampled_from(self.run.deliverable()), label="deliver"))
+        self.settle()
+
+    @precondition(lambda self: self.in_flight() and self.run.mergeable())
+    @rule(data=st.data())
+    def merge_replies(self, data: st.DataObject) -> None:
+        self.run.regroup("merge", data.draw(st.sampled_from(self.run.mergeable()),
+                                            label="merge"))
+
+    @precondition(lambda self: self.in_flight() and self.run.splittable())
+    @rule(data=st.data())
+    def split_reply(self, data: st.DataObject) -> None:
+        self.run.regroup("split", (data.draw(st.sampled_from(self.run.splittable()),
+                                             label="split"),))
+
+    @precondition(lambda self: self.may("repeats") and self.run.observations())
+    @rule(data=st.data())
+    def repeat_observation(self, data: st.DataObject) -> None:
+        self.spend("repeats")
+        self.run.fault("repeat_observation", data.draw(st.sampled_from(self.run.observations()),
+                                                       label="repeat"))
+
+    @precondition(lambda self: self.may("duplicates") and self.run.wire())
+    @rule(data=st.data())
+    def duplicate(self, data: st.DataObject) -> None:
+        self.spend("duplicates")
+        self.run.fault("duplicate", data.draw(st.sampled_from(self.run.wire()),
+                                              label="duplicate"))
+
+    @precondition(lambda self: self.may("drops") and self.run.wire())
+    @rule(data=st.data())
+    def drop(self, data: st.DataObject) -> None:
+        self.spend("drops")
+        self.run.fault("drop", data.draw(st.sampled_from(self.run.wire()), label="drop"))
+        self.settle()
+
+    @precondition(lambda self: self.may("early_timers") and self.run.world.timer)
+    @rule()
+    def fire_the_timer_early(self) -> None:
+        self.spend("early_timers")
+        self.run.applied["early_timer"] += 1
+        self.run.fire_timer()
+        self.settle()
+
+    @precondition(lambda self: self.may("worker_crashes")
+                  and any(x.alive for x in self.run.world.workers))
+    @rule(data=st.data())
+    def crash_worker(self, data: st.DataObject) -> None:
+        self.spend("worker_crashes")
+        alive = [x.name for x in self.run.world.workers if x.alive]
+        self.run.fault("crash_worker", data.draw(st.sampled_from(alive), label="crash"))
+        self.settle()
+
+    @precondition(lambda self: self.may("learner_crashes") and self.run.world.learner.alive)
+    @rule()
+    def crash_learner(self) -> None:
+        self.spend("learner_crashes")
+        self.run.fault("crash_learner")
+        self.settle()
+
+    @precondition(lambda self: self.may("driver_restarts"))
+    @rule()
+    def restart_driver(self) -> None:
+        self.spend("driver_restarts")
+        self.run.fault("restart_driver")
+        self.settle()
+
+    @precondition(lambda self: self.in_flight() and self.run.dead())
+    @rule(data=st.data())
+    def revive(self, data: st.DataObject) -> None:
+        self.run.revive(data.draw(st.sampled_from(self.run.dead()), label="revive"))
+        self.settle()
+
+    @invariant()
+    def no_component_is_told_the_impossible(self) -> None:
+        self.run.check_components()
+
+    def teardown(self) -> None:
+        # Hypothesis calls teardown in a `finally`: while an exception propagates (a rule
+        # failed, and is reported as it is; or no enabled rule could run and the example is
+        # given up) the run is left as it is. Otherwise it is finished and checked.
+        if sys.exc_info()[1] is self.raised_before:
+            self.run.finish()
+            self.at_end(self.run)
+
+
+def explore(name: str, budget: Budget, at_end: Callable[[Run], None], examples: int,
+            run: Callable[..., Run] = Run, reproducible_forwards: bool = True,
+            derandomize: bool = False) -> None:
+    """`examples` runs of configuration `name` (or more: a run that completes within the
+    drawn rules is followed by another), each checked at its end by `at_end`."""
+    config, workers = CONFIGS[name]
+    run_state_machine_as_test(
+        lambda: FaultyRun(lambda: run(config, workers, reproducible_forwards), budget, at_end),
+        settings=settings(max_examples=examples, stateful_step_count=STEPS, deadline=None,
+                          derandomize=derandomize,
+                          suppress_health_check=[HealthCheck.too_slow,
+                                                 HealthCheck.data_too_large,
+                                                 HealthCheck.filter_too_much]))
 
 
 def assert_canonical(run: Run, name: str) -> None:
@@ -406,44 +516,32 @@ def assert_canonical(run: Run, name: str) -> None:
 
 
 @pytest.mark.parametrize("name", list(CONFIGS))
-@settings(max_examples=50, deadline=None,
-          suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
-@given(data=st.data())
-def test_every_interleaving_with_faults_ends_canonically(name, data):
-    config, workers = CONFIGS[name]
-    run = Run(config, workers)
-    play(run, Choices(data), Budget())
-    assert_canonical(run, name)
+def test_every_interleaving_with_faults_ends_canonically(name):
+    explore(name, Budget(), lambda run: assert_canonical(run, name), examples=50)
 
 
 @pytest.mark.parametrize("name", list(CONFIGS))
-@settings(max_examples=10, deadline=None,
-          suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
-@given(data=st.data())
-def test_reordering_alone_ends_canonically_without_noops(name, data):
+def test_reordering_alone_ends_canonically_without_noops(name):
     """No faults at all: any delivery order, the same run, nothing is a no-op and the retry
     timer is never needed."""
-    config, workers = CONFIGS[name]
-    run = Run(config, workers)
-    play(run, Choices(data), Budget(**vars(NO_FAULTS)))
-    assert_canonical(run, name)
-    assert run.noops == 0 and noop_total(run.world.core) == 0
-    assert not any("TimerFired" in line for line in run.log)
+    def at_end(run: Run) -> None:
+        assert_canonical(run, name)
+        assert run.noops == 0 and noop_total(run.world.core) == 0
+        assert not any("TimerFired" in line for line in run.log)
+    explore(name, NO_FAULTS, at_end, examples=10)
 
 
-@settings(max_examples=25, deadline=None,
-          suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
-@given(data=st.data())
-def test_non_reproducible_forwards_keep_the_schedule(data):
+def test_non_reproducible_forwards_keep_the_schedule():
     """Forwards re-run after a restart return other log-probs (non-deterministic kernels): the
     values in the ledger may differ, what was consumed and applied where may not."""
     name = "S2 P2 K2 eval2 ckpt3 2w"
-    config, workers = CONFIGS[name]
-    run = Run(config, workers, reproducible_forwards=False)
-    play(run, Choices(data), Budget(learner_crashes=3, driver_restarts=1))
-    assert run_complete(run.world.core)
-    assert schedule_part(logical_projection(run.world.core)) == \
-        schedule_part(logical_projection(canonical(name).state))
+
+    def at_end(run: Run) -> None:
+        assert run_complete(run.world.core)
+        assert schedule_part(logical_projection(run.world.core)) == \
+            schedule_part(logical_projection(canonical(name).state))
+    explore(name, Budget(learner_crashes=3, driver_restarts=1), at_end, examples=25,
+            reproducible_forwards=False)
 
 
 @pytest.mark.parametrize("name", list(CONFIGS))
@@ -451,7 +549,7 @@ def test_canonical_run_keeps_every_invariant(name):
     """The FIFO run itself, through the same checks; the worker set changes nothing."""
     config, workers = CONFIGS[name]
     run = Run(config, workers)
-    play(run, SeededChoices(0, fault_rate=0.0), Budget(**vars(NO_FAULTS)))
+    run.finish()
     assert_canonical(run, name)
     assert run.noops == 0
     assert logical_projection(canonical_run(config, ("x", "y", "z")).state) == \
@@ -487,17 +585,16 @@ class SettledCheckedRun(Run):
 
 
 @pytest.mark.parametrize("name", list(CONFIGS))
-@settings(max_examples=15, deadline=None,
-          suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
-@given(data=st.data())
-def test_skipping_a_settled_rollout_side_is_the_full_reconcile(name, data):
+def test_skipping_a_settled_rollout_side_is_the_full_reconcile(name):
     """The reconcile's fast path (`fast._SETTLED`: the rollout passes skipped on a rollout side
     they were seen to leave alone) gives exactly what running every pass gives, on every step
     of runs with faults; and it is taken (most of the learner's events take it)."""
-    config, workers = CONFIGS[name]
-    run = SettledCheckedRun(config, workers)
-    play(run, Choices(data), Budget())
-    assert run.skipped >= config.total_updates * config.optimizer_steps
+    config, _ = CONFIGS[name]
+
+    def at_end(run: Run) -> None:
+        assert isinstance(run, SettledCheckedRun)
+        assert run.skipped >= config.total_updates * config.optimizer_steps
+    explore(name, Budget(), at_end, examples=15, run=SettledCheckedRun)
 
 
 def test_a_rollout_side_is_settled_only_for_the_very_objects_it_was_seen_with():
@@ -556,15 +653,13 @@ def test_seeded_sweep_exercises_every_fault():
     injected and that the core really sees duplicates and late replies."""
     applied: Counter = Counter()
     noops: Counter = Counter()
-    for seed in range(40):
-        name = list(CONFIGS)[seed % len(CONFIGS)]
-        config, workers = CONFIGS[name]
-        run = Run(config, workers)
-        play(run, SeededChoices(seed, fault_rate=0.3), Budget(5, 5, 3, 3, 3, 2, 3))
-        assert_canonical(run, name)
-        applied.update(run.applied)
-        noops.update({f.name: getattr(run.world.core.noops, f.name)
-                      for f in fields(run.world.core.noops)})
+    for name in CONFIGS:
+        def at_end(run: Run, name: str = name) -> None:
+            assert_canonical(run, name)
+            applied.update(run.applied)
+            noops.update({f.name: getattr(run.world.core.noops, f.name)
+                          for f in fields(run.world.core.noops)})
+        explore(name, Budget(5, 5, 3, 3, 3, 2, 3), at_end, examples=10, derandomize=True)
     for kind in ("duplicate", "repeat_observation", "drop", "early_timer", "crash_worker",
                  "restart_worker", "crash_learner", "restart_learner", "restart_driver",
                  "merge", "split"):
