@@ -52,7 +52,7 @@ class Spec:
     """For a repeat: the name of the configuration it repeats."""
     stop_after: float | None = None
     """Stop the run at the first update row at or past this many driver wall seconds (a fixed
-    wall budget, as benchmarks/use_contract.py compares arms)."""
+    wall budget, as studies/use_contract.py compares arms)."""
 
 
 @dataclass

@@ -25,9 +25,9 @@ if the model has one, on every successor), in BFS order, in the same process und
 collector settings.  The machine's load average is printed before and after: other processes
 distort wall time, which is why CPU time is printed next to it.
 
-TLC, for reference (TLC 2.15, one worker, the same spec, R=7, measured on this machine as in
-the issue that asked for this benchmark; tla2tools.jar cannot be fetched from this machine):
-~16 s CPU, ~18 s wall.
+TLC, for reference (TLC 2.15, one worker, the same spec, R=7: the figures given when this
+benchmark was asked for, not measured here, since tla2tools.jar cannot be fetched from this
+machine): ~16 s CPU, ~18 s wall.
 """
 
 from __future__ import annotations
@@ -53,7 +53,7 @@ from checker.search import _quiet_gc  # noqa: E402
 # where the sequential BFS calls the model from
 _ENGINE_FILES = ("engine.py", "bfs.py", "search.py")
 
-TLC_CPU_S = 16.0  # TLC 2.15, one worker, TwoPhase with 7 RMs (the issue's figure)
+TLC_CPU_S = 16.0  # TLC 2.15, one worker, TwoPhase with 7 RMs (given, not measured here)
 TLC_WALL_S = 18.0
 MODELS: dict[str, Callable[[int], Any]] = {"packed": TwoPhaseCommit, "readable": TwoPhaseReadable}
 
@@ -244,7 +244,7 @@ def main(argv: list[str] | None = None) -> int:
           f"depth {depth} (TLC depth {depth + 1})")
     print(f"verdicts: { {n: p.verdict.value for n, p in rows[0][5].properties.items()} }")
     if args.rms == 7:
-        print(f"TLC 2.15, one worker (the issue's figures, not measured here): "
+        print(f"TLC 2.15, one worker (given figures, not measured here): "
               f"{TLC_CPU_S:.0f} s CPU, "
               f"{TLC_WALL_S:.0f} s wall, {distinct / TLC_WALL_S:,.0f} distinct/s")
     print(f"load average after: {os.getloadavg()[0]:.2f}")

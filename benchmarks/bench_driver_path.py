@@ -1,5 +1,5 @@
 """Benchmark of the driver's own costs per event, outside `step`: what `Driver._apply` and
-`Driver._accept_frame` spend beside the core (issue 11: core + driver < 2 % of wall time).
+`Driver._accept_frame` spend beside the core (the target: core + driver < 2 % of wall time).
 
     python benchmarks/bench_driver_path.py RUN_DIR     # a real run's journal (default run)
     python benchmarks/bench_driver_path.py             # the canonical run's journal, framed

@@ -1,5 +1,5 @@
 """Core + driver share of wall time on the default run, before and after: this tree against git
-revisions (issue 11's target: < 2 %).
+revisions (the target: < 2 %).
 
     .venv/bin/python benchmarks/bench_driver_share.py --baseline fc5b373 --runs 3
 
@@ -56,7 +56,7 @@ def main() -> int:
               f"{'CPU ms/update':>15}")
         for label, summaries in rows.items():
             def mean(key: str, summaries: list[dict[str, float]] = summaries) -> float:
-                # A tree older than the CPU figures (77d59c3, issue 11's "today") lacks them.
+                # A tree older than the CPU figures (77d59c3 and before) lacks them.
                 if any(key not in s for s in summaries):
                     return math.nan
                 return statistics.fmean(s[key] for s in summaries)

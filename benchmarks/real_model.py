@@ -193,7 +193,7 @@ def report() -> Path:
 
 
 def _goals(runs: list[dict]) -> list[str]:
-    """Each Invar run of a seed against the TRL run of that seed: the issue's three goals."""
+    """Each Invar run of a seed against the TRL run of that seed, on the three goals below."""
     peers = {run["name"].removeprefix("trl-"): run for run in runs if run["peer"]}
     rows = []
     for run in runs:

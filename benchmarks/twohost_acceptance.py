@@ -1,5 +1,5 @@
 """The two-host acceptance run, and SSH-versus-local throughput (README, "Workers on other
-machines"; issue 10).
+machines").
 
     sudo .venv/bin/python benchmarks/twohost_acceptance.py            # acceptance + measure
     sudo .venv/bin/python benchmarks/twohost_acceptance.py --no-measure   # acceptance only

@@ -204,11 +204,6 @@ def successors_of(model: Any) -> Callable[[Any], Iterable[tuple[Any, Any]]]:
     return successors
 
 
-def model_method(model: Any, name: str, default: Callable[..., Any]) -> Callable[..., Any]:
-    """`model.name` when the model has it, else `default` (for duck-typed models)."""
-    return getattr(model, name, None) or default
-
-
 def overrides(model: Any, name: str) -> bool:
     """True when `model` provides `name` (as a method or an instance attribute) other than
     `BaseModel`'s default; the engine then calls it, else it skips the call in its hot loop."""

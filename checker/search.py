@@ -53,7 +53,6 @@ from checker.bfs import run_sequential_bfs
 from checker.dfs import run_dfs
 from checker.engine import (
     NO_PARENT,
-    Coverage,  # noqa: F401 - defined here once, still importable from here
     Found,
     ModelContext,
     Outcome,

@@ -1015,11 +1015,6 @@ def unrefused_forgery(state: State) -> str:
 # -- observations -----------------------------------------------------------------------------
 
 
-def quiescent(world: World) -> bool:
-    """Nothing in flight: only the retry timer can move the run."""
-    return not world.network
-
-
 def complete(world: World) -> bool:
     return run_complete(world.core)
 

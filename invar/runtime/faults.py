@@ -28,7 +28,6 @@ from invar.runtime.transport import ConnectionLost, FrameError, Transport
 log = logging.getLogger("invar.faults")
 
 DROP, DUPLICATE, DELAY, PASS = "dropped", "duplicated", "delayed", "passed"
-_END = object()
 
 
 class FrameSchedule:

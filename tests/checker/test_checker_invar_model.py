@@ -1,7 +1,7 @@
 """The Invar model under `invar-check`: pinned state counts, a pinned counterexample, the
 validation of each reduction against the unreduced search, and the `invar-check` CLI.
 
-Reductions (issue 3): a reduction is kept only if, on bounds small enough to search
+Reductions: a reduction is kept only if, on bounds small enough to search
 unreduced, the reduced search gives the same verdicts and the same set of completed-run
 projections. Symmetry is held to more: the set of reachable states up to a renaming of the
 workers (their orbits) must be exactly the set the symmetric search visits.
@@ -14,25 +14,21 @@ import itertools
 import json
 import re
 import shutil
-import sys
 from dataclasses import fields
 from pathlib import Path
 
 import networkx as nx
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-from seeded_bugs import BY_NAME  # noqa: E402
-
-from checker import Checker, Property, Verdict, pinned  # noqa: E402
-from checker.cli import main, regression_test  # noqa: E402
-from checker.invar_model import Bounds, InvarModel, _rename_core, load_bounds  # noqa: E402
-from invar.journal_format import payload_dir  # noqa: E402
-from invar.model import LearnerPhase, logical_projection, transitions  # noqa: E402
-from invar.model.messages import StepFinished  # noqa: E402
-from invar.runtime.journal import write_events  # noqa: E402
-from invar.testing import canonical_run, edit_completion, relinked  # noqa: E402
+from checker import Checker, Property, Verdict, pinned
+from checker.cli import main, regression_test
+from checker.invar_model import Bounds, InvarModel, _rename_core, load_bounds
+from helpers.seeded_bugs import BY_NAME
+from invar.journal_format import payload_dir
+from invar.model import LearnerPhase, logical_projection, transitions
+from invar.model.messages import StepFinished
+from invar.runtime.journal import write_events
+from invar.testing import canonical_run, edit_completion, relinked
 
 ROOT = Path(__file__).resolve().parents[2]
 GATE = ROOT / "spec" / "gate"

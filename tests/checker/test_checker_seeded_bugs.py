@@ -1,4 +1,4 @@
-"""The checker can fail: every seeded bug (tests/checker/seeded_bugs.py) is caught.
+"""The checker can fail: every seeded bug (tests/helpers/seeded_bugs.py) is caught.
 
 For each mutant of the core: the shortest counterexample violates the property the bug is
 about, the trace is non-empty, and its core events (what `checker.cli.core_events` extracts,
@@ -10,19 +10,14 @@ alarm, so each catch is the bug's and not the bounds'.
 from __future__ import annotations
 
 import dataclasses
-import sys
 import time
-from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-from seeded_bugs import BY_NAME, SEEDED_BUGS, SeededBug, replay  # noqa: E402
-
-from checker import Checker, Verdict  # noqa: E402
-from checker.cli import core_events  # noqa: E402
-from checker.invar_model import InvarModel  # noqa: E402
+from checker import Checker, Verdict
+from checker.cli import core_events
+from checker.invar_model import InvarModel
+from helpers.seeded_bugs import BY_NAME, SEEDED_BUGS, SeededBug, replay
 
 
 def _catch(bug: SeededBug, symmetry: bool = False, reduction: bool = False):

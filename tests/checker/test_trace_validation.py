@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 
 from checker.cli import main as invar_check
+from helpers.journals import small_config, write_journal
 from invar.model.config import RunConfig
 from invar.model.invariants import violations
 from invar.model.state import Assigned
@@ -35,19 +36,6 @@ from invar.testing import (
     restart_learner,
     restart_worker,
 )
-
-
-def small_config(**overrides) -> RunConfig:
-    base = dict(prompts_per_batch=2, group_size=2, max_staleness=1, sync_period=1,
-                optimizer_steps=2, total_updates=4, max_inflight_batches=2, seed=7,
-                eval_every=2, checkpoint_every=2)
-    base.update(overrides)
-    return RunConfig(**base)
-
-
-def write_journal(path: Path, config: RunConfig) -> Path:
-    """The journal a driver writes for the canonical run of `config`."""
-    return journal.write_events(path, config, canonical_run(config).events)
 
 
 @pytest.fixture
@@ -110,7 +98,7 @@ def test_a_changed_seq_is_a_departure(complete, capsys):
     assert "departure" in out and "sequence number" in out
 
 
-# -- fields no state digest covers: the chain does (finding 2 of issue 30) -------------------
+# -- fields no state digest covers: the chain does ------------------------------------------
 
 
 @pytest.mark.parametrize("kind, field, value", [("VersionEvaluated", "reward", 0.999),

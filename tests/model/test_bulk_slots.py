@@ -13,53 +13,19 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from invar.model import RunConfig, core, fast, initial_state, state_digest, step
+from helpers.bulk_frames import CONFIG, rows_of, settled, started
+from invar.model import core, fast, initial_state, state_digest, step
 from invar.model.errors import ProtocolError
 from invar.model.fast import BULK_FROM
 from invar.model.messages import (
     Completions,
-    LaunchRequests,
     LearnerStarted,
     RequestsCompleted,
     WorkerConnected,
     WorkerLost,
 )
 from invar.model.state import Assigned, BatchState, Sample
-from invar.testing import reply, version_digest, worker_reply
-
-CONFIG = RunConfig(prompts_per_batch=16, group_size=8, max_staleness=1, total_updates=3)
-"""Batches of 128 slots (at least BULK_FROM: a frame may fill one in bulk); two in flight."""
-
-
-def settled(state, events):
-    """`state` after `events` and every reply they lead to, but for launches (returned, in
-    order) and the learner's commands (the batches stay unconsumed)."""
-    launches, queue = [], list(events)
-    while queue:
-        outcome = step(state, queue.pop(0))
-        assert not isinstance(outcome, ProtocolError), outcome
-        state, commands = outcome
-        for command in commands:
-            if isinstance(command, LaunchRequests):
-                launches.append(command)
-            elif type(command).__name__ in ("LoadWeights", "Publish"):
-                queue.append(reply(command, CONFIG.optimizer_steps))
-    return state, launches
-
-
-def started(lose_b: bool):
-    """Two workers hold batches 0 and 1; with `lose_b`, b's first incarnation is lost and a
-    second one relaunched (its first's replies then name slots others hold)."""
-    state, launches = settled(initial_state(CONFIG), [
-        LearnerStarted(0, 0, version_digest(0)), WorkerConnected("a", 0), WorkerConnected("b", 0)])
-    if lose_b:
-        state, more = settled(state, [WorkerLost("b", 0), WorkerConnected("b", 1)])
-        launches += more
-    return state, launches
-
-
-def rows_of(launches):
-    return [c for launch in launches for c in worker_reply(launch).completions]
+from invar.testing import version_digest, worker_reply
 
 
 @st.composite

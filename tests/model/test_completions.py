@@ -6,21 +6,16 @@ from __future__ import annotations
 
 import math
 import pickle
-import sys
 from dataclasses import replace
-from pathlib import Path
 
 import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-from invar_model_harness import Driver, small_config  # noqa: E402
-
-from invar.model import ProtocolError, Reason, outstanding_commands, step  # noqa: E402
-from invar.model.messages import (  # noqa: E402
+from helpers.core_driver import Driver, small_config
+from invar.model import ProtocolError, Reason, outstanding_commands, step
+from invar.model.messages import (
     Completion,
     Completions,
     LaunchRequest,
@@ -29,10 +24,10 @@ from invar.model.messages import (  # noqa: E402
     loads,
     one_per_request,
 )
-from invar.model.ragged import INT, Ragged  # noqa: E402
-from invar.model.schedule import RequestId  # noqa: E402
-from invar.model.state import Sample, completions_of  # noqa: E402
-from invar.model.world import sample_reply  # noqa: E402
+from invar.model.ragged import INT, Ragged
+from invar.model.schedule import RequestId
+from invar.model.state import Sample, completions_of
+from invar.model.world import sample_reply
 
 floats = st.floats(allow_nan=True, allow_infinity=True, width=64)
 records = st.lists(st.builds(

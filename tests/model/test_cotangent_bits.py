@@ -11,28 +11,23 @@ tie, clip and sit on either side of the clip range.
 
 from __future__ import annotations
 
-import sys
 import zlib
-from pathlib import Path
 
 import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-from invar_model_harness import AnsweringWith, commands_of  # noqa: E402
-
-from invar.model import ObjectiveConfig, RunConfig, run_complete, schedule  # noqa: E402
-from invar.model import messages as m  # noqa: E402
-from invar.model.objective import (  # noqa: E402
+from helpers.core_driver import AnsweringWith, commands_of
+from invar.model import ObjectiveConfig, RunConfig, run_complete, schedule
+from invar.model import messages as m
+from invar.model.objective import (
     AGGREGATIONS,
     LOSSES,
     group_advantages,
     objective,
     pad,
 )
-from invar.model.ragged import Ragged  # noqa: E402
+from invar.model.ragged import Ragged
 
 
 class _Values:

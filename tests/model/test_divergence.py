@@ -1,35 +1,30 @@
 """A diverged policy (finite log-probs whose ratios overflow) is refused, naming the update, the
-step and the ratio, never turned into a non-finite cotangent (finding 4: proximal log-probs of
--800 gave NaN cotangents, current ones of -800 with a KL term -inf)."""
+step and the ratio, never turned into a non-finite cotangent (unchecked, proximal log-probs
+of -800 give NaN cotangents, current ones of -800 with a KL term -inf)."""
 
 from __future__ import annotations
 
 import math
-import sys
 from dataclasses import replace
-from pathlib import Path
 
 import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-from invar_model_harness import Driver, small_config  # noqa: E402
-
-from invar.model import (  # noqa: E402
+from helpers.core_driver import Driver, small_config
+from invar.model import (
     LearnerPhase,
     ObjectiveConfig,
     ProtocolError,
     Reason,
     outstanding_commands,
     run_complete,
-    schedule,  # noqa: E402
+    schedule,
     step,
 )
-from invar.model.messages import ApplyCotangent, ForwardObserved, ProbabilitiesReported  # noqa: E402
-from invar.model.ragged import Ragged  # noqa: E402
-from invar.testing import reply  # noqa: E402
+from invar.model.messages import ApplyCotangent, ForwardObserved, ProbabilitiesReported
+from invar.model.ragged import Ragged
+from invar.testing import reply
 
 PLAIN = small_config()
 WITH_KL = small_config(objective=ObjectiveConfig(kl_coef=0.1))

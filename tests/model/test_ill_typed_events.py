@@ -6,28 +6,23 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import sys
 import typing
-from pathlib import Path
 
 import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-from invar_model_harness import small_config  # noqa: E402
-
-from invar.model import ObjectiveConfig, ProtocolError, Reason, initial_state, step  # noqa: E402
-from invar.model.messages import (  # noqa: E402
+from helpers.core_driver import small_config
+from invar.model import ObjectiveConfig, ProtocolError, Reason, initial_state, step
+from invar.model.messages import (
     EVENT_TYPES,
     Completions,
     ObservationId,
     VersionEvaluated,
     WorkerLost,
 )
-from invar.model.ragged import Ragged  # noqa: E402
-from invar.testing import canonical_run  # noqa: E402
+from invar.model.ragged import Ragged
+from invar.testing import canonical_run
 
 # A reference matrix in the scores; every boundary reached (evaluations and checkpoints).
 CONFIG = small_config(objective=ObjectiveConfig(kl_coef=0.1), eval_every=1, checkpoint_every=1)

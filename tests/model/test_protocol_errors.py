@@ -6,18 +6,13 @@ from __future__ import annotations
 
 import math
 import pickle
-import sys
 from dataclasses import fields, replace
-from pathlib import Path
 
 import numpy as np
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-from invar_model_harness import Driver, small_config  # noqa: E402
-
-from invar.model import (  # noqa: E402
+from helpers.core_driver import Driver, small_config
+from invar.model import (
     LearnerPhase,
     ObjectiveConfig,
     ProtocolError,
@@ -29,7 +24,7 @@ from invar.model import (  # noqa: E402
     step,
     violations,
 )
-from invar.model.messages import (  # noqa: E402
+from invar.model.messages import (
     Checkpoint,
     CheckpointWritten,
     Completions,
@@ -52,11 +47,11 @@ from invar.model.messages import (  # noqa: E402
     WorkerConnected,
     WorkerLost,
 )
-from invar.model.ragged import INT, Ragged  # noqa: E402
-from invar.model.schedule import RequestId  # noqa: E402
-from invar.model.shell import Verdict, deliver  # noqa: E402
-from invar.model.state import Sample, completions_of  # noqa: E402
-from invar.testing import canonical_run, reply, version_digest  # noqa: E402
+from invar.model.ragged import INT, Ragged
+from invar.model.schedule import RequestId
+from invar.model.shell import Verdict, deliver
+from invar.model.state import Sample, completions_of
+from invar.testing import canonical_run, reply, version_digest
 
 CONFIG = small_config()  # B=2, G=2, S=1, P=1, K=2, N=3
 K = CONFIG.optimizer_steps

@@ -3,27 +3,22 @@ commit), version retention, and the commands issued at hard boundaries."""
 
 from __future__ import annotations
 
-import sys
 from collections import Counter
-from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-from invar_model_harness import Driver, commands_of, small_config  # noqa: E402
-
-from invar.model import (  # noqa: E402
+from helpers.core_driver import Driver, commands_of, small_config
+from invar.model import (
     LearnerPhase,
     WorkerPhase,
-    core,  # noqa: E402
+    core,
     logical_projection,
     outstanding_commands,
     run_complete,
-    schedule,  # noqa: E402
+    schedule,
     violations,
 )
-from invar.model.messages import (  # noqa: E402
+from invar.model.messages import (
     Checkpoint,
     Commit,
     Evaluate,
@@ -40,8 +35,8 @@ from invar.model.messages import (  # noqa: E402
     WorkerConnected,
     one_per_request,
 )
-from invar.model.state import BatchState, evolve  # noqa: E402
-from invar.testing import canonical_run, reply, version_digest  # noqa: E402
+from invar.model.state import BatchState, evolve
+from invar.testing import canonical_run, reply, version_digest
 
 
 def finish(d: Driver) -> None:
@@ -110,8 +105,8 @@ def test_single_worker_lost_and_back_resumes_its_requests():
 
 def test_a_repeated_connection_of_the_live_incarnation_changes_nothing():
     """The connection of the incarnation already live (a driver that observes it twice) is a
-    duplicate: its assignments stay, nothing is re-queued or re-sent (mutation pass seed 3:
-    `_on_worker_connected:cmp-op:1` treated it as a new incarnation)."""
+    duplicate: its assignments stay, nothing is re-queued or re-sent (the mutant
+    `_on_worker_connected:cmp-op:1` treats it as a new incarnation)."""
     d = Driver(small_config(), workers=("w0",))
     d.pump_until_command(lambda c: isinstance(c, LaunchRequest))
     before = d.state

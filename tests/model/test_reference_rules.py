@@ -14,11 +14,9 @@ forgery of each state the run passes through).
 from __future__ import annotations
 
 import math
-import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import replace
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -26,16 +24,14 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from helpers.bulk_frames import rows_of, started
+from helpers.faulty_runs import CONFIGS, Budget, Run, explore
 from invar.model import ObjectiveConfig, ProtocolError, RunConfig, fast, state_digest, step
 from invar.model import world as w
 from invar.model.messages import Completions, RequestsCompleted
 from invar.model.schedule import RequestId
 from invar.model.state import Assigned, BatchState, Sample
 from invar.testing import worker_reply
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from test_bulk_slots import rows_of, started  # noqa: E402
-from test_step_properties import CONFIGS, Budget, Choices, Run, play  # noqa: E402
 
 
 @contextmanager
@@ -232,9 +228,7 @@ HISTORIES = {**{name: (config, workers, False) for name, (config, workers) in CO
 
 
 @pytest.mark.parametrize("name", list(HISTORIES))
-@settings(max_examples=8, deadline=None,
-          suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
-@given(data=st.data())
-def test_histories_are_taken_as_by_the_reference_rules(name, data):
+def test_histories_are_taken_as_by_the_reference_rules(name):
     config, workers, launch_frames = HISTORIES[name]
-    play(BothWaysRun(config, workers, launch_frames), Choices(data), Budget())
+    explore(lambda: BothWaysRun(config, workers, launch_frames), Budget(), lambda run: None,
+            examples=8)

@@ -10,18 +10,13 @@ is the test that kills the mutation "the cotangent uses the first len(plan) rows
 
 from __future__ import annotations
 
-import sys
 from dataclasses import dataclass, fields, replace
-from pathlib import Path
 
 import numpy as np
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-from invar_model_harness import AnsweringWith, Driver, commands_of, small_config  # noqa: E402
-
-from invar.model import (  # noqa: E402
+from helpers.core_driver import AnsweringWith, Driver, commands_of, small_config
+from invar.model import (
     LearnerPhase,
     ObjectiveConfig,
     ProtocolError,
@@ -31,20 +26,20 @@ from invar.model import (  # noqa: E402
     outstanding_commands,
     requires_fsync,
     run_complete,
-    schedule,  # noqa: E402
+    schedule,
     step,
     violations,
 )
-from invar.model import messages as m  # noqa: E402
-from invar.model.invariants import consumed_version_is_scheduled  # noqa: E402
-from invar.model.objective import (  # noqa: E402
+from invar.model import messages as m
+from invar.model.invariants import consumed_version_is_scheduled
+from invar.model.objective import (
     ObjectiveTerms,
     group_advantages,
     objective,
     pad,
 )
-from invar.model.ragged import Ragged  # noqa: E402
-from invar.testing import canonical_run, reply, version_digest  # noqa: E402
+from invar.model.ragged import Ragged
+from invar.testing import canonical_run, reply, version_digest
 
 
 def finish(d: Driver, max_timers: int = 50) -> None:

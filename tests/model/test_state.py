@@ -17,24 +17,21 @@ import numpy as np
 from hypothesis import given
 from hypothesis import strategies as st
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-from invar_model_harness import Driver, small_config  # noqa: E402
-
-from invar.model import (  # noqa: E402
+from helpers.core_driver import Driver, small_config
+from invar.model import (
     LearnerPhase,
     ObjectiveConfig,
     RunConfig,
     initial_state,
     outstanding_commands,
-    schedule,  # noqa: E402
+    schedule,
     state_digest,
     step,
 )
-from invar.model.messages import Completion, Completions, RunForward, TimerFired  # noqa: E402
-from invar.model.ragged import Ragged  # noqa: E402
-from invar.model.schedule import RequestId  # noqa: E402
-from invar.model.state import (  # noqa: E402
+from invar.model.messages import Completion, Completions, RunForward, TimerFired
+from invar.model.ragged import Ragged
+from invar.model.schedule import RequestId
+from invar.model.state import (
     BatchRequests,
     History,
     JoinedDigests,
@@ -44,7 +41,7 @@ from invar.model.state import (  # noqa: E402
     _request_int64s,
     history_text,
 )
-from invar.testing import canonical_run, reply  # noqa: E402
+from invar.testing import canonical_run, reply
 
 CONFIG = small_config()
 ROOT = Path(__file__).resolve().parents[2]

@@ -2,14 +2,16 @@
 
 The runs here are driven in `invar.model.world`: the same `World`, components and actions the
 model checker explores (a learner that keeps `LearnerRules`, workers that hold one loaded
-version, a weights store, a journal that loses its unsynced suffix). Hypothesis draws which
-action happens next: deliver any message in flight, duplicate or drop one on the wire, repeat
-one of the driver's own observations (connections, losses, starts and timer firings: never
-lost, but possibly observed twice), merge two reply
-frames of a worker or split one (every grouping of a worker's answers), fire the retry timer
-early, crash and restart a worker or the learner, restart the driver from its journal; each
-fault within a small budget. When nothing is in flight, dead components come back and then the
-core's retry timer fires.
+version, a weights store, a journal that loses its unsynced suffix). A Hypothesis state machine
+(`FaultyRun`, tests/helpers/faulty_runs.py) chooses what happens next, one rule at a time:
+deliver any message in flight, duplicate or drop one on the wire, repeat one of the driver's own
+observations (connections, losses, starts and timer firings: never lost, but possibly observed
+twice), merge two reply frames of a worker or split one (every grouping of a worker's answers),
+fire the retry timer early, crash a worker or the learner, bring a dead one back, restart the
+driver from its journal; each fault within a budget per run, and only from an update drawn once
+per example. When nothing is in flight, dead components come back and then the core's retry
+timer fires. After the drawn rules the run is delivered first in, first out to its end, so a
+failure shrinks to the few choices that cause it.
 
 After every step of the core the run checks: every invariant and transition invariant; no
 correct component refused (`world.refused`) and none told to do the impossible
@@ -20,39 +22,20 @@ Every run must complete, and its `logical_projection` must equal `canonical_run`
 
 from __future__ import annotations
 
-import copyreg
-import io
-import pickle
-import random
 from collections import Counter
-from dataclasses import dataclass, fields, replace
+from collections.abc import Callable
+from dataclasses import fields, replace
 from typing import Any
 from unittest import mock
 
 import pytest
-from hypothesis import HealthCheck, given, settings
-from hypothesis import strategies as st
 
-from invar.model import (
-    ObjectiveConfig,
-    RunConfig,
-    core,
-    fast,
-    logical_projection,
-    outstanding_commands,
-    run_complete,
-    schedule,
-    transition_violations,
-    violations,
-)
+from helpers.faulty_runs import CONFIGS, NO_FAULTS, Budget, Run, noop_total, same_delivery
+from helpers.faulty_runs import explore as explore_runs
+from invar.model import core, fast, logical_projection, run_complete, schedule
 from invar.model import world as w
-from invar.model.messages import (
-    LaunchRequests,
-    LoadWeights,
-    RequestsCompleted,
-    TimerFired,
-)
-from invar.model.shell import Delivery, Verdict, deliver
+from invar.model.messages import LaunchRequests, LoadWeights
+from invar.model.shell import deliver
 from invar.model.state import (
     BatchState,
     History,
@@ -63,32 +46,7 @@ from invar.model.state import (
     initial_state,
     state_digest,
 )
-from invar.model.world import CORE, World
 from invar.testing import canonical_run
-
-MAX_CORE_STEPS = 8_000
-
-
-# ---------------------------------------------------------------------------------------------
-# Configurations: several optimizer steps, reloads and releases (S = 2, P = 2), evaluation and
-# checkpoint boundaries, the KL term, two workers.
-
-CONFIGS: dict[str, tuple[RunConfig, tuple[str, ...]]] = {
-    "sync S0 P1 K2 2w": (RunConfig(prompts_per_batch=1, group_size=2, max_staleness=0,
-                                   sync_period=1, optimizer_steps=2, total_updates=3,
-                                   max_inflight_batches=1, seed=1), ("w0", "w1")),
-    "S1 P1 K3 2w": (RunConfig(prompts_per_batch=2, group_size=2, max_staleness=1, sync_period=1,
-                              optimizer_steps=3, total_updates=3, max_inflight_batches=2,
-                              seed=2), ("w0", "w1")),
-    "S2 P2 K2 eval2 ckpt3 2w": (RunConfig(prompts_per_batch=1, group_size=2, max_staleness=2,
-                                          sync_period=2, optimizer_steps=2, total_updates=5,
-                                          eval_every=2, checkpoint_every=3,
-                                          max_inflight_batches=3, seed=3), ("a", "b")),
-    "S1 P2 K2 kl eval1 2w": (RunConfig(prompts_per_batch=2, group_size=2, max_staleness=1,
-                                       sync_period=2, optimizer_steps=2, total_updates=3,
-                                       eval_every=1, max_inflight_batches=2, seed=4,
-                                       objective=ObjectiveConfig(kl_coef=0.1)), ("w0", "w1")),
-}
 
 _CANONICAL: dict[str, Any] = {}
 
@@ -110,283 +68,13 @@ def schedule_part(projection: tuple) -> tuple:
                    tuple((s.step, s.positions) for s in r.steps)) for r in ledger), *rest)
 
 
-# ---------------------------------------------------------------------------------------------
-# Purity: a snapshot of every field of a state, cached reprs left out.
-
-
-class _Snapshot(pickle.Pickler):
-    """Pickles records field by field without the `_repr` cache (`state.cached_repr` fills it
-    lazily, e.g. when a ledger record is hashed: a cache, not a change of the value)."""
-
-    def reducer_override(self, obj: Any) -> Any:
-        fields_ = getattr(obj, "__dict__", None)
-        if isinstance(fields_, dict) and "_repr" in fields_ and not isinstance(obj, type):
-            return copyreg.__newobj__, (type(obj),), {k: v for k, v in fields_.items()
-                                                       if k != "_repr"}
-        return NotImplemented
-
-
-def snapshot(value: Any) -> bytes:
-    buffer = io.BytesIO()
-    _Snapshot(buffer, protocol=pickle.HIGHEST_PROTOCOL).dump(value)
-    return buffer.getvalue()
-
-
-def noop_total(state) -> int:
-    return sum(getattr(state.noops, f.name) for f in fields(state.noops))
-
-
-def same_delivery(a: Delivery, b: Delivery) -> bool:
-    return (a.verdict, a.state, a.commands, a.durable) == (b.verdict, b.state, b.commands,
-                                                          b.durable)
-
-
-# ---------------------------------------------------------------------------------------------
-# The checked run: world actions, with every core step checked.
-
-
-@dataclass
-class Budget:
-    duplicates: int = 3
-    drops: int = 3
-    early_timers: int = 2
-    worker_crashes: int = 2
-    learner_crashes: int = 2
-    driver_restarts: int = 1
-    repeats: int = 2
-
-
-NO_FAULTS = Budget(0, 0, 0, 0, 0, 0, 0)
-
-
-class Run:
-    def __init__(self, config: RunConfig, workers: tuple[str, ...],
-                 reproducible_forwards: bool = True) -> None:
-        self.world: World = w.new_world(config, workers, reproducible_forwards)
-        self.core_steps = 0
-        self.noops = 0
-        self.applied: Counter = Counter()
-        self.log: list[str] = []
-
-    # -- the core's steps ------------------------------------------------------------------
-
-    def _core_step(self, event: Any, act) -> None:
-        """Carry out `act` (a world action that delivers `event` to the core), checking it."""
-        before_world = self.world
-        before = before_world.core
-        frozen = snapshot(before)
-        first = deliver(before, event)
-        second = deliver(before, event)
-        assert snapshot(before) == frozen, f"step mutated its input state on {event}"
-        assert same_delivery(first, second), f"step is not deterministic on {event}"
-        self.core_steps += 1
-        self.log.append(repr(event)[:160])
-        after_world = act()
-        assert not after_world.refused, \
-            f"a correct component's message was refused: {after_world.refused}\n{self.tail()}"
-        assert first.verdict is not Verdict.REFUSED
-        after, commands = first.state, first.commands
-        assert after_world.core == after, "the world's core is not what shell.deliver says"
-        counted = noop_total(after) - noop_total(before)
-        if first.verdict is Verdict.NOOP:
-            assert counted >= 1 and after == before and commands == (), \
-                f"no-op {event} changed something"
-            assert counted == 1 or isinstance(event, RequestsCompleted), \
-                f"{event} counted {counted} no-ops"
-            self.noops += 1
-        else:
-            # A frame that repeats some completions and brings others counts the repeats.
-            assert counted == 0 or isinstance(event, RequestsCompleted), \
-                f"{event} was accepted and counted as a no-op"
-            assert not (after == before and commands == ()), \
-                f"{event} changed nothing but was not counted as a no-op"
-        assert violations(after) == {}, f"after {event}: {violations(after)}\n{self.tail()}"
-        assert transition_violations(before, commands, after) == {}, \
-            f"on {event}: {transition_violations(before, commands, after)}\n{self.tail()}"
-        self.world = after_world
-
-    def tail(self, n: int = 15) -> str:
-        return "\n".join(f"  {e}" for e in self.log[-n:])
-
-    # -- the world's actions ---------------------------------------------------------------
-
-    def deliver(self, key: str) -> None:
-        msg = next(m for m in self.world.network if m.key == key)
-        if msg.to == CORE:
-            self._core_step(msg.body, lambda: w.deliver_message(self.world, key))
-        else:
-            self.log.append(f"-> {msg.to}: {repr(msg.body)[:140]}")
-            self.world = w.deliver_message(self.world, key)
-        self._check_components()
-
-    def fire_timer(self) -> None:
-        self._core_step(TimerFired(), lambda: w.fire_timer(self.world))
-        self._check_components()
-
-    def fault(self, kind: str, arg: Any = None) -> None:
-        self.applied[kind] += 1
-        self.log.append(f"!! {kind} {arg if arg is not None else ''}")
-        if kind in ("drop", "duplicate", "repeat_observation", "crash_worker", "restart_worker"):
-            self.world = getattr(w, kind)(self.world, arg)
-        else:
-            self.world = getattr(w, kind)(self.world)
-        if kind == "restart_driver":  # the core is back at its journal's durable state
-            assert violations(self.world.core) == {}, violations(self.world.core)
-        self._check_components()
-
-    def regroup(self, kind: str, keys: tuple[str, ...]) -> None:
-        """A worker's reply frames merged or split (not a fault: how its answers are grouped)."""
-        self.applied[kind] += 1
-        self.log.append(f"<> {kind} {' + '.join(k[:60] for k in keys)}")
-        if kind == "merge":
-            self.world = w.merge_replies(self.world, *keys)
-        else:
-            self.world = w.split_reply(self.world, *keys)
-
-    def _check_components(self) -> None:
-        assert not self.world.broken, f"{self.world.broken}\n{self.tail()}"
-
-    # -- what may happen now ---------------------------------------------------------------
-
-    def deliverable(self) -> list[str]:
-        """Distinct keys in flight, in network order; a worker's loss is not seen before its
-        connection (one reader task observes both)."""
-        network = self.world.network
-        out = []
-        for m in network:
-            if m.key in out:
-                continue
-            if w.observed_too_early(self.world, m):
-                continue
-            out.append(m.key)
-        return out
-
-    def mergeable(self) -> list[tuple[str, str]]:
-        """Pairs of reply frames of one worker incarnation in flight (copies included)."""
-        replies = [m for m in self.world.network if isinstance(m.body, RequestsCompleted)]
-        return [(a.key, b.key) for i, a in enumerate(replies) for b in replies[i + 1:]
-                if w.mergeable(a, b)]
-
-    def splittable(self) -> list[str]:
-        return list(dict.fromkeys(m.key for m in self.world.network
-                                  if isinstance(m.body, RequestsCompleted)
-                                  and len(m.body.completions) > 1))
-
-    def wire(self) -> list[str]:
-        return list(dict.fromkeys(m.key for m in self.world.network
-                                  if not w.is_observation(m)))
-
-    def observations(self) -> list[str]:
-        return list(dict.fromkeys(m.key for m in self.world.network if w.is_observation(m)))
-
-    def dead(self) -> list[str]:
-        out = [x.name for x in self.world.workers if not x.alive]
-        return out + ([] if self.world.learner.alive else ["learner"])
-
-    def revive(self, who: str) -> None:
-        if who == "learner":
-            self.fault("restart_learner")
-        else:
-            self.fault("restart_worker", who)
-
-
-class Choices:
-    """Every choice of a run, drawn by hypothesis (0 everywhere is the FIFO run, so failures
-    shrink toward it)."""
-
-    def __init__(self, data) -> None:
-        self.data = data
-
-    def action(self) -> int:
-        return self.data.draw(st.integers(0, 99), label="action")
-
-    def index(self, n: int) -> int:
-        return self.data.draw(st.integers(0, n - 1), label="index")
-
-
-class SeededChoices:
-    """The same choices from a seeded PRNG with a fault rate: a fixed, reproducible sweep."""
-
-    def __init__(self, seed: int, fault_rate: float) -> None:
-        self.rng = random.Random(seed)
-        self.fault_rate = fault_rate
-
-    def action(self) -> int:
-        return self.rng.randint(79, 99) if self.rng.random() < self.fault_rate else 0
-
-    def index(self, n: int) -> int:
-        return self.rng.randrange(n)
-
-
-def play(run: Run, choices, budget: Budget) -> None:
-    """Drawn actions until the run completes; then drain what is in flight (late and
-    duplicate replies after the end change nothing)."""
-    while not w.complete(run.world):
-        assert run.core_steps < MAX_CORE_STEPS, f"the run did not complete\n{run.tail()}"
-        world = run.world
-        if not world.network:
-            # Quiescent and incomplete: dead components come back, then only the timer helps.
-            dead = run.dead()
-            if dead:
-                run.revive(dead[0])
-                continue
-            assert world.timer and outstanding_commands(world.core), \
-                f"deadlock: nothing in flight, nothing outstanding\n{run.tail()}"
-            run.fire_timer()
-            continue
-        choice = choices.action()
-        if choice < 79:
-            keys = run.deliverable()
-            run.deliver(keys[choices.index(len(keys))])
-        elif choice < 85:
-            pairs, frames = run.mergeable(), run.splittable()
-            if pairs and (choice < 82 or not frames):
-                run.regroup("merge", pairs[choices.index(len(pairs))])
-            elif frames:
-                run.regroup("split", (frames[choices.index(len(frames))],))
-            else:
-                run.deliver(run.deliverable()[0])
-        elif choice < 86 and budget.repeats and run.observations():
-            budget.repeats -= 1
-            keys = run.observations()
-            run.fault("repeat_observation", keys[choices.index(len(keys))])
-        elif choice < 88 and budget.duplicates and run.wire():
-            budget.duplicates -= 1
-            keys = run.wire()
-            run.fault("duplicate", keys[choices.index(len(keys))])
-        elif choice < 91 and budget.drops and run.wire():
-            budget.drops -= 1
-            keys = run.wire()
-            run.fault("drop", keys[choices.index(len(keys))])
-        elif choice < 93 and budget.early_timers and world.timer:
-            budget.early_timers -= 1
-            run.applied["early_timer"] += 1
-            run.fire_timer()
-        elif choice < 95 and budget.worker_crashes and any(x.alive for x in world.workers):
-            budget.worker_crashes -= 1
-            alive = [x.name for x in world.workers if x.alive]
-            run.fault("crash_worker", alive[choices.index(len(alive))])
-        elif choice < 97 and budget.learner_crashes and world.learner.alive:
-            budget.learner_crashes -= 1
-            run.fault("crash_learner")
-        elif choice < 98 and budget.driver_restarts:
-            budget.driver_restarts -= 1
-            run.fault("restart_driver")
-        elif choice < 100 and run.dead():
-            dead = run.dead()
-            run.revive(dead[choices.index(len(dead))])
-        else:
-            run.deliver(run.deliverable()[0])
-    final = logical_projection(run.world.core)
-    for _ in range(MAX_CORE_STEPS):
-        if run.world.network:
-            run.deliver(run.world.network[0].key)
-        elif run.world.timer and outstanding_commands(run.world.core):
-            run.fire_timer()
-        else:
-            break
-    assert w.complete(run.world)
-    assert logical_projection(run.world.core) == final, "a message after the end changed it"
+def explore(name: str, budget: Budget, at_end: Callable[[Run], None], examples: int,
+            run: Callable[..., Run] = Run, reproducible_forwards: bool = True,
+            derandomize: bool = False) -> None:
+    """`explore_runs` on configuration `name`."""
+    config, workers = CONFIGS[name]
+    explore_runs(lambda: run(config, workers, reproducible_forwards), budget, at_end, examples,
+                 derandomize)
 
 
 def assert_canonical(run: Run, name: str) -> None:
@@ -406,44 +94,32 @@ def assert_canonical(run: Run, name: str) -> None:
 
 
 @pytest.mark.parametrize("name", list(CONFIGS))
-@settings(max_examples=50, deadline=None,
-          suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
-@given(data=st.data())
-def test_every_interleaving_with_faults_ends_canonically(name, data):
-    config, workers = CONFIGS[name]
-    run = Run(config, workers)
-    play(run, Choices(data), Budget())
-    assert_canonical(run, name)
+def test_every_interleaving_with_faults_ends_canonically(name):
+    explore(name, Budget(), lambda run: assert_canonical(run, name), examples=50)
 
 
 @pytest.mark.parametrize("name", list(CONFIGS))
-@settings(max_examples=10, deadline=None,
-          suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
-@given(data=st.data())
-def test_reordering_alone_ends_canonically_without_noops(name, data):
+def test_reordering_alone_ends_canonically_without_noops(name):
     """No faults at all: any delivery order, the same run, nothing is a no-op and the retry
     timer is never needed."""
-    config, workers = CONFIGS[name]
-    run = Run(config, workers)
-    play(run, Choices(data), Budget(**vars(NO_FAULTS)))
-    assert_canonical(run, name)
-    assert run.noops == 0 and noop_total(run.world.core) == 0
-    assert not any("TimerFired" in line for line in run.log)
+    def at_end(run: Run) -> None:
+        assert_canonical(run, name)
+        assert run.noops == 0 and noop_total(run.world.core) == 0
+        assert not any("TimerFired" in line for line in run.log)
+    explore(name, NO_FAULTS, at_end, examples=10)
 
 
-@settings(max_examples=25, deadline=None,
-          suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
-@given(data=st.data())
-def test_non_reproducible_forwards_keep_the_schedule(data):
+def test_non_reproducible_forwards_keep_the_schedule():
     """Forwards re-run after a restart return other log-probs (non-deterministic kernels): the
     values in the ledger may differ, what was consumed and applied where may not."""
     name = "S2 P2 K2 eval2 ckpt3 2w"
-    config, workers = CONFIGS[name]
-    run = Run(config, workers, reproducible_forwards=False)
-    play(run, Choices(data), Budget(learner_crashes=3, driver_restarts=1))
-    assert run_complete(run.world.core)
-    assert schedule_part(logical_projection(run.world.core)) == \
-        schedule_part(logical_projection(canonical(name).state))
+
+    def at_end(run: Run) -> None:
+        assert run_complete(run.world.core)
+        assert schedule_part(logical_projection(run.world.core)) == \
+            schedule_part(logical_projection(canonical(name).state))
+    explore(name, Budget(learner_crashes=3, driver_restarts=1), at_end, examples=25,
+            reproducible_forwards=False)
 
 
 @pytest.mark.parametrize("name", list(CONFIGS))
@@ -451,7 +127,7 @@ def test_canonical_run_keeps_every_invariant(name):
     """The FIFO run itself, through the same checks; the worker set changes nothing."""
     config, workers = CONFIGS[name]
     run = Run(config, workers)
-    play(run, SeededChoices(0, fault_rate=0.0), Budget(**vars(NO_FAULTS)))
+    run.finish()
     assert_canonical(run, name)
     assert run.noops == 0
     assert logical_projection(canonical_run(config, ("x", "y", "z")).state) == \
@@ -487,17 +163,16 @@ class SettledCheckedRun(Run):
 
 
 @pytest.mark.parametrize("name", list(CONFIGS))
-@settings(max_examples=15, deadline=None,
-          suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
-@given(data=st.data())
-def test_skipping_a_settled_rollout_side_is_the_full_reconcile(name, data):
+def test_skipping_a_settled_rollout_side_is_the_full_reconcile(name):
     """The reconcile's fast path (`fast._SETTLED`: the rollout passes skipped on a rollout side
     they were seen to leave alone) gives exactly what running every pass gives, on every step
     of runs with faults; and it is taken (most of the learner's events take it)."""
-    config, workers = CONFIGS[name]
-    run = SettledCheckedRun(config, workers)
-    play(run, Choices(data), Budget())
-    assert run.skipped >= config.total_updates * config.optimizer_steps
+    config, _ = CONFIGS[name]
+
+    def at_end(run: Run) -> None:
+        assert isinstance(run, SettledCheckedRun)
+        assert run.skipped >= config.total_updates * config.optimizer_steps
+    explore(name, Budget(), at_end, examples=15, run=SettledCheckedRun)
 
 
 def test_a_rollout_side_is_settled_only_for_the_very_objects_it_was_seen_with():
@@ -556,15 +231,13 @@ def test_seeded_sweep_exercises_every_fault():
     injected and that the core really sees duplicates and late replies."""
     applied: Counter = Counter()
     noops: Counter = Counter()
-    for seed in range(40):
-        name = list(CONFIGS)[seed % len(CONFIGS)]
-        config, workers = CONFIGS[name]
-        run = Run(config, workers)
-        play(run, SeededChoices(seed, fault_rate=0.3), Budget(5, 5, 3, 3, 3, 2, 3))
-        assert_canonical(run, name)
-        applied.update(run.applied)
-        noops.update({f.name: getattr(run.world.core.noops, f.name)
-                      for f in fields(run.world.core.noops)})
+    for name in CONFIGS:
+        def at_end(run: Run, name: str = name) -> None:
+            assert_canonical(run, name)
+            applied.update(run.applied)
+            noops.update({f.name: getattr(run.world.core.noops, f.name)
+                          for f in fields(run.world.core.noops)})
+        explore(name, Budget(5, 5, 3, 3, 3, 2, 3), at_end, examples=10, derandomize=True)
     for kind in ("duplicate", "repeat_observation", "drop", "early_timer", "crash_worker",
                  "restart_worker", "crash_learner", "restart_learner", "restart_driver",
                  "merge", "split"):

@@ -8,17 +8,12 @@ worker table. The renderings name every phase."""
 
 from __future__ import annotations
 
-import sys
 from collections.abc import Callable
-from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-from invar_model_harness import Driver, small_config  # noqa: E402
-
-from invar.model import (  # noqa: E402
+from helpers.core_driver import Driver, small_config
+from invar.model import (
     LearnerPhase,
     ProtocolError,
     WorkerPhase,
@@ -27,7 +22,7 @@ from invar.model import (  # noqa: E402
     run_complete,
     step,
 )
-from invar.model.messages import (  # noqa: E402
+from invar.model.messages import (
     Checkpoint,
     CheckpointWritten,
     Evaluate,
@@ -43,8 +38,8 @@ from invar.model.messages import (  # noqa: E402
     WorkerConnected,
     WorkerLost,
 )
-from invar.model.ragged import Ragged  # noqa: E402
-from invar.model.transitions import (  # noqa: E402
+from invar.model.ragged import Ragged
+from invar.model.transitions import (
     LEARNER,
     LEARNER_INTERNAL,
     WORKER,
@@ -53,7 +48,7 @@ from invar.model.transitions import (  # noqa: E402
     to_markdown,
     with_internal_moves,
 )
-from invar.testing import reply, version_digest  # noqa: E402
+from invar.testing import reply, version_digest
 
 L = LearnerPhase
 W = WorkerPhase

@@ -12,7 +12,6 @@ from __future__ import annotations
 import asyncio
 import json
 import re
-import sys
 from pathlib import Path
 
 import pytest
@@ -25,10 +24,7 @@ from invar.runtime.driver import Driver
 from invar.runtime.learner_executor import checkpoint_path
 from invar.runtime.store import WeightsStore
 from invar.testing import canonical_run
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-from invar.testing.runtime import FakeLearner, MemoryWorkers, SimulatedCrash, request_rows  # noqa: E402
+from invar.testing.runtime import FakeLearner, MemoryWorkers, SimulatedCrash, request_rows
 
 BOUNDARIES = ("rollout.workers=2", "protocol.total_updates=4", "protocol.eval_every=2",
               "protocol.checkpoint_every=2")

@@ -1,4 +1,4 @@
-"""What a real run's journal proves (finding 1 of issue 30): a reward changed and every digest
+"""What a real run's journal proves: a reward changed and every digest
 computed again by replaying the model passes the model, but not re-scoring
 (`invar-check --trace --rescore`, the default for the built-in tasks) and not a keyed chain
 (`invar train --journal-key`, `invar-check --trace --key`)."""
@@ -55,8 +55,8 @@ def with_reward(events: list[Event], index: int, row: int, reward: float) -> lis
 
 
 def forged(events: list[Event]) -> tuple[list[Event], tuple[int, int, int]]:
-    """The events with the reward of the first completion of the last frame raised by 1 (the
-    issue's 0.25 -> 1.25), and that completion's request."""
+    """The events with the reward of the first completion of the last frame raised by 1 (e.g.
+    0.25 -> 1.25), and that completion's request."""
     last = max(i for i, event in enumerate(events) if isinstance(event, RequestsCompleted))
     frame = events[last]
     assert isinstance(frame, RequestsCompleted)
@@ -163,7 +163,7 @@ def _cut_before_the_last_commit(path: Path) -> None:
 
 
 def test_a_resume_refuses_a_rewritten_reward_not_yet_trained_on(run, tmp_path, rt):
-    """Finding 1 of issue 30 as reported: a reward of a batch not yet trained on, changed and
+    """A reward of a batch not yet trained on, changed and
     re-digested; `invar train --resume` would train on it. The resume re-scores the batches
     not yet trained on (cheap: the in-flight ones) and refuses, naming the sample."""
     run_dir = copy_of(run, tmp_path / "run")

@@ -1,16 +1,14 @@
 """`LearnerExecutor` on the torch backend (a tiny model): the learner's rules, kept for real.
 
-Regression tests of the findings the rules fix: an older forward re-sent after a newer one
-replaced the pending binding (finding 1); a cotangent computed from other log-probs than the
-pending forward returned was applied (finding 3); a checkpoint was a plain copy that a crash
-could leave truncated, evaluated or copied whatever weights were in memory (finding 4).
+Regression tests of what the rules prevent: an older forward re-sent after a newer one
+replacing the pending binding; a cotangent computed from other log-probs than the pending
+forward returned being applied; a checkpoint as a plain copy that a crash could leave
+truncated, which evaluated or copied whatever weights were in memory.
 """
 
 from __future__ import annotations
 
 import os
-import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -42,10 +40,7 @@ from invar.runtime.metrics import MetricsLog
 from invar.runtime.policy import PolicyConfig
 from invar.runtime.task import DigitReversal
 from invar.runtime.torch_learner import OptimConfig, TorchLearner
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-from invar.testing.runtime import Counted  # noqa: E402
+from invar.testing.runtime import Counted
 
 TASK = DigitReversal(4)
 REQUESTS = tuple(RequestId(0, p, 0) for p in range(4))

@@ -75,7 +75,7 @@ def policy_spec():
 def test_a_padded_prompt_samples_and_scores_what_it_does_alone(model):
     """Sampling with the cache and scoring (the learner's forward) of left-padded rows give
     the tokens and, to float tolerance, the log-probs the rows give unpadded; without the
-    mask the same padding changes the answers (what issue 29 found)."""
+    mask the same padding changes the answers."""
     from invar.runtime.padding import Prompts, Sequences, positions_of, response_lengths
     from invar.runtime.sampler import generate
     from invar.runtime.torch_learner import response_logprobs

@@ -265,7 +265,7 @@ def test_a_kill_at_a_boundary_commit_is_evaluated_and_checkpointed_on_resume(
     rt.assert_same_weights(rt.final_weights(run_dir), rt.final_weights(boundary_reference))
 
 
-# -- a damaged store file (finding 3 of issue 30) ---------------------------------------------
+# -- a damaged store file ----------------------------------------------------------------------
 
 KILL_AT_LOAD = """
 import os, signal, sys
@@ -318,8 +318,8 @@ def _assert_finished_as_the_reference(run_dir: Path, reference: Path, rt) -> Non
 
 def test_a_damaged_store_file_is_published_again_on_resume(killed_at_load, reference, tmp_path,
                                                            rt):
-    """Finding 3 of issue 30: a flipped byte in a store file made every worker sent it refuse
-    it, and the run stopped, on every resume; the resume publishes it again from its commit."""
+    """A flipped byte in a store file would make every worker sent it refuse it, and the run
+    stop, on every resume; the resume publishes it again from its commit."""
     run_dir = _copy(killed_at_load, tmp_path / "run")
     assert LOAD_KILLED_AT in _damage_the_store(run_dir)
     done = _resume(rt, run_dir)

@@ -6,9 +6,6 @@ from __future__ import annotations
 
 import subprocess
 import sys
-from pathlib import Path
-
-import pytest
 
 from invar.model.core import run_complete
 
@@ -21,16 +18,11 @@ def test_identical_learners_write_byte_identical_commits(tmp_path, rt):
     for name, noise in (("a", 1), ("b", 7)):
         config = rt.tiny_config(tmp_path / name)
         torch.rand(noise)  # whatever the process drew before, the commits do not change
-        with rt_globals():
+        with rt.torch_globals_kept():
             learner = make_learner(config)
             learner.start()
         files.append((tmp_path / name / "commits").glob("commit-*").__next__().read_bytes())
     assert files[0] == files[1]
-
-
-def rt_globals():
-    from conftest import torch_globals_kept  # noqa: PLC0415 (the runtime tests' conftest)
-    return torch_globals_kept()
 
 
 def test_serial_runs_like_any_run(tmp_path, rt):
@@ -70,8 +62,7 @@ def test_the_legend_covers_no_curve():
 
 
 def test_piped_messages_are_not_wrapped(tmp_path):
-    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "checker"))
-    from test_trace_validation import small_config, write_journal
+    from helpers.journals import small_config, write_journal
     path = write_journal(tmp_path / ("a-long-directory-name-" * 3) / "journal.jsonl"
                          if (tmp_path / ("a-long-directory-name-" * 3)).mkdir() is None
                          else tmp_path, small_config())
@@ -80,9 +71,3 @@ def test_piped_messages_are_not_wrapped(tmp_path):
     assert checked.returncode == 0, checked.stdout
     lines = checked.stdout.splitlines()
     assert len(lines) == 1 and "every recorded digest agrees" in lines[0], lines
-
-
-@pytest.fixture(autouse=True)
-def _runtime_conftest_importable():
-    sys.path.insert(0, str(Path(__file__).resolve().parent))
-    yield

@@ -11,7 +11,6 @@ from __future__ import annotations
 import importlib.util
 import os
 import subprocess
-import sys
 from pathlib import Path
 from types import ModuleType
 
@@ -21,7 +20,6 @@ BENCHMARKS = Path(__file__).resolve().parents[2] / "benchmarks"
 
 
 def _load(name: str) -> ModuleType:
-    sys.path.insert(0, str(BENCHMARKS))  # twohost_acceptance imports twohost by name
     spec = importlib.util.spec_from_file_location(name, BENCHMARKS / f"{name}.py")
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
@@ -67,7 +65,7 @@ def test_a_wrong_host_key_is_refused_by_name(hosts, tmp_path):
     wrong.write_text(f"[{twohost.HOST_B}]:{twohost.SSH_PORT} {rogue}\n")
     done = _train_on_a(hosts, tmp_path / "run", f"rollout.ssh.known_hosts=\"{wrong}\"")
     assert done.returncode == 1, done.stderr
-    # The recorded key is not the host's: a CHANGED key (issue 31), named with its file.
+    # The recorded key is not the host's: a CHANGED key, named with its file.
     assert (f"invar: cannot start: ssh root@{twohost.HOST_B}:{twohost.SSH_PORT}: the host key "
             "has CHANGED") in done.stderr
     assert str(wrong) in done.stderr
