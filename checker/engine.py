@@ -26,6 +26,7 @@ from typing import Any
 from checker._expand import ExpandEnv, expander
 from checker.checkpoint import Levels, resume_levels, save_levels
 from checker.fingerprint import MASK64, all_hash_by_value, fast_fingerprint, fingerprint
+from checker.fpset import NO_PARENT
 from checker.model import Property, PropertyKind, overrides, successors_of
 from checker.result import Progress
 from checker.trace import Trace
@@ -44,8 +45,6 @@ __all__ = [
     "UnsafeHash",
     "starting_levels",
 ]
-
-NO_PARENT = -1  # parent pointer of an initial state
 
 
 class UnsafeHash(Exception):
@@ -126,7 +125,7 @@ class ModelContext:
 
     def expand_env(
         self,
-        visited: dict[int, Any],
+        visited: Any,
         nxt_append: Callable[[Any], None],
         cov: Coverage,
         props: PropertyTracker,
@@ -148,7 +147,7 @@ class ModelContext:
 
     def expander(
         self, cov: Coverage, props: PropertyTracker, *, check_new: bool, graph: bool = False,
-        graph_pairs: bool = False,
+        graph_pairs: bool = False, batch: bool = False,
     ) -> Callable[[list[tuple[Any, int]], int, ExpandEnv], int]:
         """The hot loop specialised for this model and the properties still open."""
         return expander(
@@ -165,6 +164,7 @@ class ModelContext:
             deadlock=props.deadlock,
             graph=graph,
             graph_pairs=graph_pairs,
+            batch=batch,
         )
 
     def fp(self, state: Any) -> int:

@@ -22,13 +22,15 @@ What is checked, exactly:
   ``record_graph`` on) verifies that from every reachable state some final state stays
   reachable; a violation is reported as a lasso into a terminal strongly connected component
   that contains no final state (or a path to a non-final state without successors).
-* Memory: the visited set is one dict ``fingerprint -> parent fingerprint`` (the parent value
-  is the parent's own key object, so it costs a pointer).  Measured on CPython 3.11: 71 bytes
-  per state at 300 k states, 78 at 1 M (35-42 B of dict entry and index, 36 B for the 64-bit
-  int key; int-encoded states below 2**30 use 28-B keys).  The BFS queue adds a
-  ``(state, fingerprint)`` tuple (56 B + the state) per queued state only.  In parallel runs
-  each worker's dict also holds the fingerprints it has met whose states another worker holds
-  (marked, never proposed twice), and the coordinator one ``fingerprint -> worker`` dict.
+* Memory: the sequential breadth-first search keeps its visited set, ``fingerprint -> parent
+  fingerprint``, in a compact open-addressing table of 64-bit fingerprints
+  (`checker.fpset.FingerprintSet`, TLC's FPSet): 16 bytes a slot, 21-43 bytes per state
+  (`reports/checker/visited_memory.md` measures it against the dict it replaced).  The BFS
+  queue adds a ``(state, fingerprint)`` tuple (56 B + the state) per queued state only.  The
+  depth-first search keeps a dict (a lookup per transition, no batch to hand over); in
+  parallel runs each worker's dict also holds the fingerprints it has met whose states
+  another worker holds (marked, never proposed twice), and the coordinator one
+  ``fingerprint -> worker`` dict.
 * Fingerprints (`checker.fingerprint`): Python's hash for states that hash by value, stable
   SHA-1 ones otherwise and wherever fingerprints leave the process (``fingerprints=``); every
   result gives TLC's estimate of the probability that a collision hid a state.
