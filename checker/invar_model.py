@@ -166,9 +166,12 @@ class InvarModel(BaseModel[Explored, tuple]):
         self._frames = bounds.frames
         self._worker_restarts = bounds.worker_restarts
         self._ample_possible = reduction and not bounds.frames
-        self._renamings = [_Renaming(self.worker_names, perm)
-                           for perm in itertools.permutations(self.worker_names)
-                           if perm != self.worker_names]
+        # each renaming of the workers but the identity, by the order of the workers it
+        # gives: the worker at index i of the result is the one at order[i] before
+        self._renamings = {order: _Renaming(self.worker_names,
+                                            _renaming_perm(self.worker_names, order))
+                           for order in itertools.permutations(range(bounds.workers))
+                           if order != tuple(range(bounds.workers))}
         self._transitions = IdentityMemo()
         self._transition_verdicts = self._transitions.entries
         self._phase_moves = IdentityMemo()
@@ -405,11 +408,20 @@ class InvarModel(BaseModel[Explored, tuple]):
         if not self.symmetry:
             return key
         # Interchangeable workers: a state stands for every renaming of its world, so its key
-        # is the set of the keys of all of them: the same set for every state of one orbit,
-        # disjoint sets for two orbits. The renaming is done on the objects: collections
-        # ordered by name (the core's workers, the world's workers) must be re-sorted, and a
-        # batch's slots stand behind a digest that hashes the names.
-        return frozenset([key, *(renaming.key(state) for renaming in self._renamings)])
+        # is one representative of them all (stateright's `representative`): the renaming that
+        # sorts the workers by what they are apart from their names (`_worker_signatures`),
+        # which the identity often is, so that no renamed key is built at all. Workers alike
+        # in that leave several such renamings: the key is then the set of their keys. Either
+        # way the same key for every state of one orbit, a different one for two orbits. The
+        # renaming is done on the objects: collections ordered by name (the core's workers,
+        # the world's workers) must be re-sorted, and a batch's slots stand behind a digest
+        # that hashes the names.
+        orders = _sorting_orders(_worker_signatures(state.world, self.worker_names))
+        if len(orders) == 1:
+            order = orders[0]
+            return self._renamings[order].key(state) if order in self._renamings else key
+        return frozenset([self._renamings[order].key(state) if order in self._renamings
+                          else key for order in orders])
 
     def format_action(self, action: tuple) -> str:
         kind, arg = action
@@ -669,6 +681,46 @@ def _schedule_part(projection: tuple) -> tuple:
 def _lost_before_connected(world: World, key: str) -> bool:
     """The loss `key` may not be delivered yet: `invar.model.world.observed_too_early`."""
     return w.observed_too_early(world, next(m for m in world.network if m.key == key))
+
+
+def _worker_signatures(world: World, names: tuple[str, ...]) -> list[tuple]:
+    """What each worker of `names` is apart from its name, comparable across workers and the
+    same in every process: its record in the world and its records in the core."""
+    signature: dict[str, list[Any]] = {
+        x.name: [x.incarnation, x.alive, -1 if x.version is None else x.version, x.load]
+        for x in world.workers}
+    for y in sorted((y.name, y.incarnation, y.phase.value,
+                     -1 if y.version is None else y.version, y.load, y.assigned)
+                    for y in world.core.workers):
+        signature[y[0]].append(y[1:])
+    return [tuple(signature[n]) for n in names]
+
+
+def _sorting_orders(signatures: list[tuple]) -> list[tuple[int, ...]]:
+    """Every order of the workers that sorts `signatures` (several when some are equal)."""
+    order = sorted(range(len(signatures)), key=signatures.__getitem__)
+    orders: list[list[int]] = [[]]
+    i = 0
+    while i < len(order):
+        j = i
+        while j < len(order) and signatures[order[j]] == signatures[order[i]]:
+            j += 1
+        if j - i == 1:
+            for o in orders:
+                o.append(order[i])
+        else:
+            orders = [o + list(p) for o in orders for p in itertools.permutations(order[i:j])]
+        i = j
+    return [tuple(o) for o in orders]
+
+
+def _renaming_perm(names: tuple[str, ...], order: tuple[int, ...]) -> tuple[str, ...]:
+    """The renaming (`_Renaming`'s `perm`: names[i] becomes perm[i]) that moves the worker
+    at `order[j]` to index j."""
+    perm = list(names)
+    for j, i in enumerate(order):
+        perm[i] = names[j]
+    return tuple(perm)
 
 
 class _Renaming:
