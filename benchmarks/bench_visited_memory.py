@@ -1,7 +1,8 @@
 """Bytes per distinct state of the breadth-first search's visited set, before and after.
 
     .venv/bin/python benchmarks/bench_visited_memory.py --baseline 4cd38db
-    .venv/bin/python benchmarks/bench_visited_memory.py --baseline 4cd38db --bound spec/gate/driver.toml
+    .venv/bin/python benchmarks/bench_visited_memory.py --baseline 4cd38db \
+        --bound spec/gate/driver.toml
 
 Each bound (default: the gate's `driver` and the deep `drops_duplicates`) is searched once,
 sequentially, livelock off (no graph recorded), by the baseline's tree (extracted with `git
