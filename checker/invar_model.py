@@ -34,6 +34,8 @@ from invar.model.errors import ConfigError
 from invar.model.invariants import INVARIANTS, IncrementalInvariants, transition_violations
 from invar.model.memo import IdentityMemo
 from invar.model.messages import (
+    LaunchRequest,
+    LoadWeights,
     RequestsCompleted,
     TimerFired,
 )
@@ -165,7 +167,10 @@ class InvarModel(BaseModel[Explored, tuple]):
         self.reduction = reduction
         self._frames = bounds.frames
         self._worker_restarts = bounds.worker_restarts
-        self._ample_possible = reduction and not bounds.frames
+        # a launch delivered alone stands for all orders (`_ample_launch`): not when frames
+        # may merge (a merge would take its reply with another) or a worker answers the
+        # launches in flight beside it together (launch frames)
+        self._ample_launches = reduction and not bounds.frames and not bounds.launch_frames
         # each renaming of the workers but the identity, by the order of the workers it
         # gives: the worker at index i of the result is the one at order[i] before
         self._renamings = {order: _Renaming(self.worker_names,
@@ -179,7 +184,6 @@ class InvarModel(BaseModel[Explored, tuple]):
         self._deliveries = IdentityMemo()
         self._delivery_entries = self._deliveries.entries
         self._answers = w.AnswersByValue()
-        self._independent = IdentityMemo()
         self._finals = IdentityMemo()
         self._final_entries = self._finals.entries
         self._refusals = IdentityMemo()
@@ -214,9 +218,9 @@ class InvarModel(BaseModel[Explored, tuple]):
         (drops, duplicates, worker_crashes, learner_crashes, driver_restarts, early_timers,
          repeats) = budget
         learner_alive = world.learner.alive
-        if (self._ample_possible and learner_alive and not (
+        if (self._ample_launches and learner_alive and not (
                 worker_crashes or learner_crashes or driver_restarts or early_timers)):
-            ample = self._ample(world, distinct)
+            ample = self._ample_launch(world)
             if ample is not None:
                 out: list[tuple[str, Any]] = [("deliver", ample)]
                 if drops:
@@ -493,32 +497,44 @@ class InvarModel(BaseModel[Explored, tuple]):
         return self._phase_moves.put(before, now, action,
                                      _phase_moves_are_listed(state, action, after))
 
-    def _ample(self, world: World, distinct: list[str]) -> str | None:
-        """Partial-order reduction: one worker reply stands for all orders of its kind.
+    def _ample_launch(self, world: World) -> str | None:
+        """Partial-order reduction: a launch to a worker, delivered (or dropped, duplicated)
+        first, stands for every order of it with the rest.
 
-        Used only where the core declares the deliveries independent (`independent_completion`)
-        and nothing else in the world can interleave with them: no crash or early-timer budget
-        left, every component alive (`actions` asks only then; the learner it checks itself),
-        no merging frames (a merge would take the ample frame with another: `_ample_possible`),
-        and only completions in flight to the core.
-        """
+        Under `actions`' conditions (no crash, restart or early-timer budget left, the learner
+        alive) and these, nothing another action does before it changes what it does, and it
+        changes nothing another action reads, so it commutes with all of them (the ample set's
+        C1): every worker alive; the launch in flight once (no copy), the core holding its
+        request assigned to that very incarnation, no reply for that request in flight
+        (so the core keeps the worker busy, and sends it no load, until this launch is
+        answered: `invar.model.core` loads free workers only) and no load to that worker in
+        flight. A launch leaves the worker as it was (`world._worker_answer`), so the other
+        launches to it, and every delivery to the core, the learner and the store, commute
+        with it; the timer fires only on an empty network. It changes only the network, which
+        no property reads (C2); each ample step takes a launch off the network or spends a
+        budget, so no cycle is made of them alone (C3)."""
         if not all(x.alive for x in world.workers):
             return None
-        # `distinct` is sorted: the keys of the messages to the core, in the order of their keys
-        # (a key is the destination, then the body's repr, which names its type).
-        candidates = [key for key in distinct if key.startswith(_TO_CORE)]
-        if not candidates or not all(key.startswith(_COMPLETIONS) for key in candidates):
+        network = world.network
+        launches = [m for m in network if type(m.body) is LaunchRequest]
+        if not launches:
             return None
-        bodies = {m.key: m.body for m in world.network}
-        core, independent = world.core, self._independent
-        for key in candidates:
-            # A function of the core and the reply: remembered for those very objects.
-            body = bodies[key]
-            verdict = independent.get(core, body)
-            if verdict is None:
-                verdict = independent.put(core, body, None, independent_completion(core, body))
-            if verdict:
-                return key
+        copies = Counter(m.key for m in launches)
+        loading = {m.body.worker for m in network if type(m.body) is LoadWeights}
+        replied = {request for m in network if type(m.body) is RequestsCompleted
+                   for request in m.body.completions.request_ids()}
+        core = world.core
+        group = core.config.group_size
+        for m in sorted(launches, key=_KEY_OF):
+            launch = m.body
+            if copies[m.key] > 1 or launch.worker in loading or launch.request in replied:
+                continue
+            batch = core.batch(launch.request.batch)
+            if batch is None:
+                continue
+            slot = batch.slots[launch.request.prompt * group + launch.request.sample]
+            if slot == Assigned(launch.worker, launch.incarnation):
+                return str(m.key)
         return None
 
 
@@ -595,31 +611,6 @@ class _StateInvariants:
                 self._core, self._all_hold = core, self._known.of(core, self._incremental.all_hold)
             return self._all_hold or not invariant(core)
         return holds
-
-
-def independent_completion(state: State, event: RequestsCompleted) -> bool:
-    """True when delivering `event` commutes with every other completion delivery: it fills
-    slots of batches that stay incomplete, so no command follows from it."""
-    filled: dict[int, set[int]] = {}
-    freed: dict[tuple[str, int], int] = {}
-    for request in event.completions.request_ids():
-        batch = state.batch(request.batch)
-        if batch is None:
-            return False
-        position = request.prompt * state.config.group_size + request.sample
-        slot = batch.slots[position]
-        if not isinstance(slot, Assigned) or position in filled.setdefault(request.batch, set()):
-            return False
-        filled[request.batch].add(position)
-        if batch.completed + len(filled[request.batch]) == len(batch.slots):
-            return False
-        taken = freed[slot.worker, slot.incarnation] = freed.get(
-            (slot.worker, slot.incarnation), 0) + 1
-        worker = state.worker(slot.worker)
-        # The worker keeps other requests, so it does not become free (and get a new load).
-        if worker is None or worker.incarnation != slot.incarnation or worker.assigned <= taken:
-            return False
-    return True
 
 
 def _mixed_frame_in_flight(state: Explored) -> bool:
