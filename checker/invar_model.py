@@ -178,6 +178,7 @@ class InvarModel(BaseModel[Explored, tuple]):
                            for order in itertools.permutations(range(bounds.workers))
                            if order != tuple(range(bounds.workers))}
         self._transitions = IdentityMemo()
+        self._orders = IdentityMemo()
         self._transition_verdicts = self._transitions.entries
         self._phase_moves = IdentityMemo()
         self._phase_verdicts = self._phase_moves.entries
@@ -408,9 +409,8 @@ class InvarModel(BaseModel[Explored, tuple]):
         return props
 
     def fingerprint_key(self, state: Explored) -> Any:
-        key = _key(state)
         if not self.symmetry:
-            return key
+            return _key(state)
         # Interchangeable workers: a state stands for every renaming of its world, so its key
         # is one representative of them all (stateright's `representative`): the renaming that
         # sorts the workers by what they are apart from their names (`_worker_signatures`),
@@ -420,12 +420,19 @@ class InvarModel(BaseModel[Explored, tuple]):
         # renaming is done on the objects: collections ordered by name (the core's workers,
         # the world's workers) must be re-sorted, and a batch's slots stand behind a digest
         # that hashes the names.
-        orders = _sorting_orders(_worker_signatures(state.world, self.worker_names))
+        world = state.world
+        # The orders depend on the world's and the core's worker records alone, objects that
+        # states share: computed once per pair of them.
+        orders = self._orders.get(world.workers, world.core.workers)
+        if orders is None:
+            orders = self._orders.put(world.workers, world.core.workers, None, _sorting_orders(
+                _worker_signatures(world, self.worker_names)))
+        renamings = self._renamings
         if len(orders) == 1:
             order = orders[0]
-            return self._renamings[order].key(state) if order in self._renamings else key
-        return frozenset([self._renamings[order].key(state) if order in self._renamings
-                          else key for order in orders])
+            return renamings[order].key(state) if order in renamings else _key(state)
+        return frozenset([renamings[order].key(state) if order in renamings else _key(state)
+                          for order in orders])
 
     def format_action(self, action: tuple) -> str:
         kind, arg = action
