@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: setup lint test test-all check train bench clean
+.PHONY: setup lint test test-all check check-deep train bench clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -34,6 +34,11 @@ test-all: $(STAMP)
 
 check: $(STAMP)
 	$(VENV)/bin/invar-check
+
+# The deep bounds (spec/deep/): every fault kind at once, and two deeper ones. Long (minutes to
+# hours, not CI's): run by hand or on a schedule, on both cores, livelock on.
+check-deep: $(STAMP)
+	for bound in spec/deep/*.toml; do $(VENV)/bin/invar-check $$bound --processes 2 || exit 1; done
 
 # Each `make train` is a new run, in its own directory (RUN=runs/NAME picks it).
 RUN ?= runs/train-$(shell date +%Y%m%d-%H%M%S)

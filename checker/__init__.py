@@ -5,6 +5,7 @@ it on every module's imports, deferred ones included, and that the import graph 
 
 1. `checker.model`        – the `Model` protocol, `BaseModel` defaults, `Property` kinds.
 2. `checker.fingerprint`  – stable 64-bit state fingerprints.
+   `checker.fpset`        – the visited set as a compact table of them (TLC's FPSet).
    `checker.trace`        – `Trace`, `diff_states`, `trace_to_json`.
 3. `checker.result`       – `CheckResult`, `PropertyResult`, `Verdict`, `Progress`, graph export.
    `checker.checkpoint`   – atomic checkpoint files, and a breadth-first search's levels in

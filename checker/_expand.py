@@ -27,7 +27,7 @@ class ExpandEnv:
     succ: Callable[[Any], Any]
     key: Callable[[Any], Any] | None
     fp: Callable[[Any], int]
-    visited: dict[int, int]
+    visited: Any  # a dict fingerprint -> parent, or with `batch` a FingerprintSet
     nxt_append: Callable[[Any], None]
     cov_buf: list[Any] | None  # the coverage buffer, of actions or their types' codes (None: off)
     props: Any
@@ -60,12 +60,18 @@ def expander_source(
     deadlock: bool,
     graph: bool,
     graph_pairs: bool = False,
+    batch: bool = False,
 ) -> str:
     """The source of the specialised ``expand(chunk, depth, env) -> generated`` function.
 
     With `check_new`, `always` and `sometimes` are the numbers of such properties still open:
     their checks are then unrolled, each predicate bound to a local once per chunk (a loop
-    over the lists, unpacking a pair per property and state, when they are -1)."""
+    over the lists, unpacking a pair per property and state, when they are -1).
+
+    With `batch`, the visited set is a `checker.fpset.FingerprintSet`: the loop gathers every
+    transition's target, fingerprint and source, and the chunk's new states are those its one
+    `add_new` call returns, checked and queued in the order they were met, as a dict lookup
+    per transition would have found them."""
     body = [
         "def expand(chunk, depth, env):",
         "    succ = env.succ",
@@ -89,6 +95,10 @@ def expander_source(
     ]
     add = body.append
     unroll = check_new and always >= 0 and sometimes >= 0
+    if batch:
+        add("    met_t = []")
+        add("    met_g = []")
+        add("    met_f = []")
     if unroll:
         # The lists are read once per chunk, as the loops below read them: a property closed
         # during a chunk is still checked until its end (`PropertyTracker.record` keeps the
@@ -147,26 +157,15 @@ def expander_source(
     if graph:
         # An unlabelled graph is recorded as a list of (f, g): its append, called directly.
         add("            graph_edge((f, g))" if graph_pairs else "            graph_edge(f, g, a)")
-    add("            if g in visited:")
-    add("                continue")
-    add("            visited[g] = f")
-    if unroll:
-        for i in range(always):
-            add(f"            if not always{i}(t):")
-            add(f"                fail_always(always_name{i}, g, d1)")
-        for i in range(sometimes):
-            add(f"            if sometimes{i}(t):")
-            add(f"                hit_sometimes(sometimes_name{i}, g, d1)")
-    elif check_new:
-        add("            for pn, pp in always:")
-        add("                if not pp(t):")
-        add("                    fail_always(pn, g, d1)")
-        add("            for pn, pp in sometimes:")
-        add("                if pp(t):")
-        add("                    hit_sometimes(pn, g, d1)")
-    if graph:
-        add("            graph_node(t, g)")
-    add("            nxt_append((t, g))")
+    if batch:
+        add("            met_t.append(t)")
+        add("            met_g.append(g)")
+        add("            met_f.append(f)")
+    else:
+        add("            if g in visited:")
+        add("                continue")
+        add("            visited[g] = f")
+        _add_new_state(add, "            ", unroll, check_new, always, sometimes, graph)
     if not coverage:
         add("        generated += n")
     if final:
@@ -179,8 +178,35 @@ def expander_source(
     elif deadlock:
         add(f"        if {empty}:")
         add("            check_expanded(s, f, depth, 0, False)")
+    if batch:
+        add("    for i in visited.add_new(met_g, met_f):")
+        add("        t = met_t[i]")
+        add("        g = met_g[i]")
+        _add_new_state(add, "        ", unroll, check_new, always, sometimes, graph)
     add("    return len(cov_buf) - start" if coverage else "    return generated")
     return "\n".join(body) + "\n"
+
+
+def _add_new_state(add: Callable[[str], None], pad: str, unroll: bool, check_new: bool,
+                   always: int, sometimes: int, graph: bool) -> None:
+    """The lines for a state `t` (fingerprint `g`) first visited: its checks, its queueing."""
+    if unroll:
+        for i in range(always):
+            add(f"{pad}if not always{i}(t):")
+            add(f"{pad}    fail_always(always_name{i}, g, d1)")
+        for i in range(sometimes):
+            add(f"{pad}if sometimes{i}(t):")
+            add(f"{pad}    hit_sometimes(sometimes_name{i}, g, d1)")
+    elif check_new:
+        add(f"{pad}for pn, pp in always:")
+        add(f"{pad}    if not pp(t):")
+        add(f"{pad}        fail_always(pn, g, d1)")
+        add(f"{pad}for pn, pp in sometimes:")
+        add(f"{pad}    if pp(t):")
+        add(f"{pad}        hit_sometimes(pn, g, d1)")
+    if graph:
+        add(f"{pad}graph_node(t, g)")
+    add(f"{pad}nxt_append((t, g))")
 
 
 def expander(**flags: Any) -> Callable[[list[tuple[Any, int]], int, ExpandEnv], int]:

@@ -24,6 +24,7 @@ from checker.engine import (
     SearchOptions,
     starting_levels,
 )
+from checker.fpset import FingerprintSet
 from checker.result import Progress
 
 __all__ = ["CHUNK", "run_sequential_bfs"]
@@ -38,7 +39,8 @@ def run_sequential_bfs(options: SearchOptions, ctx: ModelContext) -> Outcome:
 
 class _SequentialBFS:
     """One run: the frontier (`current`, expanded from index `i`; `nxt`, the next level), the
-    visited set with its parent pointers, and the counters an `Outcome` reports."""
+    visited set with its parent pointers (a `FingerprintSet`), and the counters an `Outcome`
+    reports."""
 
     def __init__(self, options: SearchOptions, ctx: ModelContext) -> None:
         self.options = options
@@ -50,7 +52,8 @@ class _SequentialBFS:
         if self.recorder is not None and options.resume_from is not None:
             raise CheckpointError("record_graph cannot be combined with resume_from")
         levels = starting_levels(options, ctx)
-        self.visited = levels.visited
+        self.visited = FingerprintSet.from_items(levels.visited.items(),
+                                                 signed=ctx.fp_kind == "fast")
         self.depth = levels.depth
         self.current = levels.current
         self.i = 0
@@ -98,7 +101,7 @@ class _SequentialBFS:
             chunk = current[lo : lo + CHUNK]
             self.i = hi = lo + len(chunk)
             expand = ctx.expander(cov, props, check_new=props.wants_new, graph=recorder is not None,
-                                  graph_pairs=pairs is not None)
+                                  graph_pairs=pairs is not None, batch=True)
             nxt = self.nxt
             before = len(nxt)
             self.generated += expand(chunk, self.depth, env)
@@ -149,7 +152,7 @@ class _SequentialBFS:
 
     def _save_checkpoint(self) -> None:
         self.options.save_checkpoint(Levels(
-            visited=self.visited,
+            visited=dict(self.visited.items()),
             depth=self.depth,
             current=self.current[self.i :],
             following=self.nxt,

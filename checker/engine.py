@@ -12,7 +12,8 @@ none of them imports another strategy's, so the engine's modules form no import 
   `SearchControl`, the requests it answers while it runs;
 * `starting_levels`, `Housekeeping` – where a breadth-first search starts (its initial states
   or a checkpoint's levels), and when a search reports progress and writes checkpoints;
-* `GraphRecorder` – the explored graph, for `record_graph` and the livelock check.
+* `GraphRecorder` – the explored graph, for `record_graph` and the livelock check;
+  `EdgeArrays`, the parallel search's graph for the livelock check.
 """
 
 from __future__ import annotations
@@ -23,9 +24,12 @@ from collections.abc import Callable, Hashable
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
+
 from checker._expand import ExpandEnv, expander
 from checker.checkpoint import Levels, resume_levels, save_levels
 from checker.fingerprint import MASK64, all_hash_by_value, fast_fingerprint, fingerprint
+from checker.fpset import NO_PARENT
 from checker.model import Property, PropertyKind, overrides, successors_of
 from checker.result import Progress
 from checker.trace import Trace
@@ -33,6 +37,7 @@ from checker.trace import Trace
 __all__ = [
     "NO_PARENT",
     "Coverage",
+    "EdgeArrays",
     "Found",
     "GraphRecorder",
     "Housekeeping",
@@ -44,8 +49,6 @@ __all__ = [
     "UnsafeHash",
     "starting_levels",
 ]
-
-NO_PARENT = -1  # parent pointer of an initial state
 
 
 class UnsafeHash(Exception):
@@ -126,7 +129,7 @@ class ModelContext:
 
     def expand_env(
         self,
-        visited: dict[int, Any],
+        visited: Any,
         nxt_append: Callable[[Any], None],
         cov: Coverage,
         props: PropertyTracker,
@@ -148,7 +151,7 @@ class ModelContext:
 
     def expander(
         self, cov: Coverage, props: PropertyTracker, *, check_new: bool, graph: bool = False,
-        graph_pairs: bool = False,
+        graph_pairs: bool = False, batch: bool = False,
     ) -> Callable[[list[tuple[Any, int]], int, ExpandEnv], int]:
         """The hot loop specialised for this model and the properties still open."""
         return expander(
@@ -165,6 +168,7 @@ class ModelContext:
             deadlock=props.deadlock,
             graph=graph,
             graph_pairs=graph_pairs,
+            batch=batch,
         )
 
     def fp(self, state: Any) -> int:
@@ -430,7 +434,7 @@ class Outcome:
     stop_reason: str
     found: dict[str, Found]
     parent_of: Callable[[int], int] | None
-    recorder: GraphRecorder | None = None
+    recorder: GraphRecorder | EdgeArrays | None = None
     processes: int = 1
     notes: list[str] = field(default_factory=list)
 
@@ -655,3 +659,66 @@ def _new_graph() -> Any:
     import networkx as nx  # optional dependency, needed only when a graph is built
 
     return nx.DiGraph()
+
+
+class EdgeArrays:
+    """The unlabelled state graph of a parallel search, as the livelock check needs it: the
+    visited fingerprints, the initial and final ones, and the transitions (each worker's, as
+    numpy arrays of 64-bit patterns; see `checker.fpset` for the two domains).  It answers
+    what `GraphRecorder` answers: `every_state_can_finish` (vectorised: backward reachability
+    from the final states over the reversed edges) and `graph` (networkx, built when a
+    livelock needs its counterexample)."""
+
+    def __init__(self, signed: bool, nodes: list[int], initial: list[int],
+                 edges: list[np.ndarray], finals: list[np.ndarray]) -> None:
+        self.signed = signed
+        dtype = np.int64 if signed else np.uint64
+        self.nodes = np.array(nodes, dtype=dtype).view(np.uint64)
+        self.initial = np.array(initial, dtype=dtype).view(np.uint64)
+        self.edges = (np.concatenate(edges) if edges
+                      else np.zeros((0, 2), dtype=np.uint64)).reshape(-1, 2)
+        self.finals = np.concatenate(finals) if finals else np.zeros(0, dtype=np.uint64)
+        self._graph: Any = None
+
+    def every_state_can_finish(self) -> bool:
+        n = len(self.nodes)
+        order = np.argsort(self.nodes)
+        ordered = self.nodes[order]
+
+        def index(patterns: np.ndarray) -> np.ndarray:
+            return order[np.searchsorted(ordered, patterns)]
+
+        src, dst = index(self.edges[:, 0]), index(self.edges[:, 1])
+        by_dst = np.argsort(dst, kind="stable")
+        predecessors = src[by_dst]
+        starts = np.searchsorted(dst[by_dst], np.arange(n + 1))
+        can_finish = np.zeros(n, dtype=bool)
+        frontier = np.unique(index(self.finals))
+        can_finish[frontier] = True
+        while len(frontier):
+            lo, counts = starts[frontier], starts[frontier + 1] - starts[frontier]
+            total = int(counts.sum())
+            if total == 0:
+                break
+            # the predecessors of every frontier state, gathered from their ranges at once
+            at = np.repeat(lo - np.cumsum(counts) + counts, counts) + np.arange(total)
+            found = predecessors[at]
+            frontier = np.unique(found[~can_finish[found]])
+            can_finish[frontier] = True
+        return bool(can_finish.all())
+
+    @property
+    def graph(self) -> Any:
+        if self._graph is None:
+            dtype = np.int64 if self.signed else np.uint64
+
+            def ints(patterns: np.ndarray) -> list[Any]:
+                return list(patterns.view(dtype).tolist())
+
+            initial, finals = set(ints(self.initial)), set(ints(self.finals))
+            graph = _new_graph()
+            graph.add_nodes_from((g, {"init": g in initial, "final": g in finals})
+                                 for g in ints(self.nodes))
+            graph.add_edges_from(zip(ints(self.edges[:, 0]), ints(self.edges[:, 1])))
+            self._graph = graph
+        return self._graph

@@ -34,6 +34,8 @@ from invar.model.errors import ConfigError
 from invar.model.invariants import INVARIANTS, IncrementalInvariants, transition_violations
 from invar.model.memo import IdentityMemo
 from invar.model.messages import (
+    LaunchRequest,
+    LoadWeights,
     RequestsCompleted,
     TimerFired,
 )
@@ -165,15 +167,21 @@ class InvarModel(BaseModel[Explored, tuple]):
         self.reduction = reduction
         self._frames = bounds.frames
         self._worker_restarts = bounds.worker_restarts
-        self._ample_possible = reduction and not bounds.frames
-        self._renamings = [_Renaming(self.worker_names, perm)
-                           for perm in itertools.permutations(self.worker_names)
-                           if perm != self.worker_names]
+        # a launch delivered alone stands for all orders (`_ample_launch`): not when frames
+        # may merge (a merge would take its reply with another) or a worker answers the
+        # launches in flight beside it together (launch frames)
+        self._ample_launches = reduction and not bounds.frames and not bounds.launch_frames
+        # each renaming of the workers but the identity, by the order of the workers it
+        # gives: the worker at index i of the result is the one at order[i] before
+        self._renamings = {order: _Renaming(self.worker_names,
+                                            _renaming_perm(self.worker_names, order))
+                           for order in itertools.permutations(range(bounds.workers))
+                           if order != tuple(range(bounds.workers))}
         self._transitions = IdentityMemo()
+        self._orders = IdentityMemo()
         self._phase_moves = IdentityMemo()
         self._deliveries = IdentityMemo()
         self._answers = w.AnswersByValue()
-        self._independent = IdentityMemo()
         self._finals = IdentityMemo()
         self._refusals = IdentityMemo()
         self._kinds: dict[tuple, str] = {}
@@ -207,9 +215,9 @@ class InvarModel(BaseModel[Explored, tuple]):
         (drops, duplicates, worker_crashes, learner_crashes, driver_restarts, early_timers,
          repeats) = budget
         learner_alive = world.learner.alive
-        if (self._ample_possible and learner_alive and not (
+        if (self._ample_launches and learner_alive and not (
                 worker_crashes or learner_crashes or driver_restarts or early_timers)):
-            ample = self._ample(world, distinct)
+            ample = self._ample_launch(world)
             if ample is not None:
                 out: list[tuple[str, Any]] = [("deliver", ample)]
                 if drops:
@@ -391,15 +399,30 @@ class InvarModel(BaseModel[Explored, tuple]):
         return props
 
     def fingerprint_key(self, state: Explored) -> Any:
-        key = _key(state)
         if not self.symmetry:
-            return key
+            return _key(state)
         # Interchangeable workers: a state stands for every renaming of its world, so its key
-        # is the set of the keys of all of them: the same set for every state of one orbit,
-        # disjoint sets for two orbits. The renaming is done on the objects: collections
-        # ordered by name (the core's workers, the world's workers) must be re-sorted, and a
-        # batch's slots stand behind a digest that hashes the names.
-        return frozenset([key, *(renaming.key(state) for renaming in self._renamings)])
+        # is one representative of them all (stateright's `representative`): the renaming that
+        # sorts the workers by what they are apart from their names (`_worker_signatures`),
+        # which the identity often is, so that no renamed key is built at all. Workers alike
+        # in that leave several such renamings: the key is then the set of their keys. Either
+        # way the same key for every state of one orbit, a different one for two orbits. The
+        # renaming is done on the objects: collections ordered by name (the core's workers,
+        # the world's workers) must be re-sorted, and a batch's slots stand behind a digest
+        # that hashes the names.
+        world = state.world
+        # The orders depend on the world's and the core's worker records alone, objects that
+        # states share: computed once per pair of them.
+        orders = self._orders.lookup(world.workers, world.core.workers)
+        if orders is None:
+            orders = self._orders.put(world.workers, world.core.workers, None, _sorting_orders(
+                _worker_signatures(world, self.worker_names)))
+        renamings = self._renamings
+        if len(orders) == 1:
+            order = orders[0]
+            return renamings[order].key(state) if order in renamings else _key(state)
+        return frozenset([renamings[order].key(state) if order in renamings else _key(state)
+                          for order in orders])
 
     def format_action(self, action: tuple) -> str:
         kind, arg = action
@@ -468,32 +491,44 @@ class InvarModel(BaseModel[Explored, tuple]):
         return self._phase_moves.put(before, now, action,
                                      _phase_moves_are_listed(state, action, after))
 
-    def _ample(self, world: World, distinct: list[str]) -> str | None:
-        """Partial-order reduction: one worker reply stands for all orders of its kind.
+    def _ample_launch(self, world: World) -> str | None:
+        """Partial-order reduction: a launch to a worker, delivered (or dropped, duplicated)
+        first, stands for every order of it with the rest.
 
-        Used only where the core declares the deliveries independent (`independent_completion`)
-        and nothing else in the world can interleave with them: no crash or early-timer budget
-        left, every component alive (`actions` asks only then; the learner it checks itself),
-        no merging frames (a merge would take the ample frame with another: `_ample_possible`),
-        and only completions in flight to the core.
-        """
+        Under `actions`' conditions (no crash, restart or early-timer budget left, the learner
+        alive) and these, nothing another action does before it changes what it does, and it
+        changes nothing another action reads, so it commutes with all of them (the ample set's
+        C1): every worker alive; the launch in flight once (no copy), the core holding its
+        request assigned to that very incarnation, no reply for that request in flight
+        (so the core keeps the worker busy, and sends it no load, until this launch is
+        answered: `invar.model.core` loads free workers only) and no load to that worker in
+        flight. A launch leaves the worker as it was (`world._worker_answer`), so the other
+        launches to it, and every delivery to the core, the learner and the store, commute
+        with it; the timer fires only on an empty network. It changes only the network, which
+        no property reads (C2); each ample step takes a launch off the network or spends a
+        budget, so no cycle is made of them alone (C3)."""
         if not all(x.alive for x in world.workers):
             return None
-        # `distinct` is sorted: the keys of the messages to the core, in the order of their keys
-        # (a key is the destination, then the body's repr, which names its type).
-        candidates = [key for key in distinct if key.startswith(_TO_CORE)]
-        if not candidates or not all(key.startswith(_COMPLETIONS) for key in candidates):
+        network = world.network
+        launches = [m for m in network if type(m.body) is LaunchRequest]
+        if not launches:
             return None
-        bodies = {m.key: m.body for m in world.network}
-        core, independent = world.core, self._independent
-        for key in candidates:
-            # A function of the core and the reply: remembered for those very objects.
-            body = bodies[key]
-            verdict = independent.lookup(core, body)
-            if verdict is None:
-                verdict = independent.put(core, body, None, independent_completion(core, body))
-            if verdict:
-                return key
+        copies = Counter(m.key for m in launches)
+        loading = {m.body.worker for m in network if type(m.body) is LoadWeights}
+        replied = {request for m in network if type(m.body) is RequestsCompleted
+                   for request in m.body.completions.request_ids()}
+        core = world.core
+        group = core.config.group_size
+        for m in sorted(launches, key=_KEY_OF):
+            launch = m.body
+            if copies[m.key] > 1 or launch.worker in loading or launch.request in replied:
+                continue
+            batch = core.batch(launch.request.batch)
+            if batch is None:
+                continue
+            slot = batch.slots[launch.request.prompt * group + launch.request.sample]
+            if slot == Assigned(launch.worker, launch.incarnation):
+                return str(m.key)
         return None
 
 
@@ -572,31 +607,6 @@ class _StateInvariants:
         return holds
 
 
-def independent_completion(state: State, event: RequestsCompleted) -> bool:
-    """True when delivering `event` commutes with every other completion delivery: it fills
-    slots of batches that stay incomplete, so no command follows from it."""
-    filled: dict[int, set[int]] = {}
-    freed: dict[tuple[str, int], int] = {}
-    for request in event.completions.request_ids():
-        batch = state.batch(request.batch)
-        if batch is None:
-            return False
-        position = request.prompt * state.config.group_size + request.sample
-        slot = batch.slots[position]
-        if not isinstance(slot, Assigned) or position in filled.setdefault(request.batch, set()):
-            return False
-        filled[request.batch].add(position)
-        if batch.completed + len(filled[request.batch]) == len(batch.slots):
-            return False
-        taken = freed[slot.worker, slot.incarnation] = freed.get(
-            (slot.worker, slot.incarnation), 0) + 1
-        worker = state.worker(slot.worker)
-        # The worker keeps other requests, so it does not become free (and get a new load).
-        if worker is None or worker.incarnation != slot.incarnation or worker.assigned <= taken:
-            return False
-    return True
-
-
 def _mixed_frame_in_flight(state: Explored) -> bool:
     """A reply frame in flight to the core holds a completion the core has and one it lacks."""
     core = state.world.core
@@ -655,6 +665,46 @@ def _schedule_part(projection: tuple) -> tuple:
 def _lost_before_connected(world: World, key: str) -> bool:
     """The loss `key` may not be delivered yet: `invar.model.world.observed_too_early`."""
     return w.observed_too_early(world, next(m for m in world.network if m.key == key))
+
+
+def _worker_signatures(world: World, names: tuple[str, ...]) -> list[tuple]:
+    """What each worker of `names` is apart from its name, comparable across workers and the
+    same in every process: its record in the world and its records in the core."""
+    signature: dict[str, list[Any]] = {
+        x.name: [x.incarnation, x.alive, -1 if x.version is None else x.version, x.load]
+        for x in world.workers}
+    for y in sorted((y.name, y.incarnation, y.phase.value,
+                     -1 if y.version is None else y.version, y.load, y.assigned)
+                    for y in world.core.workers):
+        signature[y[0]].append(y[1:])
+    return [tuple(signature[n]) for n in names]
+
+
+def _sorting_orders(signatures: list[tuple]) -> list[tuple[int, ...]]:
+    """Every order of the workers that sorts `signatures` (several when some are equal)."""
+    order = sorted(range(len(signatures)), key=signatures.__getitem__)
+    orders: list[list[int]] = [[]]
+    i = 0
+    while i < len(order):
+        j = i
+        while j < len(order) and signatures[order[j]] == signatures[order[i]]:
+            j += 1
+        if j - i == 1:
+            for o in orders:
+                o.append(order[i])
+        else:
+            orders = [o + list(p) for o in orders for p in itertools.permutations(order[i:j])]
+        i = j
+    return [tuple(o) for o in orders]
+
+
+def _renaming_perm(names: tuple[str, ...], order: tuple[int, ...]) -> tuple[str, ...]:
+    """The renaming (`_Renaming`'s `perm`: names[i] becomes perm[i]) that moves the worker
+    at `order[j]` to index j."""
+    perm = list(names)
+    for j, i in enumerate(order):
+        perm[i] = names[j]
+    return tuple(perm)
 
 
 class _Renaming:

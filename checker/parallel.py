@@ -50,10 +50,13 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from checker.checkpoint import Levels
+import numpy as np
+
+from checker.checkpoint import CheckpointError, Levels
 from checker.engine import (
     NO_PARENT,
     Coverage,
+    EdgeArrays,
     Found,
     Housekeeping,
     ModelContext,
@@ -84,6 +87,7 @@ class _WorkerOptions:
     coverage: bool
     fingerprints: str  # the coordinator's kind: forked workers share its hash secret
     sampling: bool
+    record_edges: bool  # for the livelock check: each transition's (source, target)
 
 
 def _worker_main(conn: Any, model: Any, opts: _WorkerOptions) -> None:
@@ -114,6 +118,12 @@ class _Worker:
         # next-level states already visited (a resumed checkpoint's)
         self.ready: list[tuple[Any, int]] = []
         self.pending: list[tuple[Any, int]] = []  # candidates for the next level
+        # with `record_edges`: the transitions this worker expanded and its final states,
+        # as arrays of 64-bit patterns, one per step (a list of pairs costs ~100 B an edge)
+        self.record_edges = opts.record_edges
+        self.dtype = np.int64 if ctx.fp_kind == "fast" else np.uint64
+        self.edges: list[np.ndarray] = []
+        self.finals: list[np.ndarray] = []
 
     def serve(self) -> None:
         conn = self.conn
@@ -153,6 +163,9 @@ class _Worker:
                 conn.send(("ok", (mine, self.cur)))
             elif cmd == "coverage":
                 conn.send(("ok", self.cov.kinds()))
+            elif cmd == "edges":
+                conn.send(("ok", (self.edges, self.finals)))
+                self.edges, self.finals = [], []
             elif cmd == "stop":
                 return
             else:  # pragma: no cover - protocol error
@@ -192,13 +205,19 @@ class _Worker:
         ctx, props, cov, cur = self.ctx, self.props, self.cov, self.cur
         generated = 0
         unsafe = None
+        edges: list[tuple[int, int]] = []
+        finals: list[int] = []
         if expand_ok and cur:
             pending = self.pending
             env = ctx.expand_env(self.seen, pending.append, cov, props)
+            if self.record_edges:
+                env.graph_edge, env.graph_node, env.graph_final = (
+                    edges.append, _no_node, finals.append)
             for lo in range(0, len(cur), _CHUNK):
                 # (re-)specialised per chunk: properties may have been decided meanwhile;
                 # new states are checked when won (`accept`), not when met
-                expand = ctx.expander(cov, props, check_new=False)
+                expand = ctx.expander(cov, props, check_new=False, graph=self.record_edges,
+                                      graph_pairs=True)
                 mark = len(pending)
                 try:
                     generated += expand(cur[lo : lo + _CHUNK], depth, env)
@@ -213,6 +232,9 @@ class _Worker:
                     break
                 cov.flush()
             self.cur = []
+        if self.record_edges:
+            self.edges.append(np.array(edges, dtype=self.dtype).reshape(-1, 2).view(np.uint64))
+            self.finals.append(np.array(finals, dtype=self.dtype).view(np.uint64))
         return {
             "generated": generated,
             "frontier": len(cur),
@@ -277,6 +299,10 @@ class _Pool:
             conn.close()
 
 
+def _no_node(state: Any, g: int) -> None:
+    """The parallel search records states as the coordinator visits them, not as met."""
+
+
 def _judge(candidates: list[list[int]], visited: dict[int, int], n: int) -> tuple[list[bytes], int]:
     """Each worker's verdicts on its candidates (one byte each: 1 won, 0 refused), and how many
     states are new; the new ones enter `visited` (fingerprint -> the worker that holds it)."""
@@ -328,12 +354,20 @@ class _Coordinator:
         self.worker_cpu = [0.0] * n
         self.critical = self.judging = 0.0
         self.expanded = [0] * n
+        if options.labelled_graph:
+            raise ValueError("a labelled graph is recorded in one process")
+        if options.record_graph and options.resume_from is not None:
+            raise CheckpointError("record_graph cannot be combined with resume_from")
+        self.initial: list[int] = []
         self.pool = _Pool(n, options.model, _WorkerOptions(
-            options.check_deadlock, options.coverage, ctx.fp_kind, ctx.sampling))
+            options.check_deadlock, options.coverage, ctx.fp_kind, ctx.sampling,
+            options.record_graph))
 
     def run(self) -> Outcome:
         try:
-            self._load(starting_levels(self.options, self.ctx))
+            levels = starting_levels(self.options, self.ctx)
+            self.initial = [g for _s, g in levels.current]
+            self._load(levels)
             self._search()
             return self._finish()
         finally:
@@ -488,9 +522,22 @@ class _Coordinator:
                                       self.max_seen, elapsed, done=True))
         outcome = Outcome("bfs", self.generated, len(self.visited), self.max_seen, elapsed,
                           coverage, self.complete, self.stop_reason, dict(self.props.found),
-                          self._parent_chains().__getitem__, None, processes=self.n)
+                          self._parent_chains().__getitem__, self._edge_arrays(),
+                          processes=self.n)
         outcome.notes.append(self._cpu_note())
         return outcome
+
+    def _edge_arrays(self) -> EdgeArrays | None:
+        """The state graph for the livelock check, from the workers' edges (when recorded)."""
+        if not self.options.record_graph:
+            return None
+        edges: list[np.ndarray] = []
+        finals: list[np.ndarray] = []
+        for part_edges, part_finals in self.pool.call_all([("edges",)] * self.n):
+            edges.extend(part_edges)
+            finals.extend(part_finals)
+        return EdgeArrays(self.ctx.fp_kind == "fast", list(self.visited), self.initial, edges,
+                          finals)
 
     def _parent_chains(self) -> dict[int, int]:
         """The parent pointers from every discovery back to an initial state, asked of the

@@ -21,14 +21,18 @@ What is checked, exactly:
 * The livelock check (``check_livelock=True``, needs the state graph, so it turns
   ``record_graph`` on) verifies that from every reachable state some final state stays
   reachable; a violation is reported as a lasso into a terminal strongly connected component
-  that contains no final state (or a path to a non-final state without successors).
-* Memory: the visited set is one dict ``fingerprint -> parent fingerprint`` (the parent value
-  is the parent's own key object, so it costs a pointer).  Measured on CPython 3.11: 71 bytes
-  per state at 300 k states, 78 at 1 M (35-42 B of dict entry and index, 36 B for the 64-bit
-  int key; int-encoded states below 2**30 use 28-B keys).  The BFS queue adds a
-  ``(state, fingerprint)`` tuple (56 B + the state) per queued state only.  In parallel runs
-  each worker's dict also holds the fingerprints it has met whose states another worker holds
-  (marked, never proposed twice), and the coordinator one ``fingerprint -> worker`` dict.
+  that contains no final state (or a path to a non-final state without successors).  With
+  ``processes > 1`` each worker records the transitions it expands (as arrays of 64-bit
+  fingerprints) and the coordinator answers from all of them (`checker.engine.EdgeArrays`).
+* Memory: the sequential breadth-first search keeps its visited set, ``fingerprint -> parent
+  fingerprint``, in a compact open-addressing table of 64-bit fingerprints
+  (`checker.fpset.FingerprintSet`, TLC's FPSet): 16 bytes a slot, 21-43 bytes per state
+  (`reports/checker/visited_memory.md` measures it against the dict it replaced).  The BFS
+  queue adds a ``(state, fingerprint)`` tuple (56 B + the state) per queued state only.  The
+  depth-first search keeps a dict (a lookup per transition, no batch to hand over); in
+  parallel runs each worker's dict also holds the fingerprints it has met whose states
+  another worker holds (marked, never proposed twice), and the coordinator one
+  ``fingerprint -> worker`` dict.
 * Fingerprints (`checker.fingerprint`): Python's hash for states that hash by value, stable
   SHA-1 ones otherwise and wherever fingerprints leave the process (``fingerprints=``); every
   result gives TLC's estimate of the probability that a collision hid a state.
@@ -210,8 +214,8 @@ class Checker(Generic[S, A]):
         mode = fingerprints or self.fingerprints
         if mode == "auto":
             ctx = ModelContext(self.model, self.check_deadlock, "stable")
-            # A recorded graph (livelock) is built in one process: fast fingerprints label
-            # its nodes as well as stable ones would.
+            # A recorded graph (livelock) is built in one process or its forks: fast
+            # fingerprints label its nodes as well as stable ones would.
             if not (self.checkpoint_path or self.resume_from):
                 key = ctx.key
                 keys = [key(s) if key is not None else s for s in self.model.init_states()]
@@ -246,14 +250,14 @@ class Checker(Generic[S, A]):
     def bfs(self) -> CheckResult:
         """Breadth-first search: shortest counterexamples; parallel when ``processes > 1``."""
         notes: list[str] = []
-        if self.processes > 1 and not self.record_graph:
+        # The livelock check's graph is gathered from the workers' edges; a labelled graph
+        # (asked for, to be written out) is recorded in one process.
+        if self.processes > 1 and not self._labelled:
             if fork_available():
                 return self._run(run_parallel_bfs)
             notes = ["parallel search needs the 'fork' start method; ran in one process"]
         elif self.processes > 1:
-            why = ("the livelock check records the graph" if self.check_livelock
-                   else "the recorded graph is held whole")
-            notes = [f"one process, not {self.processes}: {why}"]
+            notes = [f"one process, not {self.processes}: the recorded graph is held whole"]
 
         def sequential(options: SearchOptions, ctx: ModelContext) -> Outcome:
             outcome = run_sequential_bfs(options, ctx)

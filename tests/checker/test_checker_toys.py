@@ -244,12 +244,18 @@ def test_eventually_holds_when_every_maximal_path_meets_it() -> None:
     assert Checker(Graph(LOOPY, {"done"}, [initially])).bfs().verdict("start") is Verdict.HOLDS
 
 
-def test_livelock_check_lasso_into_a_trap() -> None:
+@pytest.mark.parametrize("fingerprints", ["auto", "stable"])
+@pytest.mark.parametrize("processes", [1, 2])
+def test_livelock_check_lasso_into_a_trap(processes: int, fingerprints: str) -> None:
+    """In one process or gathered from two workers' edges (signed fast fingerprints or
+    unsigned stable ones), the same verdicts."""
     trap = dict(LOOPY)
     trap["s0"] = [("a", "s1"), ("trap", "t1")]
     trap["t1"] = [("x", "t2")]
     trap["t2"] = [("y", "t1")]
-    result = Checker(Graph(trap, {"done"}, []), check_livelock=True).bfs()
+    result = Checker(Graph(trap, {"done"}, []), check_livelock=True, processes=processes,
+                     fingerprints=fingerprints).bfs()
+    assert result.processes == processes
     p = result.properties["livelock"]
     assert p.verdict is Verdict.VIOLATED
     assert p.trace.states == ["s0", "t1", "t2", "t1"]
@@ -257,14 +263,17 @@ def test_livelock_check_lasso_into_a_trap() -> None:
     assert result.graph is not None  # check_livelock records the graph
     # without the trap a final state stays reachable from everywhere (the s1/s2 cycle is
     # not a livelock), though `eventually done` fails: no fairness is assumed
-    ok = Checker(Graph(LOOPY, {"done"}, [DONE]), check_livelock=True).bfs()
+    ok = Checker(Graph(LOOPY, {"done"}, [DONE]), check_livelock=True, processes=processes,
+                 fingerprints=fingerprints).bfs()
     assert ok.verdict("livelock") is Verdict.HOLDS
     assert ok.verdict("done") is Verdict.VIOLATED
 
 
-def test_livelock_reports_a_stuck_state() -> None:
+@pytest.mark.parametrize("processes", [1, 2])
+def test_livelock_reports_a_stuck_state(processes: int) -> None:
     stuck = {"s0": [("a", "s1"), ("b", "done")]}
-    result = Checker(Graph(stuck, {"done"}, []), check_livelock=True, check_deadlock=False).bfs()
+    result = Checker(Graph(stuck, {"done"}, []), check_livelock=True, check_deadlock=False,
+                     processes=processes).bfs()
     p = result.properties["livelock"]
     assert p.verdict is Verdict.VIOLATED and not p.trace.is_lasso
     assert p.trace.states == ["s0", "s1"]

@@ -17,7 +17,7 @@ PACKAGES = ("checker", "invar")
 
 CHECKER_LAYERS: list[set[str]] = [
     {"checker.model"},
-    {"checker.fingerprint", "checker.trace"},
+    {"checker.fingerprint", "checker.fpset", "checker.trace"},
     {"checker.result", "checker.checkpoint"},
     {"checker._expand"},
     {"checker.engine"},
