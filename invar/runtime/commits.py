@@ -28,13 +28,17 @@ from typing import Any, BinaryIO
 
 import numpy as np
 import torch
-import xxhash
 
 from invar.runtime.backend import Binding, checked_cotangent
 from invar.runtime.config import OptimConfig
 from invar.runtime.files import atomic_write_leftovers, atomic_write_with
 from invar.runtime.policy_config import PolicyConfig
-from invar.runtime.weights import content_digest, state_dict_to_bytes, weights_digest
+from invar.runtime.weights import (
+    content_digest,
+    content_hasher,
+    state_dict_to_bytes,
+    weights_digest,
+)
 
 COMMIT_PREFIX = "commit-"
 _COMMIT_NAME = re.compile(rf"{COMMIT_PREFIX}(\d{{6,}})\.pt")
@@ -103,7 +107,7 @@ class _HashingWriter:
 
     def __init__(self, file: BinaryIO) -> None:
         self.file = file
-        self.checksum = xxhash.xxh3_128()
+        self.checksum = content_hasher()
         self.length = 0
 
     def write(self, data: bytes) -> int:

@@ -65,7 +65,13 @@ def content_digest(data: bytes | memoryview) -> bytes:
     load: BLAKE2b made that seconds of each update. It tells apart bytes that differ by
     accident (a bug, a bit flip, a backend that diverged) except with probability about
     2^-128 per pair; XXH3 is not cryptographic, so bytes crafted to collide are not covered."""
-    return xxhash.xxh3_128_digest(data)
+    return content_hasher(data).digest()
+
+
+def content_hasher(data: bytes | memoryview = b"") -> xxhash.xxh3_128:
+    """The hash behind `content_digest`, to be fed in pieces (`update`): a commit's payload is
+    digested as it streams to disk."""
+    return xxhash.xxh3_128(data)
 
 
 def weights_digest(state_dict: Mapping[str, Tensor]) -> str:
