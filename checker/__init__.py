@@ -10,6 +10,8 @@ it on every module's imports, deferred ones included, and that the import graph 
 3. `checker.result`       – `CheckResult`, `PropertyResult`, `Verdict`, `Progress`, graph export.
    `checker.checkpoint`   – atomic checkpoint files, and a breadth-first search's levels in
                             them (`save_levels`, `resume_levels`).
+   `checker.statefiles`   – what the sequential BFS keeps on disk: parent pointers, spilled
+                            levels of its queue (TLC's states/ folder).
 4. `checker._expand`      – the specialised hot loop of the breadth-first searches.
 5. `checker.engine`       – the vocabulary every search speaks: `ModelContext`,
    `PropertyTracker`, `Coverage`, `Found`, `Outcome`, `SearchOptions` (with the stop rule).

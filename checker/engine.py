@@ -437,6 +437,10 @@ class Outcome:
     recorder: GraphRecorder | EdgeArrays | None = None
     processes: int = 1
     notes: list[str] = field(default_factory=list)
+    memory: dict[str, float] = field(default_factory=dict)
+    """What the search held in memory and on disk (`checker.bfs`'s figures, for benchmarks)."""
+    release: Callable[[], None] | None = None
+    """Frees what the search kept for its traces (its files): called once they are built."""
 
 
 class SearchControl:
@@ -472,6 +476,11 @@ class SearchOptions:
     checkpoint_interval: float | None
     resume_from: str | None
     coverage: bool
+    queue_memory: int | None = None
+    """The bytes the sequential search's next level may hold in memory before it spills to
+    disk (None: never)."""
+    work_dir: str | None = None
+    """Where the sequential search makes its ``states/`` folder (None: a temporary one)."""
 
     def stop_reason(self, props: PropertyTracker, visited: int, work_left: bool) -> str | None:
         """The stop rule of every search, between two of its steps: why it stops now, or None

@@ -1,30 +1,28 @@
-"""The visited set as a compact table of 64-bit fingerprints with their parents (TLC's `FPSet`).
+"""The visited set as a compact table of 64-bit fingerprints (TLC's `FPSet`).
 
 A Python dict ``fingerprint -> parent`` costs ~70-80 bytes per state (a 36-byte int object per
-key, 35-42 bytes of entry and index).  This table keeps two numpy ``uint64`` arrays instead,
-the fingerprints and their parents' fingerprints, in open addressing with linear probing:
-16 bytes a slot, at a load between 3/8 and 3/4 (the table doubles past 3/4), so 21-43 bytes
-per state.
+key, 35-42 bytes of entry and index).  This table keeps one numpy ``uint64`` array instead, in
+open addressing with linear probing: 8 bytes a slot, at a load between 3/8 and 3/4 (the table
+doubles past 3/4), so 11-22 bytes per state.  The parents are not here: as TLC does, the
+sequential search appends them to a file (`checker.statefiles.ParentLog`) and reads a
+counterexample's chain back from it.
 
 The breadth-first hot loop does not look states up one by one (a numpy scalar access from
 Python costs more than a dict lookup): it gathers the fingerprints its chunk generates and
 hands them over in one `add_new` call, which dedups and inserts them vectorised and says which
-were new, in the order they were met, so that the first discovery of a state, and its parent,
-are the ones the dict gave.  The mapping methods (``in``, ``[]``, `get`, `items`) serve the
-rest: traces, checkpoints.
+were new, in the order they were met, so that the first discovery of a state is the one the
+dict gave.
 
 Fingerprints are Python ints, in one of two domains a search never mixes (see
 `checker.fingerprint`): Python's hash, signed (`signed`), or stable ones and int keys,
-unsigned below 2**64.  Both are stored as their 64-bit pattern and read back in their domain.
-Slot value 0 marks an empty slot, so fingerprint 0 is kept aside (`_zero_parent`).  An
-initial state's parent (`NO_PARENT`) is stored as the state's own fingerprint: no state found
-by the search is its own parent (it was visited before its successor was generated).
+unsigned below 2**64.  Both are stored as their 64-bit pattern (`patterns`) and read back in
+their domain (`values`).  Slot value 0 marks an empty slot, so fingerprint 0 is kept aside
+(`_zero_seen`).
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator
-from typing import Any
+from collections.abc import Iterator
 
 import numpy as np
 
@@ -41,7 +39,7 @@ _MAX_LOAD = 0.75
 
 
 class FingerprintSet:
-    """Fingerprint -> parent fingerprint, in two numpy arrays (see the module docstring)."""
+    """A set of fingerprints in one numpy array (see the module docstring)."""
 
     def __init__(self, signed: bool, capacity: int = 0) -> None:
         self.signed = signed
@@ -51,79 +49,67 @@ class FingerprintSet:
             bits += 1
         self._alloc(bits)
         self._count = 0
-        self._zero_parent: int | None = None  # the parent of fingerprint 0, when visited
+        self._zero_seen = False
 
     def _alloc(self, bits: int) -> None:
         self._bits = bits
         self._mask = np.uint64((1 << bits) - 1)
         self._shift = np.uint64(64 - bits)
         self._keys = np.zeros(1 << bits, dtype=np.uint64)
-        self._parents = np.zeros(1 << bits, dtype=np.uint64)
         self._limit = int((1 << bits) * _MAX_LOAD)
-
-    @classmethod
-    def from_items(cls, items: Iterable[tuple[int, int]], signed: bool) -> FingerprintSet:
-        pairs = list(items)
-        table = cls(signed, len(pairs))
-        if pairs:
-            table.add_new([g for g, _p in pairs],
-                          [g if p == NO_PARENT else p for g, p in pairs])
-        return table
 
     # -- sizes -------------------------------------------------------------------------------
 
     def __len__(self) -> int:
-        return self._count + (self._zero_parent is not None)
+        return self._count + self._zero_seen
 
     @property
     def nbytes(self) -> int:
-        """The memory the table holds (both arrays)."""
-        return self._keys.nbytes + self._parents.nbytes
+        """The memory the table holds (its array)."""
+        return self._keys.nbytes
 
     # -- conversions between Python ints and the stored 64-bit patterns ---------------------
 
-    def _pattern(self, values: list[int]) -> np.ndarray:
+    def patterns(self, values: list[int]) -> np.ndarray:
+        """The 64-bit patterns of fingerprints in this set's domain."""
         return np.array(values, dtype=self._in_dtype).view(np.uint64)
 
-    def _value(self, pattern: np.uint64) -> int:
-        v = int(pattern)
-        return v - (1 << 64) if self.signed and v >= 1 << 63 else v
+    def values(self, patterns: np.ndarray) -> list[int]:
+        """The fingerprints, in this set's domain, of 64-bit patterns."""
+        return list(patterns.view(self._in_dtype).tolist())
 
     # -- the batch insertion of the hot loop ------------------------------------------------
 
-    def add_new(self, fps: list[int], parents: list[int]) -> list[int]:
-        """Insert the fingerprints of `fps` not yet in the table, each with its parent in
-        `parents` (the first one's, for a fingerprint given twice; an initial state's own
-        fingerprint, for `NO_PARENT`); return their indices in `fps`, ascending: the states
-        met for the first time, in the order they were met."""
-        n = len(fps)
-        if n == 0:
+    def add_new(self, fps: list[int]) -> list[int]:
+        """Insert the fingerprints of `fps` not yet in the table; return their indices in
+        `fps`, ascending (the first one's, for a fingerprint given twice): the states met for
+        the first time, in the order they were met."""
+        if not fps:
             return []
-        keys = self._pattern(fps)
+        return self.add_new_patterns(self.patterns(fps)).tolist()
+
+    def add_new_patterns(self, keys: np.ndarray) -> np.ndarray:
+        """`add_new` for the 64-bit patterns `keys`: the new ones' indices, ascending."""
         # the first occurrence of each fingerprint in the batch
         uniq, first = np.unique(keys, return_index=True)
         zero = uniq == _EMPTY
-        zero_new: list[int] = []
+        zero_new = None
         if zero.any():
-            i = int(first[zero][0])
-            if self._zero_parent is None:
-                self._zero_parent = parents[i]
-                zero_new = [i]
+            if not self._zero_seen:
+                self._zero_seen = True
+                zero_new = first[zero]
             keep = ~zero
             uniq, first = uniq[keep], first[keep]
+        new = first[:0]
         if len(uniq):
             if self._count + len(uniq) > self._limit:
                 self._grow(self._count + len(uniq))
-            fresh = self._insert(uniq, self._pattern(parents)[first], first)
-            new = np.sort(first[fresh])
-            out: list[int] = new.tolist()
-        else:
-            out = []
-        if zero_new:
-            out = sorted(out + zero_new)
-        return out
+            new = first[self._insert(uniq, first)]
+        if zero_new is not None:
+            new = np.concatenate([new, zero_new])
+        return np.sort(new)
 
-    def _insert(self, keys: np.ndarray, parents: np.ndarray, order: np.ndarray) -> np.ndarray:
+    def _insert(self, keys: np.ndarray, order: np.ndarray) -> np.ndarray:
         """Insert the distinct, non-zero `keys` absent from the table; a mask of those that
         were absent.  Two absent keys probing to one empty slot: the one first in `order`
         takes it, the other probes on."""
@@ -142,7 +128,6 @@ class FingerprintSet:
                 _, winners = np.unique(slot[claim], return_index=True)
                 won = claim[winners]
                 table[slot[won]] = keys[won]
-                self._parents[slot[won]] = parents[won]
                 fresh[won] = True
                 self._count += len(won)
             settled = found.copy()
@@ -153,68 +138,33 @@ class FingerprintSet:
         return fresh
 
     def _grow(self, needed: int) -> None:
-        used = self._keys != _EMPTY
-        keys, parents = self._keys[used], self._parents[used]
+        keys = self._keys[self._keys != _EMPTY]
         bits = self._bits + 1
         while (1 << bits) * _MAX_LOAD < needed:
             bits += 1
         self._alloc(bits)
         self._count = 0
-        self._insert(keys, parents, np.arange(len(keys)))
+        self._insert(keys, np.arange(len(keys)))
 
-    # -- the mapping side: traces, checkpoints ----------------------------------------------
-
-    def _slot_of(self, fp: int) -> int | None:
-        key = self._pattern([fp])[0]
-        slot = (int(key) * _MIX_INT & _MASK64) >> (64 - self._bits)
-        table, mask = self._keys, int(self._mask)
-        while True:
-            at = table[slot]
-            if at == key:
-                return slot
-            if at == _EMPTY:
-                return None
-            slot = (slot + 1) & mask
+    # -- membership, one at a time ----------------------------------------------------------
 
     def __contains__(self, fp: object) -> bool:
         if not isinstance(fp, int):
             return False
         if fp == 0:
-            return self._zero_parent is not None
-        return self._slot_of(fp) is not None
-
-    def get(self, fp: int, default: Any = None) -> Any:
-        if fp == 0:
-            p = self._zero_parent
-            return default if p is None else (NO_PARENT if p == 0 else p)
-        slot = self._slot_of(fp)
-        if slot is None:
-            return default
-        parent = self._parents[slot]
-        return NO_PARENT if parent == self._keys[slot] else self._value(parent)
-
-    def __getitem__(self, fp: int) -> int:
-        """The parent of `fp` (`NO_PARENT` for an initial state)."""
-        parent = self.get(fp, self)
-        if parent is self:
-            raise KeyError(fp)
-        return int(parent)
-
-    def __setitem__(self, fp: int, parent: int) -> None:
-        if fp not in self:
-            self.add_new([fp], [fp if parent == NO_PARENT else parent])
-
-    def items(self) -> Iterator[tuple[int, int]]:
-        used = self._keys != _EMPTY
-        keys = self._keys[used].view(self._in_dtype).tolist()
-        parents = self._parents[used]
-        roots = parents == self._keys[used]
-        values = parents.view(self._in_dtype).tolist()
-        for g, p, r in zip(keys, values, roots.tolist()):
-            yield g, (NO_PARENT if r else p)
-        if self._zero_parent is not None:
-            p = self._zero_parent
-            yield 0, (NO_PARENT if p == 0 else p)
+            return self._zero_seen
+        key = self.patterns([fp])[0]
+        slot = (int(key) * _MIX_INT & _MASK64) >> (64 - self._bits)
+        table, mask = self._keys, int(self._mask)
+        while True:
+            at = table[slot]
+            if at == key:
+                return True
+            if at == _EMPTY:
+                return False
+            slot = (slot + 1) & mask
 
     def __iter__(self) -> Iterator[int]:
-        return (g for g, _p in self.items())
+        yield from self.values(self._keys[self._keys != _EMPTY])
+        if self._zero_seen:
+            yield 0

@@ -24,15 +24,18 @@ What is checked, exactly:
   that contains no final state (or a path to a non-final state without successors).  With
   ``processes > 1`` each worker records the transitions it expands (as arrays of 64-bit
   fingerprints) and the coordinator answers from all of them (`checker.engine.EdgeArrays`).
-* Memory: the sequential breadth-first search keeps its visited set, ``fingerprint -> parent
-  fingerprint``, in a compact open-addressing table of 64-bit fingerprints
-  (`checker.fpset.FingerprintSet`, TLC's FPSet): 16 bytes a slot, 21-43 bytes per state
-  (`reports/checker/visited_memory.md` measures it against the dict it replaced).  The BFS
-  queue adds a ``(state, fingerprint)`` tuple (56 B + the state) per queued state only.  The
-  depth-first search keeps a dict (a lookup per transition, no batch to hand over); in
-  parallel runs each worker's dict also holds the fingerprints it has met whose states
-  another worker holds (marked, never proposed twice), and the coordinator one
-  ``fingerprint -> worker`` dict.
+* Memory: the sequential breadth-first search keeps its visited set as a compact
+  open-addressing table of 64-bit fingerprints (`checker.fpset.FingerprintSet`, TLC's FPSet):
+  8 bytes a slot, 11-22 bytes per state, and, as TLC, writes each state's parent fingerprint
+  to a file in discovery order, read back for a counterexample (`checker.statefiles`;
+  `reports/checker/visited_memory.md` measures it against the layouts it replaced).  The BFS
+  queue adds a ``(state, fingerprint)`` tuple (56 B + the state) per queued state, up to
+  `queue_memory` bytes for the next level; past it the level is pickled to disk and read
+  back in order.  Both files lie in a ``states/`` folder of `work_dir`, removed when the
+  result is built.  The depth-first search keeps a dict (a lookup per transition, no batch to
+  hand over); in parallel runs each worker's dict also holds the fingerprints it has met
+  whose states another worker holds (marked, never proposed twice), and the coordinator one
+  ``fingerprint -> worker`` dict, and the queue stays in the workers' memory.
 * Fingerprints (`checker.fingerprint`): Python's hash for states that hash by value, stable
   SHA-1 ones otherwise and wherever fingerprints leave the process (``fingerprints=``); every
   result gives TLC's estimate of the probability that a collision hid a state.
@@ -76,6 +79,7 @@ __all__ = ["Checker", "check"]
 
 FINISH_MODES = ("all_decided", "any_failure", "exhausted")
 FINGERPRINT_MODES = ("auto", "fast", "stable")
+DEFAULT_QUEUE_MEMORY = 512 << 20  # bytes of the next BFS level kept in memory (see Checker)
 # Young objects allocated between two cyclic collections while a search runs (Python's
 # default is 700).  A search allocates a state or two per transition and keeps one in ten
 # (the new ones, in the frontier): with the default, the collector ran ~15,000 times on
@@ -113,6 +117,11 @@ class Checker(Generic[S, A]):
                        when `request_checkpoint()` was called, and when a bound stops it;
       resume_from      a checkpoint to resume `bfs` from;
       coverage         count explored transitions per action kind (default True);
+      queue_memory     bytes the sequential `bfs` keeps of its next level in memory (by the
+                       estimated size of its first queued states; default 512 MiB): past
+                       them the level is spilled to disk and read back in order (None: never);
+      work_dir         where the sequential `bfs` makes its ``states/`` folder, for the
+                       parent pointers and the spilled levels (default: a temporary folder);
       fingerprints     "auto" (default): fast fingerprints (Python's hash, computed in C)
                        when the states hash by value (`checker.fingerprint.hashes_by_value`:
                        checked on the initial states and on a sample of the new states of
@@ -142,6 +151,8 @@ class Checker(Generic[S, A]):
         resume_from: str | os.PathLike[str] | None = None,
         coverage: bool = True,
         fingerprints: str = "auto",
+        queue_memory: int | None = DEFAULT_QUEUE_MEMORY,
+        work_dir: str | os.PathLike[str] | None = None,
     ) -> None:
         if finish_when not in FINISH_MODES:
             raise ValueError(f"finish_when must be one of {FINISH_MODES}, not {finish_when!r}")
@@ -172,6 +183,10 @@ class Checker(Generic[S, A]):
         self.resume_from = os.fspath(resume_from) if resume_from is not None else None
         self.coverage = coverage
         self.fingerprints = fingerprints
+        if queue_memory is not None and queue_memory < 0:
+            raise ValueError(f"queue_memory must be at least 0 bytes, not {queue_memory}")
+        self.queue_memory = queue_memory
+        self.work_dir = os.fspath(work_dir) if work_dir is not None else None
         self._control = SearchControl()
 
     # ------------------------------------------------------------------ public API
@@ -207,6 +222,8 @@ class Checker(Generic[S, A]):
             checkpoint_interval=self.checkpoint_interval,
             resume_from=self.resume_from,
             coverage=self.coverage,
+            queue_memory=self.queue_memory,
+            work_dir=self.work_dir,
         )
 
     def _start(self, fingerprints: str | None = None) -> ModelContext:
@@ -241,11 +258,19 @@ class Checker(Generic[S, A]):
                     raise
                 reason = str(error)
             else:
-                return self._result(ctx, outcome)
+                return self._result_released(ctx, outcome)
             ctx = self._start("stable")
             outcome = search(options, ctx)
         outcome.notes.append(f"started again with stable fingerprints: {reason}")
-        return self._result(ctx, outcome)
+        return self._result_released(ctx, outcome)
+
+    def _result_released(self, ctx: ModelContext, outcome: Outcome) -> CheckResult:
+        """The result, then the search's files freed (its traces are read from them)."""
+        try:
+            return self._result(ctx, outcome)
+        finally:
+            if outcome.release is not None:
+                outcome.release()
 
     def bfs(self) -> CheckResult:
         """Breadth-first search: shortest counterexamples; parallel when ``processes > 1``."""

@@ -18,7 +18,7 @@ PACKAGES = ("checker", "invar")
 CHECKER_LAYERS: list[set[str]] = [
     {"checker.model"},
     {"checker.fingerprint", "checker.fpset", "checker.trace"},
-    {"checker.result", "checker.checkpoint"},
+    {"checker.result", "checker.checkpoint", "checker.statefiles"},
     {"checker._expand"},
     {"checker.engine"},
     {"checker.bfs", "checker.dfs", "checker.simulate", "checker.parallel", "checker.liveness"},
