@@ -113,6 +113,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--arg", action="append", default=[], metavar="NAME=VALUE",
                         help="a keyword argument of the --model factory (VALUE as JSON, else "
                              "a string); repeat for several")
+    parser.add_argument("--queue-memory", type=float, default=None, metavar="MiB",
+                        help="memory for the next BFS level (by the estimated size of its "
+                             "first states; default 512): past it the level is spilled to "
+                             "disk, under --work-dir, and read back in order (sequential BFS)")
+    parser.add_argument("--work-dir", metavar="DIR",
+                        help="where the sequential BFS keeps its states/ folder: the parent "
+                             "pointers (16 B a state) and the spilled levels, removed at the "
+                             "end (default: a temporary folder)")
     parser.add_argument("--fingerprints", choices=("auto", "fast", "stable"), default="auto",
                         help="auto (default): Python's hash for states that hash by value, "
                              "stable ones with checkpoints; stable: always SHA-1")
@@ -136,7 +144,8 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     spec = Path(args.spec) if args.spec else GATE
     if spec.is_dir():
-        return _suite(spec, args.jobs or min(2, os.cpu_count() or 1), console, args.fail_fast)
+        return _suite(spec, args.jobs or min(2, os.cpu_count() or 1), console, args.fail_fast,
+                      _queue_flags(args))
     try:
         bounds, options = load_bounds(spec)
         options = _check_options(options, spec)
@@ -153,7 +162,7 @@ def main(argv: list[str] | None = None) -> int:
         finish_when="any_failure" if args.fail_fast else "all_decided",
         progress=None if args.quiet else ProgressPrinter(console), progress_interval=2.0,
         checkpoint_path=args.checkpoint, checkpoint_interval=60.0 if args.checkpoint else None,
-        resume_from=args.resume, fingerprints=args.fingerprints)
+        resume_from=args.resume, fingerprints=args.fingerprints, **_queue_options(args))
     console.print(f"[bold]invar-check[/bold] {spec}: {_describe(bounds)}; symmetry "
                   f"{'on' if model.symmetry else 'off'}, reduction "
                   f"{'on' if model.reduction else 'off'}")
@@ -168,6 +177,20 @@ def main(argv: list[str] | None = None) -> int:
                                                          violated[0].trace, model))
         console.print(f"regression test written to {args.regression}")
     return _exit_status(result, console)
+
+
+def _queue_options(args: argparse.Namespace) -> dict[str, Any]:
+    """`Checker`'s `queue_memory` (bytes) and `work_dir`, as far as given."""
+    out: dict[str, Any] = {"work_dir": args.work_dir}
+    if args.queue_memory is not None:
+        out["queue_memory"] = int(args.queue_memory * (1 << 20))
+    return out
+
+
+def _queue_flags(args: argparse.Namespace) -> list[str]:
+    """--queue-memory and --work-dir as given, for the bounds of a folder."""
+    flags = [] if args.queue_memory is None else ["--queue-memory", str(args.queue_memory)]
+    return flags + ([] if args.work_dir is None else ["--work-dir", args.work_dir])
 
 
 def _search(checker: Checker[Any, Any], args: argparse.Namespace) -> Any:
@@ -266,7 +289,7 @@ def _any_model(args: argparse.Namespace, console: Console) -> int:
             finish_when="any_failure" if args.fail_fast else "all_decided",
             progress=None if args.quiet else ProgressPrinter(console), progress_interval=2.0,
             checkpoint_path=args.checkpoint, checkpoint_interval=60.0 if args.checkpoint else None,
-            resume_from=args.resume, fingerprints=args.fingerprints)
+            resume_from=args.resume, fingerprints=args.fingerprints, **_queue_options(args))
     except ValueError as error:
         print(f"invar-check: {error}", file=sys.stderr)
         return 2
@@ -287,7 +310,8 @@ def _any_model(args: argparse.Namespace, console: Console) -> int:
     return _exit_status(result, console)
 
 
-def _suite(folder: Path, jobs: int, console: Console, fail_fast: bool = False) -> int:
+def _suite(folder: Path, jobs: int, console: Console, fail_fast: bool = False,
+           flags: list[str] | None = None) -> int:
     """Check every bound of `folder`, `jobs` at a time (each in its own process, so a bound
     keeps its own options, livelock included); one table at the end, the output of any bound
     that fails in full. Exit 0 only when every bound holds. With `fail_fast`, bounds not yet
@@ -297,14 +321,15 @@ def _suite(folder: Path, jobs: int, console: Console, fail_fast: bool = False) -
     the code against the proven definitions, its decisions against the pinned ones) and
     holds every bound to its pinned state counts (`checker.pinned`): the runs cannot see a
     wrong schedule (the canonical one they are compared with shares it), and a change to the
-    state space is a change to review and regenerate (`spec/generate.py --measure`)."""
+    state space is a change to review and regenerate (`spec/generate.py --measure`).  `flags`
+    go to every bound's command."""
     specs = sorted(folder.glob("*.toml"))
     if not specs:
         print(f"invar-check: {folder}: no *.toml bounds", file=sys.stderr)
         return 2
     gate = folder.resolve() == GATE
     pinned_values = pinned.load() if gate else {}
-    extra = ["--fail-fast"] if fail_fast else []
+    extra = (["--fail-fast"] if fail_fast else []) + (flags or [])
     checks: list[tuple[str, str, Path | None]] = [(spec.stem, _covers(spec), spec)
                                                   for spec in specs]
     if gate:
