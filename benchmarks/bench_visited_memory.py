@@ -1,18 +1,25 @@
-"""Bytes per distinct state of the breadth-first search's visited set, before and after.
+"""Bytes per distinct state of the breadth-first search's visited set, and its queue, before
+and after.
 
-    .venv/bin/python benchmarks/bench_visited_memory.py --baseline 4cd38db
-    .venv/bin/python benchmarks/bench_visited_memory.py --baseline 4cd38db \
-        --bound spec/gate/driver.toml
+    .venv/bin/python benchmarks/bench_visited_memory.py --baseline bfb667f
+    .venv/bin/python benchmarks/bench_visited_memory.py --baseline bfb667f \
+        --bound spec/gate/driver.toml --spill-mib 1
 
-Each bound (default: the gate's `driver` and the deep `drops_duplicates`) is searched once,
+Each bound (default: the gate's `driver` and the deep `drops_duplicates`) is searched
 sequentially, livelock off (no graph recorded), by the baseline's tree (extracted with `git
-archive`) and by this one, each in a fresh process.  After the search, the visited set the
-search kept (fingerprint -> parent fingerprint) is measured where it lies: a dict by
-``sys.getsizeof`` of the dict and of each of its int keys (the parents are the keys' own
-objects, shared; the roots' parent is a cached small int), a `checker.fpset.FingerprintSet`
-by the bytes of its two arrays.  The BFS queue is not counted.  Also reported: the search's
-states, depth and seconds, the process's peak RSS (queue, model memos and all), and TLC's
-estimate of the probability that a fingerprint collision hid a state.
+archive`) and by this one, each in a fresh process; this tree twice: with the default queue
+budget (512 MiB: no level spills on these bounds) and with `--spill-mib` (default 1 MiB), so
+that its levels spill to disk.  After the search, the visited set is measured where it lies:
+a dict by ``sys.getsizeof`` of the dict and of each of its int keys (the parents are the
+keys' own objects, shared; the roots' parent is a cached small int); a
+`checker.fpset.FingerprintSet` holding parents (the baseline) by the bytes of its two arrays
+and the object; this tree's by the bytes of its table and of the parent records it buffers
+before writing them (the search's `Outcome.memory`), the parents file's bytes on disk apart.
+The queue is not counted there: its peak in memory (``(state, fingerprint)`` pairs, and
+their bytes by the search's estimate of a pair) and on disk (the spilled levels' files) are
+this tree's figures.  Also reported: the search's states, depth and seconds, the process's
+peak RSS (queue, model memos and all), and TLC's estimate of the probability that a
+fingerprint collision hid a state.
 
 Writes ``reports/checker/visited_memory.json`` and ``.md`` (every figure from the runs).
 """
@@ -39,19 +46,33 @@ from checker.search import Checker, _quiet_gc
 bounds, options = load_bounds(sys.argv[1])
 model = InvarModel(bounds, symmetry=options.get("symmetry", True),
                    reduction=options.get("reduction", True))
-checker = Checker(model)
+queue = {} if sys.argv[2] == "-" else {"queue_memory": int(float(sys.argv[2]) * 2**20)}
+checker = Checker(model, **queue)
 ctx = checker._start()
 with _quiet_gc():
     began = time.perf_counter()
     outcome = run_sequential_bfs(checker._options(), ctx)
     elapsed = time.perf_counter() - began
-visited = outcome.parent_of.__self__
-if isinstance(visited, dict):
-    layout = "dict"
-    size = sys.getsizeof(visited) + sum(sys.getsizeof(k) for k in visited)
+memory = getattr(outcome, "memory", None)
+figures = {}
+if memory:
+    layout = "fingerprints, parents on disk"
+    size = memory["visited_bytes"]
+    figures = {
+        "parents_disk_mib": memory["parents_disk_bytes"] / 2**20,
+        "queue_peak_states": memory["queue_peak_states"],
+        "queue_peak_mib": memory["queue_peak_states"] * memory["queue_pair_bytes"] / 2**20,
+        "queue_disk_mib": memory["queue_peak_disk_bytes"] / 2**20,
+    }
+    outcome.release()
 else:
-    layout = type(visited).__name__
-    size = sys.getsizeof(visited) + visited.nbytes
+    visited = outcome.parent_of.__self__
+    if isinstance(visited, dict):
+        layout = "dict"
+        size = sys.getsizeof(visited) + sum(sys.getsizeof(k) for k in visited)
+    else:
+        layout = type(visited).__name__ + " with parents"
+        size = sys.getsizeof(visited) + visited.nbytes
 print(json.dumps({
     "layout": layout,
     "distinct_states": outcome.distinct,
@@ -64,27 +85,40 @@ print(json.dumps({
     "peak_rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
     "fingerprints": ctx.fp_kind,
     "collision_probability": collision_probability(outcome.distinct, outcome.generated),
+    **figures,
 }))
 """
 
 
+def _mib(row: dict[str, Any], key: str) -> str:
+    return f"{row[key]:.1f}" if key in row else "–"
+
+
 def render(rows: list[dict[str, Any]]) -> str:
     lines = [
-        "# Visited-set memory per distinct state",
+        "# Visited-set memory per distinct state, and the queue",
         "",
         "Generated by `benchmarks/bench_visited_memory.py` (do not edit): one sequential search",
-        "per bound and tree, livelock off; the visited set measured after the search (a dict:",
-        "`sys.getsizeof` of it and of its int keys; a `FingerprintSet`: its arrays' bytes). The",
-        "queue is not counted; peak RSS is the whole process's.",
+        "per bound, tree and queue budget, livelock off; the visited set measured after the",
+        "search (a dict: `sys.getsizeof` of it and of its int keys; a `FingerprintSet` with",
+        "parents: its arrays' bytes; fingerprints with the parents on disk: the table's bytes",
+        "and the parent records buffered before they are written). The queue is not counted",
+        "in bytes/state: its peak in memory (states, and MiB by the search's estimate of a",
+        "queued state) and on disk are given apart, for this tree; peak RSS is the whole",
+        "process's.",
         "",
-        "| bound | tree | visited set | distinct states | depth | search s | bytes/state "
-        "| peak RSS MiB | collision probability |",
-        "|---|---|---|---|---|---|---|---|---|",
+        "| bound | tree | queue budget | visited set | distinct states | depth | search s "
+        "| bytes/state | parents on disk MiB | queue peak states | queue peak MiB "
+        "| queue on disk MiB | peak RSS MiB | collision probability |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
+        peak = f"{r['queue_peak_states']:,}" if "queue_peak_states" in r else "–"
         lines.append(
-            f"| {r['bound']} | {r['tree']} | {r['layout']} | {r['distinct_states']:,} "
-            f"| {r['depth']} | {r['search_s']:.1f} | {r['bytes_per_state']:.1f} "
+            f"| {r['bound']} | {r['tree']} | {r['queue_budget']} | {r['layout']} "
+            f"| {r['distinct_states']:,} | {r['depth']} | {r['search_s']:.1f} "
+            f"| {r['bytes_per_state']:.1f} | {_mib(r, 'parents_disk_mib')} | {peak} "
+            f"| {_mib(r, 'queue_peak_mib')} | {_mib(r, 'queue_disk_mib')} "
             f"| {r['peak_rss_mib']:.0f} | {r['collision_probability']:.2g} |")
     return "\n".join(lines) + "\n"
 
@@ -95,14 +129,21 @@ def main() -> int:
     add_baselines(parser)
     parser.add_argument("--bound", action="append", default=[],
                         help="a bound's TOML, relative to the repository (repeatable)")
+    parser.add_argument("--spill-mib", type=float, default=1.0,
+                        help="this tree's second run: the queue budget that makes it spill")
     args = parser.parse_args()
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
         extracted = trees(args.baseline, Path(tmp))
         for bound in args.bound or BOUNDS:
-            for label, tree in extracted.items():
-                result: dict[str, Any] = run_json(tree, MEASURE, str(ROOT / bound))
-                rows.append({"bound": Path(bound).stem, "tree": label, **result})
+            runs = [(label, tree, "-") for label, tree in extracted.items()]
+            runs.append(("this tree", ROOT, str(args.spill_mib)))
+            for label, tree, budget in runs:
+                result: dict[str, Any] = run_json(tree, MEASURE, str(ROOT / bound), budget)
+                queue_budget = ("–" if label != "this tree" else "512 MiB" if budget == "-"
+                                else f"{float(budget):g} MiB")
+                rows.append({"bound": Path(bound).stem, "tree": label,
+                             "queue_budget": queue_budget, **result})
                 print(json.dumps(rows[-1]), flush=True)
     out = ROOT / "reports" / "checker"
     (out / "visited_memory.json").write_text(json.dumps(rows, indent=2) + "\n")

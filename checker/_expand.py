@@ -27,7 +27,7 @@ class ExpandEnv:
     succ: Callable[[Any], Any]
     key: Callable[[Any], Any] | None
     fp: Callable[[Any], int]
-    visited: Any  # a dict fingerprint -> parent, or with `batch` a FingerprintSet
+    visited: Any  # a dict fingerprint -> parent, or with `batch` a VisitedStates
     nxt_append: Callable[[Any], None]
     cov_buf: list[Any] | None  # the coverage buffer, of actions or their types' codes (None: off)
     props: Any
@@ -68,7 +68,7 @@ def expander_source(
     their checks are then unrolled, each predicate bound to a local once per chunk (a loop
     over the lists, unpacking a pair per property and state, when they are -1).
 
-    With `batch`, the visited set is a `checker.fpset.FingerprintSet`: the loop gathers every
+    With `batch`, the visited set is a `checker.statefiles.VisitedStates`: the loop gathers every
     transition's target, fingerprint and source, and the chunk's new states are those its one
     `add_new` call returns, checked and queued in the order they were met, as a dict lookup
     per transition would have found them."""

@@ -33,7 +33,7 @@ from checker.fpset import NO_PARENT, FingerprintSet
 __all__ = ["LevelQueue", "ParentLog", "StatesDirectory", "VisitedStates", "estimate_pair_bytes"]
 
 _RECORD = np.dtype([("fp", "<u8"), ("parent", "<u8")])  # a parent log record: 16 bytes
-_BUFFERED_RECORDS = 1 << 16  # records kept in memory before they are written (1 MiB)
+_BUFFERED_RECORDS = 1 << 14  # records kept in memory before they are written (256 KiB)
 _READ_RECORDS = 1 << 16  # records read at a time when a chain is followed back
 SPILL_BLOCK = 4096  # states pickled together when a level spills: what is read back at once
 

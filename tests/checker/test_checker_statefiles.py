@@ -145,7 +145,8 @@ def test_two_phase_commit_spilled_in_many_blocks(tmp_path: Path, small_blocks: l
 
 @pytest.mark.parametrize("queue_memory", [None, 1])
 def test_a_deep_counterexample_read_back_from_the_parents_file(queue_memory: int | None) -> None:
-    """Past the records kept in memory (65,536): the chain is read back from the file."""
+    """Past the records kept in memory (16,384) and a read's block (65,536): the chain is
+    read back from the file."""
     model = Grid(depth=700, rows=120)
     result = Checker(model, queue_memory=queue_memory).bfs()
     assert result.distinct_states > 70_000
