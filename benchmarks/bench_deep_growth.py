@@ -2,14 +2,19 @@
 
     .venv/bin/python benchmarks/bench_deep_growth.py spec/deep/all_faults.toml --processes 2
     .venv/bin/python benchmarks/bench_deep_growth.py spec/deep/all_faults.toml --max-states 4000000
+    .venv/bin/python benchmarks/bench_deep_growth.py spec/deep/all_faults.toml --processes 1 \
+        --no-livelock --max-states 3000000 --queue-mib 64 --suffix queue64
 
 Runs the bound as `invar-check` would (its `[check]` options: symmetry, reduction, livelock),
 breadth-first over `--processes`, and records after every level the states found so far, the
 level's size (the frontier), the seconds, and the resident memory of the search's processes
 (the coordinator and its workers, summed). It stops at the end of the search, at
 `--max-states`, or once the processes hold more than `--rss-limit-mib` (a shared machine).
-Writes ``reports/checker/deep_<bound>.json`` and ``.md`` (every figure from the run): the
-verdicts when the search completed, otherwise the growth per level to estimate from.
+`--no-livelock` records no graph (the spec's livelock check off: the memory is then the
+search's own), `--queue-mib` sets the sequential search's queue budget (`Checker`'s
+`queue_memory`; not given, the checker's default, so that an older tree on PYTHONPATH runs it).
+Writes ``reports/checker/deep_<bound>[_<suffix>].json`` and ``.md`` (every figure from the
+run): the verdicts when the search completed, otherwise the growth per level to estimate from.
 """
 
 from __future__ import annotations
@@ -82,6 +87,12 @@ def main() -> int:
     parser.add_argument("--processes", type=int, default=2)
     parser.add_argument("--max-states", type=int, default=None)
     parser.add_argument("--rss-limit-mib", type=float, default=2500.0)
+    parser.add_argument("--no-livelock", action="store_true",
+                        help="skip the livelock check the spec asks for (no graph recorded)")
+    parser.add_argument("--queue-mib", type=float, default=None,
+                        help="the sequential search's queue budget (default: the checker's)")
+    parser.add_argument("--suffix", default="",
+                        help="appended to the report's name (a run beside the usual one)")
     args = parser.parse_args()
     bounds, options = load_bounds(args.bound)
     model = InvarModel(bounds, symmetry=options.get("symmetry", True),
@@ -103,9 +114,11 @@ def main() -> int:
         if rss > args.rss_limit_mib:
             checker.request_stop()
 
+    queue = {} if args.queue_mib is None else {"queue_memory": int(args.queue_mib * 2**20)}
     checker = Checker(model, processes=args.processes,
-                      check_livelock=options.get("livelock", False), max_states=args.max_states,
-                      progress=progress, progress_interval=0.0)
+                      check_livelock=options.get("livelock", False) and not args.no_livelock,
+                      max_states=args.max_states, progress=progress, progress_interval=0.0,
+                      **queue)
     began = time.perf_counter()
     result = checker.bfs()
     wall = time.perf_counter() - began
@@ -115,7 +128,9 @@ def main() -> int:
     command = "benchmarks/bench_deep_growth.py " + " ".join(
         [args.bound, "--processes", str(args.processes)]
         + (["--max-states", str(args.max_states)] if args.max_states else [])
-        + ["--rss-limit-mib", f"{args.rss_limit_mib:.0f}"])
+        + ["--rss-limit-mib", f"{args.rss_limit_mib:.0f}"]
+        + (["--no-livelock"] if args.no_livelock else [])
+        + (["--queue-mib", f"{args.queue_mib:g}"] if args.queue_mib is not None else []))
     doc = {
         "bound": Path(args.bound).stem,
         "command": command,
@@ -132,7 +147,8 @@ def main() -> int:
                      if result.complete else {}),
         "levels": levels,
     }
-    out = ROOT / "reports" / "checker" / f"deep_{doc['bound']}"
+    name = f"deep_{doc['bound']}" + (f"_{args.suffix}" if args.suffix else "")
+    out = ROOT / "reports" / "checker" / name
     out.with_suffix(".json").write_text(json.dumps(doc, indent=2) + "\n")
     out.with_suffix(".md").write_text(render(doc))
     print(render(doc))
