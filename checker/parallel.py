@@ -4,9 +4,11 @@ Scheme: every state stays in the worker that generated it; only fingerprints tra
 search is level-synchronous, one *step* per BFS level:
 
 1. each worker expands its share of the level-``d`` frontier with the sequential engine's
-   loop (`checker._expand`), into a local dict of the fingerprints it has met (parent
-   pointers for its own states).  Successors it has not met are its *candidates* for level
-   ``d + 1``; it sends the coordinator their fingerprints, and keeps the states;
+   loop (`checker._expand`), into a local set of the fingerprints it has met, a
+   `checker.statefiles.VisitedStates` (a compact table; the parents of the first meeting in
+   a file of the search's ``states/`` folder).  Successors it has not met are its
+   *candidates* for level ``d + 1``; it sends the coordinator their fingerprints, and keeps
+   the states;
 2. the coordinator, which holds the global visited set (fingerprint -> the worker whose state
    it is), judges the candidates: those already visited are refused; a new one proposed by
    several workers goes to its owner by fingerprint (`owner_of`) when the owner proposed it,
@@ -16,17 +18,18 @@ search is level-synchronous, one *step* per BFS level:
    (pickled, with parent pointers) to the workers short of it;
 3. with the next step each worker gets its verdicts, keeps the states it won as its next
    frontier (checking invariants and sometimes-properties on them, as the sequential engine
-   does when a state is first visited), marks the others as met (one lookup next time), and
-   expands.  The coordinator merges counters and discoveries (per property the shallowest;
-   ties to the lowest worker index), reports progress, writes checkpoints, and stops when a
-   level has no new state, when a bound is hit, or when `finish_when` says so.
+   does when a state is first visited), the others stay among the fingerprints it has met
+   (never proposed again), and expands.  The coordinator merges counters and discoveries
+   (per property the shallowest; ties to the lowest worker index), reports progress, writes
+   checkpoints, and stops when a level has no new state, when a bound is hit, or when
+   `finish_when` says so.
 
 Why not partition by fingerprint and ship each state to its owner (the scheme before): in
 two-phase commit with 7 RMs almost every state has predecessors in both halves, so 280,467 of
 the 296,448 states were pickled and unpickled once (9 µs each for the readable model's named
 tuples of frozensets: 2.5 s, half again the 4.8 s of the whole sequential search), and two
 processes took more CPU *and* more wall time than one.  Here a transition costs what it costs
-in one process, and a worker's extra work is one dict insert and one verdict per candidate:
+in one process, and a worker's extra work is one insert and one verdict per candidate:
 what two processes add is the candidates both workers met, the states shipped to even the
 levels out, and the coordinator's judging.  The result's notes give each worker's states and
 CPU seconds, and the sum over levels of the slowest worker's: the time on idle cores.
@@ -48,6 +51,7 @@ import time
 import traceback
 from collections.abc import Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -68,13 +72,11 @@ from checker.engine import (
 )
 from checker.fingerprint import owner_of
 from checker.result import Progress
+from checker.statefiles import StatesDirectory, VisitedStates
 
 __all__ = ["fork_available", "run_parallel_bfs"]
 
 _CHUNK = 4096  # states a worker expands between two property-list refreshes
-# A worker's mark for a fingerprint it has met whose state another worker holds (not an int:
-# fast fingerprints are signed, and any int could be a parent pointer).
-_ELSEWHERE = None
 
 
 def fork_available() -> bool:
@@ -88,11 +90,12 @@ class _WorkerOptions:
     fingerprints: str  # the coordinator's kind: forked workers share its hash secret
     sampling: bool
     record_edges: bool  # for the livelock check: each transition's (source, target)
+    directory: str  # the search's states/ folder: each worker's parents file in a folder of it
 
 
-def _worker_main(conn: Any, model: Any, opts: _WorkerOptions) -> None:
+def _worker_main(conn: Any, model: Any, opts: _WorkerOptions, index: int) -> None:
     try:
-        _Worker(conn, model, opts).serve()
+        _Worker(conn, model, opts, index).serve()
     except BaseException:  # noqa: BLE001 - report anything to the coordinator, then exit
         try:
             conn.send(("error", traceback.format_exc()))
@@ -105,15 +108,18 @@ def _worker_main(conn: Any, model: Any, opts: _WorkerOptions) -> None:
 class _Worker:
     """One worker process: its states, the fingerprints it has met, its share of the frontier."""
 
-    def __init__(self, conn: Any, model: Any, opts: _WorkerOptions) -> None:
+    def __init__(self, conn: Any, model: Any, opts: _WorkerOptions, index: int) -> None:
         self.conn = conn
         self.ctx = ctx = ModelContext(model, opts.check_deadlock, opts.fingerprints)
         ctx.sampling = opts.sampling
         self.props = PropertyTracker(ctx, "exhausted")
         self.cov = Coverage(ctx, opts.coverage)
-        # fingerprint -> parent for the states this worker holds (visited, or candidates
-        # awaiting a verdict); -> _ELSEWHERE for those another worker holds
-        self.seen: dict[int, Any] = {}
+        # every fingerprint this worker has met: the states it holds (visited, or candidates
+        # awaiting a verdict) and those another worker holds; the parents it met them by (or
+        # was handed them with) on disk.  The coordinator asks a state's parent of its holder.
+        directory = Path(opts.directory) / f"worker-{index}"
+        directory.mkdir()
+        self.seen = VisitedStates(ctx.fp_kind == "fast", directory)
         self.cur: list[tuple[Any, int]] = []  # its share of the frontier
         # next-level states already visited (a resumed checkpoint's)
         self.ready: list[tuple[Any, int]] = []
@@ -140,27 +146,24 @@ class _Worker:
                 given = []
                 # to even the levels out: states with their parents, no longer this worker's
                 if give:
-                    for t, g in self.cur[-give:]:
-                        given.append((t, g, self.seen[g]))
-                        self.seen[g] = _ELSEWHERE
+                    parents = self.seen.parents.parents_of([g for _t, g in self.cur[-give:]])
+                    given = [(t, g, parents[g]) for t, g in self.cur[-give:]]
                     del self.cur[-give:]
                 conn.send(("ok", {"events": list(self.props.found.values()), "given": given}))
             elif cmd == "take":
-                for t, g, parent in msg[1]:
-                    self.seen[g] = parent
-                    self.cur.append((t, g))
+                self.seen.adopt([g for _t, g, _p in msg[1]], [p for _t, _g, p in msg[1]])
+                self.cur.extend((t, g) for t, g, _parent in msg[1])
                 conn.send(("ok", None))
             elif cmd == "load":  # its share of the starting levels, checked by the coordinator
                 _, part_seen, part_cur, part_ready = msg
-                self.seen.update(part_seen)
+                self.seen.adopt(list(part_seen), list(part_seen.values()))
                 self.cur = list(part_cur)
                 self.ready = list(part_ready)
                 conn.send(("ok", None))
             elif cmd == "parent":
-                conn.send(("ok", self.seen[msg[1]]))
-            elif cmd == "dump":
-                mine = {g: p for g, p in self.seen.items() if p is not _ELSEWHERE}
-                conn.send(("ok", (mine, self.cur)))
+                conn.send(("ok", self.seen.parents.parent_of(msg[1])))
+            elif cmd == "dump":  # the parents it has recorded (the coordinator keeps its own)
+                conn.send(("ok", (dict(self.seen.parents.items()), self.cur)))
             elif cmd == "coverage":
                 conn.send(("ok", self.cov.kinds()))
             elif cmd == "edges":
@@ -180,20 +183,17 @@ class _Worker:
 
     def accept(self, depth: int, verdicts: bytes | None) -> None:
         """The candidates this worker won become its frontier at `depth` (checked as the
-        sequential engine checks a state first visited); the others are marked as met."""
+        sequential engine checks a state first visited); the others stay met."""
         if verdicts is None:
             return
         props = self.props
         check_new = props.check_new if props.wants_new else None
         cur = self.ready
-        seen = self.seen
         for (t, g), won in zip(self.pending, verdicts):
             if won:
                 if check_new is not None:
                     check_new(t, g, depth)
                 cur.append((t, g))
-            else:
-                seen[g] = _ELSEWHERE
         self.cur, self.ready, self.pending = cur, [], []
 
     def step(
@@ -217,7 +217,7 @@ class _Worker:
                 # (re-)specialised per chunk: properties may have been decided meanwhile;
                 # new states are checked when won (`accept`), not when met
                 expand = ctx.expander(cov, props, check_new=False, graph=self.record_edges,
-                                      graph_pairs=True)
+                                      graph_pairs=True, batch=True)
                 mark = len(pending)
                 try:
                     generated += expand(cur[lo : lo + _CHUNK], depth, env)
@@ -256,9 +256,9 @@ class _Pool:
         self.n = n
         self.conns = []
         self.procs = []
-        for _ in range(n):
+        for w in range(n):
             parent, child = ctx.Pipe(duplex=True)
-            proc = ctx.Process(target=_worker_main, args=(child, model, opts), daemon=True)
+            proc = ctx.Process(target=_worker_main, args=(child, model, opts, w), daemon=True)
             proc.start()
             child.close()
             self.conns.append(parent)
@@ -359,9 +359,14 @@ class _Coordinator:
         if options.record_graph and options.resume_from is not None:
             raise CheckpointError("record_graph cannot be combined with resume_from")
         self.initial: list[int] = []
-        self.pool = _Pool(n, options.model, _WorkerOptions(
-            options.check_deadlock, options.coverage, ctx.fp_kind, ctx.sampling,
-            options.record_graph))
+        self.files = StatesDirectory(options.work_dir)
+        try:
+            self.pool = _Pool(n, options.model, _WorkerOptions(
+                options.check_deadlock, options.coverage, ctx.fp_kind, ctx.sampling,
+                options.record_graph, str(self.files.path)))
+        except BaseException:
+            self.files.remove()
+            raise
 
     def run(self) -> Outcome:
         try:
@@ -372,6 +377,7 @@ class _Coordinator:
             return self._finish()
         finally:
             self.pool.close()
+            self.files.remove()
 
     def _load(self, levels: Levels) -> None:
         """Share the starting levels out among the workers, each state to its fingerprint's
@@ -503,8 +509,9 @@ class _Coordinator:
         pointers."""
         visited: dict[int, Any] = {}
         level: list[tuple[Any, int]] = []
-        for part_visited, part_current in self.pool.call_all([("dump",)] * self.n):
-            visited.update(part_visited)
+        for w, (part_visited, part_current) in enumerate(self.pool.call_all([("dump",)] * self.n)):
+            # a worker records the states it met that another holds, too
+            visited.update((g, p) for g, p in part_visited.items() if self.visited.get(g) == w)
             level.extend(part_current)
         self.options.save_checkpoint(Levels(
             visited=visited, depth=self.depth, current=level, generated=self.generated,

@@ -33,9 +33,10 @@ What is checked, exactly:
   `queue_memory` bytes for the next level; past it the level is pickled to disk and read
   back in order.  Both files lie in a ``states/`` folder of `work_dir`, removed when the
   result is built.  The depth-first search keeps a dict (a lookup per transition, no batch to
-  hand over); in parallel runs each worker's dict also holds the fingerprints it has met
-  whose states another worker holds (marked, never proposed twice), and the coordinator one
-  ``fingerprint -> worker`` dict, and the queue stays in the workers' memory.
+  hand over).  In parallel runs each worker keeps the fingerprints it has met (its states',
+  and those another worker holds: never proposed twice) in such a table, and their parents
+  in a file of its own; the coordinator keeps one ``fingerprint -> worker`` dict, and the
+  queue stays in the workers' memory.
 * Fingerprints (`checker.fingerprint`): Python's hash for states that hash by value, stable
   SHA-1 ones otherwise and wherever fingerprints leave the process (``fingerprints=``); every
   result gives TLC's estimate of the probability that a collision hid a state.

@@ -141,6 +141,26 @@ class ParentLog:
         self._before[parent] = index
         return self._table.values(np.array([parent], dtype=np.uint64))[0]
 
+    def parents_of(self, fps: list[int]) -> dict[int, int]:
+        """The parent of each of `fps` (their last records), in one pass from the end."""
+        self.flush()
+        table = self._table
+        wanted = np.unique(table.patterns(fps))
+        found: dict[int, int] = {}
+        hi = self._written
+        while hi > 0 and len(found) < len(wanted):
+            lo = max(0, hi - _READ_RECORDS)
+            block = self._read(lo, hi)[::-1]
+            hits = block[np.isin(block["fp"], wanted)]
+            for g, p, root in zip(table.values(hits["fp"]), table.values(hits["parent"]),
+                                  (hits["fp"] == hits["parent"]).tolist()):
+                found.setdefault(g, NO_PARENT if root else p)
+            hi = lo
+        missing = set(fps) - found.keys()
+        if missing:
+            raise KeyError(min(missing))
+        return found
+
     def items(self) -> Iterator[tuple[int, int]]:
         """Every ``(fingerprint, parent)``, in discovery order (`NO_PARENT` for the roots)."""
         self.flush()
@@ -193,6 +213,17 @@ class VisitedStates:
         if len(new):
             self.parents.append(keys[new], table.patterns(parents)[new])
         return new.tolist()
+
+    def adopt(self, fps: list[int], parents: list[int]) -> None:
+        """Record the states of `fps` with the parents of `parents` (`NO_PARENT`: none),
+        whether met before or not: states handed over, whose last record is then theirs."""
+        if not fps:
+            return
+        table = self.table
+        keys = table.patterns(fps)
+        table.add_new_patterns(keys)
+        self.parents.append(keys, table.patterns(
+            [g if p == NO_PARENT else p for g, p in zip(fps, parents)]))
 
     def close(self) -> None:
         self.parents.close()

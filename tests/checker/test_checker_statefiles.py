@@ -155,6 +155,17 @@ def test_a_deep_counterexample_read_back_from_the_parents_file(queue_memory: int
     assert len(trace) == 700 + 60
 
 
+def test_a_parallel_search_reads_its_workers_parents_files(tmp_path: Path) -> None:
+    """Each worker's parents on disk: a shortest counterexample (perhaps another one than the
+    sequential search's), and the files gone at the end."""
+    model = Grid(depth=200, rows=40)
+    result = Checker(model, processes=2, work_dir=tmp_path, finish_when="exhausted").bfs()
+    assert result.processes == 2 and result.distinct_states == 201 * 40
+    trace = result.counterexample("far corner")
+    assert trace.states[-1] == (200, 0) and len(trace) == 200 + 20
+    assert list(tmp_path.iterdir()) == []
+
+
 def test_checkpoint_and_resume_with_the_queue_on_disk(tmp_path: Path,
                                                       small_blocks: list[int]) -> None:
     model = TwoPhaseCommit(5)
