@@ -112,10 +112,12 @@ class _SequentialBFS:
             self._stop(False, "max_depth")
             self.current = []
         while True:
+            # a chunk is the level's next `CHUNK` states, across its parts: the stop rule is
+            # then met where it would be with the whole level in memory
+            if len(self.current) - self.i < CHUNK and self.part + 1 < self.level.parts:
+                self._next_part()
+                continue
             if self.i >= len(self.current):
-                if self.part + 1 < self.level.parts:
-                    self._next_part()
-                    continue
                 if not self.nxt:
                     break
                 self._next_level()
@@ -164,16 +166,20 @@ class _SequentialBFS:
         self.peak_queue_disk = max(self.peak_queue_disk, self.level.disk_bytes + nxt.disk_bytes)
 
     def _next_part(self) -> None:
+        """The level's next part read back after the states of `current` left to expand."""
+        rest = self.current[self.i :]
         self.part += 1
-        self.current, self.i = self.level.part(self.part), 0
-        self.level_left -= len(self.current)
+        part = self.level.part(self.part)
+        self.level_left -= len(part)
+        self.current, self.i = rest + part, 0
 
     def _next_level(self) -> None:
         self.level.close()
         self.level, self.nxt = self.nxt, LevelQueue(self.files.path, self.budget)
         self.part, self.i = 0, 0
+        self.level_left = len(self.level)
         self.current = self.level.part(0)
-        self.level_left = len(self.level) - len(self.current)
+        self.level_left -= len(self.current)
         self.depth += 1
         if self.depth > self.max_seen:
             self.max_seen = self.depth

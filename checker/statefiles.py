@@ -273,22 +273,26 @@ class LevelQueue:
     def parts(self) -> int:
         return len(self._blocks) + 1
 
-    def part_size(self, k: int) -> int:
-        return self._blocks[k][2] if k < len(self._blocks) else len(self.items)
-
     def part(self, k: int) -> list[tuple[Any, int]]:
-        """Part `k` of the level: a spilled block read back, or (the last) `items`."""
+        """Part `k` of the level: a spilled block read back, or (the last) `items`, handed over
+        (the level no longer holds them: the search frees them as it expands them)."""
         if k == len(self._blocks):
-            return self.items
+            items, self.items = self.items, []
+            return items
+        return self._block(k)
+
+    def _block(self, k: int) -> list[tuple[Any, int]]:
         offset, size, _count = self._blocks[k]
-        part: list[tuple[Any, int]] = pickle.loads(os.pread(self._file.fileno(), size, offset))
-        return part
+        block: list[tuple[Any, int]] = pickle.loads(os.pread(self._file.fileno(), size, offset))
+        return block
 
     def states_from(self, k: int) -> list[tuple[Any, int]]:
-        """Every state of parts `k` onwards, read back (for a checkpoint)."""
+        """Every state of parts `k` onwards, read back and left in place (for a checkpoint)."""
         out: list[tuple[Any, int]] = []
-        for j in range(k, self.parts):
-            out.extend(self.part(j))
+        for j in range(k, len(self._blocks)):
+            out.extend(self._block(j))
+        if k <= len(self._blocks):
+            out.extend(self.items)
         return out
 
     def close(self) -> None:

@@ -128,7 +128,10 @@ def test_a_spilled_queue_changes_nothing_a_search_reports(
     model = Drawn(edges, bad, final)
     in_memory = Checker(model, queue_memory=None, record_graph=True,
                         finish_when=finish_when).bfs()
-    spilled = Checker(model, queue_memory=1, record_graph=True, finish_when=finish_when).bfs()
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(statefiles, "SPILL_BLOCK", 2)  # levels of several blocks
+        spilled = Checker(model, queue_memory=1, record_graph=True,
+                          finish_when=finish_when).bfs()
     _same(spilled, in_memory)
     # discovery order: the order the recorded graph met the states in
     assert list(spilled.recorded.graph.nodes) == list(in_memory.recorded.graph.nodes)
