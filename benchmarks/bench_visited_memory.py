@@ -3,12 +3,12 @@ and after.
 
     .venv/bin/python benchmarks/bench_visited_memory.py --baseline bfb667f
     .venv/bin/python benchmarks/bench_visited_memory.py --baseline bfb667f \
-        --bound spec/gate/driver.toml --spill-mib 1
+        --bound spec/gate/driver.toml --spill-mib 1 --spill-mib 8
 
 Each bound (default: the gate's `driver` and the deep `drops_duplicates`) is searched
 sequentially, livelock off (no graph recorded), by the baseline's tree (extracted with `git
-archive`) and by this one, each in a fresh process; this tree twice: with the default queue
-budget (512 MiB: no level spills on these bounds) and with `--spill-mib` (default 1 MiB), so
+archive`) and by this one, each in a fresh process; this tree with the default queue budget
+(512 MiB: no level spills on these bounds) and with each `--spill-mib` (default 8 MiB), so
 that its levels spill to disk.  After the search, the visited set is measured where it lies:
 a dict by ``sys.getsizeof`` of the dict and of each of its int keys (the parents are the
 keys' own objects, shared; the roots' parent is a cached small int); a
@@ -129,15 +129,16 @@ def main() -> int:
     add_baselines(parser)
     parser.add_argument("--bound", action="append", default=[],
                         help="a bound's TOML, relative to the repository (repeatable)")
-    parser.add_argument("--spill-mib", type=float, default=1.0,
-                        help="this tree's second run: the queue budget that makes it spill")
+    parser.add_argument("--spill-mib", type=float, action="append", default=[],
+                        help="a queue budget that makes this tree spill, run after the default "
+                             "one (repeatable; default 8)")
     args = parser.parse_args()
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
         extracted = trees(args.baseline, Path(tmp))
         for bound in args.bound or BOUNDS:
             runs = [(label, tree, "-") for label, tree in extracted.items()]
-            runs.append(("this tree", ROOT, str(args.spill_mib)))
+            runs += [("this tree", ROOT, str(mib)) for mib in args.spill_mib or [8.0]]
             for label, tree, budget in runs:
                 result: dict[str, Any] = run_json(tree, MEASURE, str(ROOT / bound), budget)
                 queue_budget = ("–" if label != "this tree" else "512 MiB" if budget == "-"

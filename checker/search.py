@@ -31,12 +31,14 @@ What is checked, exactly:
   `reports/checker/visited_memory.md` measures it against the layouts it replaced).  The BFS
   queue adds a ``(state, fingerprint)`` tuple (56 B + the state) per queued state, up to
   `queue_memory` bytes for the next level; past it the level is pickled to disk and read
-  back in order.  Both files lie in a ``states/`` folder of `work_dir`, removed when the
-  result is built.  The depth-first search keeps a dict (a lookup per transition, no batch to
-  hand over).  In parallel runs each worker keeps the fingerprints it has met (its states',
-  and those another worker holds: never proposed twice) in such a table, and their parents
-  in a file of its own; the coordinator keeps one ``fingerprint -> worker`` dict, and the
-  queue stays in the workers' memory.
+  back in order (at a cost in time: pickling, and the states read back are copies, on which
+  a model that memoises by object identity, as the Invar model does, misses).  Both files
+  lie in a ``states/`` folder of `work_dir`, removed when the result is built.  The
+  depth-first search keeps a dict (a lookup per transition, no batch to hand over).  In
+  parallel runs each worker keeps the fingerprints it has met (its states', and those
+  another worker holds: never proposed twice) in such a table, and their parents in a file
+  of its own; the coordinator keeps one ``fingerprint -> worker`` dict, and the queue stays
+  in the workers' memory.
 * Fingerprints (`checker.fingerprint`): Python's hash for states that hash by value, stable
   SHA-1 ones otherwise and wherever fingerprints leave the process (``fingerprints=``); every
   result gives TLC's estimate of the probability that a collision hid a state.
