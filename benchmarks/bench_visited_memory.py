@@ -61,7 +61,7 @@ if memory:
     figures = {
         "parents_disk_mib": memory["parents_disk_bytes"] / 2**20,
         "queue_peak_states": memory["queue_peak_states"],
-        "queue_peak_mib": memory["queue_peak_states"] * memory["queue_pair_bytes"] / 2**20,
+        "queue_peak_mib": memory["queue_peak_bytes"] / 2**20,
         "queue_disk_mib": memory["queue_peak_disk_bytes"] / 2**20,
     }
     outcome.release()

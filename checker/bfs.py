@@ -71,17 +71,19 @@ class _SequentialBFS:
         self.visited = VisitedStates.from_items(levels.visited.items(),
                                                 signed=ctx.fp_kind == "fast", directory=files.path)
         self.depth = levels.depth
-        # The queue's budget in states: `queue_memory` over the size of a queued state,
-        # estimated on the first ones queued (None: not yet known, or no budget).
+        # The queue's budget in states: `queue_memory` over the size of a queued state (None:
+        # not yet known, or no budget), estimated on the first states queued, then again on
+        # each level's first `_SAMPLE` (at `estimated`: the depth they were queued from).
         self.budget: int | None = None
         self.pair_bytes = 0
+        self.estimated = -1
         self.level = LevelQueue(files.path, None, levels.current)
         self.part = 0
         self.current = self.level.part(0)
         self.i = 0
         self.level_left = 0  # the states of the level's parts after `part`
         self.nxt = LevelQueue(files.path, None, levels.following)
-        self.peak_queue_states = self.peak_queue_disk = 0
+        self.peak_queue_states = self.peak_queue_bytes = self.peak_queue_disk = 0
         self.generated = levels.generated
         self.max_seen = levels.max_depth
         self.elapsed_before = levels.elapsed_s  # the search time of the run a checkpoint resumes
@@ -157,11 +159,15 @@ class _SequentialBFS:
         keep the queue's peaks."""
         nxt = self.nxt
         queue_memory = self.options.queue_memory
-        if self.budget is None and queue_memory is not None and nxt.items:
+        if queue_memory is not None and nxt.items and self.estimated < self.depth and (
+                self.budget is None or len(nxt.items) >= _SAMPLE):
             self.pair_bytes = estimate_pair_bytes(nxt.items[:_SAMPLE])
             self.budget = nxt.budget = max(1, queue_memory // self.pair_bytes)
+            if len(nxt.items) >= _SAMPLE:
+                self.estimated = self.depth
         in_memory = len(self.current) - self.i + len(nxt.items)
         self.peak_queue_states = max(self.peak_queue_states, in_memory)
+        self.peak_queue_bytes = max(self.peak_queue_bytes, in_memory * self.pair_bytes)
         nxt.spill_if_over()
         self.peak_queue_disk = max(self.peak_queue_disk, self.level.disk_bytes + nxt.disk_bytes)
 
@@ -234,13 +240,13 @@ class _SequentialBFS:
     def memory(self) -> dict[str, float]:
         """What the search held, for the benchmarks: the visited set's bytes in memory (its
         table, and the parent records not yet written), the parent file's, and the queue's
-        peaks (states in memory, their estimated bytes; bytes on disk)."""
+        peaks (states in memory, their estimated bytes: 0 without a budget; bytes on disk)."""
         visited = self.visited
         return {
             "visited_bytes": visited.table.nbytes + visited.parents.buffer_bytes,
             "parents_disk_bytes": visited.parents.disk_bytes,
             "queue_peak_states": self.peak_queue_states,
-            "queue_pair_bytes": self.pair_bytes,
+            "queue_peak_bytes": self.peak_queue_bytes,
             "queue_peak_disk_bytes": self.peak_queue_disk,
         }
 
@@ -270,4 +276,4 @@ class _SequentialBFS:
         return outcome
 
 
-_SAMPLE = 64  # queued states whose size estimates every one's
+_SAMPLE = 1024  # queued states whose size estimates every one's (they share parts)
