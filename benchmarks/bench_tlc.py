@@ -239,6 +239,16 @@ def pairs(runs: list[dict]) -> list[tuple[dict, dict]]:
             if r["checker"] == "invar-check" and (r["rms"], r["parallelism"]) in tlc]
 
 
+def write_report(out: Path, doc: dict, runs: list[Run], mismatch: bool) -> None:
+    doc["load_after"] = os.getloadavg()[0]
+    doc["runs"] = [asdict(r) | {"distinct_per_s": round(r.distinct_per_s),
+                                "generated_per_s": round(r.generated_per_s)} for r in runs]
+    doc["counts_equal"] = not mismatch
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.with_suffix(".json").write_text(json.dumps(doc, indent=2) + "\n")
+    out.with_suffix(".md").write_text(markdown(doc))
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--tla2tools", type=Path, required=True, help="TLC's tla2tools.jar")
@@ -285,13 +295,8 @@ def main(argv: list[str] | None = None) -> int:
                     print(f"MISMATCH at R={rms}: TLC {tlc.distinct:,} distinct {tlc.generated:,} "
                           f"generated, invar-check {invar.distinct:,} / {invar.generated:,}")
                     mismatch = True
-    doc["load_after"] = os.getloadavg()[0]
-    doc["runs"] = [asdict(r) | {"distinct_per_s": round(r.distinct_per_s),
-                                "generated_per_s": round(r.generated_per_s)} for r in runs]
-    doc["counts_equal"] = not mismatch
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.with_suffix(".json").write_text(json.dumps(doc, indent=2) + "\n")
-    args.out.with_suffix(".md").write_text(markdown(doc))
+                # written after every pair: a run stopped early keeps the rows it finished
+                write_report(args.out, doc, runs, mismatch)
     print(f"wrote {args.out.with_suffix('.json')} and .md")
     return 1 if mismatch else 0
 
