@@ -16,9 +16,11 @@ Each run is one process started from here, one after the other (TLC first): `jav
 --model ... --processes P --quiet --json ...`.  Per run: wall time; CPU time (user + system of
 that process and the children it waited for, from `os.wait4`: JVM's compiler and collector
 threads included); peak memory, as the process's own peak resident set (`ru_maxrss`) and as
-the peak of the resident sets of the process and its live descendants summed, sampled every
-0.2 s (they differ for invar's worker processes); distinct and generated states, depth (TLC
-counts the initial state as depth 1, invar-check as 0) and states per second of wall time.
+the peak of the proportional set sizes (PSS) of the process and its live descendants summed,
+sampled every 0.2 s (they differ for invar's forked workers, which share pages); the CPU time
+the rest of the machine used during the run (/proc/stat), which says how quiet it was;
+distinct and generated states, depth (TLC counts the initial state as depth 1, invar-check as
+0) and states per second of wall time.
 The distinct and generated counts must be equal between the two (exit status 1 otherwise).
 
 Writes reports/checker/tlc_two_phase.json and .md: the rows, the commands, TLC's version
@@ -46,7 +48,7 @@ ROOT = Path(__file__).resolve().parents[1]
 SPEC = ROOT / "checker" / "examples" / "TwoPhase.tla"
 MODEL = "checker.examples.two_phase_readable:TwoPhaseReadable"
 REPORT = ROOT / "reports" / "checker" / "tlc_two_phase"
-PAGE_KB = os.sysconf("SC_PAGE_SIZE") // 1024
+CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
 
 
 @dataclass
@@ -60,7 +62,8 @@ class Run:
     wall_s: float
     cpu_s: float
     max_rss_mb: float  # the process's own peak resident set (ru_maxrss)
-    tree_rss_mb: float  # peak of the process and its descendants' resident sets, summed
+    tree_pss_mb: float  # peak of the process and its descendants' proportional sets, summed
+    others_cpu_s: float  # CPU time the rest of the machine used meanwhile
     distinct: int
     generated: int
     depth: int  # as the checker reports it
@@ -88,38 +91,54 @@ def _descendants(pid: int) -> list[int]:
     return found
 
 
-def _tree_rss_kb(pid: int) -> int:
+def _tree_pss_kb(pid: int) -> int:
+    """The process tree's proportional set size: a page shared by k processes (forked workers)
+    counts 1/k in each, so the sum is the memory the tree holds."""
     total = 0
     for p in _descendants(pid):
         try:
-            total += int(Path(f"/proc/{p}/statm").read_text().split()[1]) * PAGE_KB
-        except (OSError, IndexError, ValueError):
+            rollup = Path(f"/proc/{p}/smaps_rollup").read_text()
+        except OSError:
             continue
+        pss = re.search(r"^Pss:\s+(\d+) kB", rollup, re.MULTILINE)
+        total += int(pss[1]) if pss else 0
     return total
 
 
-def timed(argv: list[str], cwd: Path, log: Path) -> tuple[float, float, float, float, int]:
-    """Run `argv` to its end: (wall s, CPU s, own peak RSS MB, process tree's peak RSS MB,
-    exit status); its output goes to `log`."""
+def _machine_cpu_s() -> float:
+    """CPU seconds the whole machine has been busy (every core, /proc/stat), for what other
+    processes took during a run."""
+    fields = Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]
+    user, nice, system, _idle, _iowait, irq, softirq, steal = map(int, fields[:8])
+    return (user + nice + system + irq + softirq + steal) / CLOCK_TICKS
+
+
+def timed(argv: list[str], cwd: Path,
+          log: Path) -> tuple[float, float, float, float, float, int]:
+    """Run `argv` to its end: (wall s, CPU s, own peak RSS MB, process tree's peak PSS MB,
+    the other processes' CPU s meanwhile, exit status); its output goes to `log`."""
     peak = [0]
     with log.open("wb") as out:
+        busy0 = _machine_cpu_s()
         t0 = time.perf_counter()
         proc = subprocess.Popen(argv, cwd=cwd, stdout=out, stderr=subprocess.STDOUT)
         done = threading.Event()
 
         def sample() -> None:
             while not done.wait(0.2):
-                peak[0] = max(peak[0], _tree_rss_kb(proc.pid))
+                peak[0] = max(peak[0], _tree_pss_kb(proc.pid))
 
         sampler = threading.Thread(target=sample, daemon=True)
         sampler.start()
         _pid, status, usage = os.wait4(proc.pid, 0)
         wall = time.perf_counter() - t0
+        busy = _machine_cpu_s() - busy0
         done.set()
         sampler.join()
         proc.returncode = os.waitstatus_to_exitcode(status)
     cpu = usage.ru_utime + usage.ru_stime
-    return wall, cpu, usage.ru_maxrss / 1024, peak[0] / 1024, proc.returncode
+    return wall, cpu, usage.ru_maxrss / 1024, peak[0] / 1024, max(busy - cpu, 0.0), \
+        proc.returncode
 
 
 def tlc_cfg(rms: int) -> str:
@@ -139,7 +158,7 @@ def run_tlc(java: str, jar: Path, rms: int, workers: int, work: Path) -> Run:
     argv = [java, "-XX:+UseParallelGC", "-cp", str(jar), "tlc2.TLC", "-workers", str(workers),
             "-metadir", str(work / f"states_{rms}_{workers}"), "-config", cfg, "TwoPhase"]
     log = work / f"tlc_{rms}_{workers}.log"
-    wall, cpu, rss, tree, status = timed(argv, work, log)
+    wall, cpu, rss, tree, others, status = timed(argv, work, log)
     text = log.read_text()
     counts = re.search(r"([\d,]+) states generated, ([\d,]+) distinct states found, "
                        r"0 states left on queue", text)
@@ -147,7 +166,7 @@ def run_tlc(java: str, jar: Path, rms: int, workers: int, work: Path) -> Run:
     if status != 0 or not counts or not depth:
         sys.exit(f"TLC failed (exit {status}), its output:\n{text[-3000:]}")
     verdict = "no error" if "No error has been found" in text else "error"
-    return Run("TLC", rms, workers, _shown(argv, work), wall, cpu, rss, tree,
+    return Run("TLC", rms, workers, _shown(argv, work), wall, cpu, rss, tree, others,
                int(counts[2].replace(",", "")), int(counts[1].replace(",", "")), int(depth[1]),
                verdict)
 
@@ -156,13 +175,14 @@ def run_invar(rms: int, processes: int, work: Path) -> Run:
     out = work / f"invar_{rms}_{processes}.json"
     argv = [sys.executable, "-m", "checker.cli", "--model", MODEL, "--arg", f"rms={rms}",
             "--processes", str(processes), "--quiet", "--json", str(out)]
-    wall, cpu, rss, tree, status = timed(argv, ROOT, work / f"invar_{rms}_{processes}.log")
+    wall, cpu, rss, tree, others, status = timed(argv, ROOT,
+                                                 work / f"invar_{rms}_{processes}.log")
     if status != 0:
         sys.exit(f"invar-check failed (exit {status}): "
                  f"{(work / f'invar_{rms}_{processes}.log').read_text()[-3000:]}")
     doc = json.loads(out.read_text())
     verdict = ", ".join(f"{n} {v}" for n, v in doc["properties"].items())
-    return Run("invar-check", rms, processes, _shown(argv, work), wall, cpu, rss, tree,
+    return Run("invar-check", rms, processes, _shown(argv, work), wall, cpu, rss, tree, others,
                doc["distinct_states"], doc["states_generated"], doc["max_depth"], verdict)
 
 
@@ -199,30 +219,36 @@ def markdown(doc: dict) -> str:
         "",
         "One run per row, each its own process, one after the other; wall and CPU seconds "
         "(CPU: the process and what it waited for, the JVM's compiler and collector threads "
-        "included); peak RSS: the process's own, and its process tree's summed (sampled every "
-        "0.2 s); states per second of wall time.  Depth as each reports it (TLC counts the "
-        "initial state as 1).",
+        "included); peak RSS: the process's own (for invar-check's workers: the largest one's); "
+        "tree PSS: the peak of the process tree's proportional set sizes summed (a page its "
+        "forked workers share counted once; sampled every 0.2 s); others' CPU: what the rest of "
+        "the machine used meanwhile (0 on a quiet machine); states per second of wall time.  "
+        "Depth as each reports it (TLC counts the initial state as 1).",
         "",
-        "| RMs | checker | workers | wall s | CPU s | peak RSS MB | tree RSS MB | distinct "
-        "| generated | depth | distinct/s | generated/s |",
-        "|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+        f"TLC's memory is the JVM's default sizing, which TLC reports as: "
+        f"\"{doc.get('tlc_memory', '?')}\".",
+        "",
+        "| RMs | checker | workers | wall s | CPU s | others' CPU s | peak RSS MB | tree PSS MB "
+        "| distinct | generated | depth | distinct/s | generated/s |",
+        "|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for r in doc["runs"]:
         lines.append(
             f"| {r['rms']} | {r['checker']} | {r['parallelism']} | {r['wall_s']:.1f} "
-            f"| {r['cpu_s']:.1f} | {r['max_rss_mb']:,.0f} | {r['tree_rss_mb']:,.0f} "
+            f"| {r['cpu_s']:.1f} | {r['others_cpu_s']:.1f} | {r['max_rss_mb']:,.0f} "
+            f"| {r['tree_pss_mb']:,.0f} "
             f"| {r['distinct']:,} | {r['generated']:,} | {r['depth']} "
             f"| {r['distinct_per_s']:,.0f} | {r['generated_per_s']:,.0f} |")
     lines += ["", "TLC / invar-check, the same RMs and parallelism (above 1: invar-check is "
               "faster or smaller):", "",
-              "| RMs | workers | wall | CPU | peak RSS | tree RSS |",
+              "| RMs | workers | wall | CPU | peak RSS | tree PSS |",
               "|---:|---:|---:|---:|---:|---:|"]
     for tlc, invar in pairs(doc["runs"]):
         lines.append(
             f"| {tlc['rms']} | {tlc['parallelism']} | {tlc['wall_s'] / invar['wall_s']:.2f} "
             f"| {tlc['cpu_s'] / invar['cpu_s']:.2f} "
             f"| {tlc['max_rss_mb'] / invar['max_rss_mb']:.2f} "
-            f"| {tlc['tree_rss_mb'] / invar['tree_rss_mb']:.2f} |")
+            f"| {tlc['tree_pss_mb'] / invar['tree_pss_mb']:.2f} |")
     lines += ["", "Each run's command:", ""]
     lines += [f"    {r['command']}" for r in doc["runs"]]
     lines += ["", "TLC checks `TCConsistent` and deadlock on checker/examples/TwoPhase.tla with "
@@ -284,12 +310,16 @@ def main(argv: list[str] | None = None) -> int:
                 if "tlc_version" not in doc:  # TLC's first line: "TLC2 Version ... (rev: ...)"
                     log = Path(tmp, f"tlc_{rms}_{workers}.log").read_text()
                     doc["tlc_version"] = log.splitlines()[0].strip()
+                    memory = re.search(r"^Running .* with (\d+ workers? on .*)$", log,
+                                       re.MULTILINE)
+                    doc["tlc_memory"] = memory[1] if memory else "?"
                 invar = run_invar(rms, processes, Path(tmp))
                 for r in (tlc, invar):
                     runs.append(r)
                     print(f"R={r.rms} {r.checker:>11} x{r.parallelism}: {r.wall_s:7.1f} s wall "
-                          f"{r.cpu_s:7.1f} s CPU {r.max_rss_mb:7,.0f} MB ({r.tree_rss_mb:,.0f} "
-                          f"MB tree) {r.distinct:,} distinct {r.generated:,} generated depth "
+                          f"{r.cpu_s:7.1f} s CPU ({r.others_cpu_s:.1f} others) "
+                          f"{r.max_rss_mb:7,.0f} MB ({r.tree_pss_mb:,.0f} MB tree PSS) "
+                          f"{r.distinct:,} distinct {r.generated:,} generated depth "
                           f"{r.depth} {r.distinct_per_s:,.0f} distinct/s", flush=True)
                 if (tlc.distinct, tlc.generated) != (invar.distinct, invar.generated):
                     print(f"MISMATCH at R={rms}: TLC {tlc.distinct:,} distinct {tlc.generated:,} "
