@@ -25,7 +25,8 @@ The distinct and generated counts must be equal between the two (exit status 1 o
 
 Writes reports/checker/tlc_two_phase.json and .md: the rows, the commands, TLC's version
 line, Java's version and the machine (CPU, cores, memory, load average before and after,
-and --note).  Nothing else runs the benchmark's machine quietly: say in --note what else ran.
+and --note).  The benchmark cannot make the machine quiet: the others' CPU of each row says how
+quiet it was, --note what the reader should know besides.
 """
 
 from __future__ import annotations
