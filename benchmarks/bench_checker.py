@@ -25,15 +25,18 @@ if the model has one, on every successor), in BFS order, in the same process und
 collector settings.  The machine's load average is printed before and after: other processes
 distort wall time, which is why CPU time is printed next to it.
 
-TLC, for reference (TLC 2.15, one worker, the same spec, R=7: the figures given when this
-benchmark was asked for, not measured here, since tla2tools.jar cannot be fetched from this
-machine): ~16 s CPU, ~18 s wall.
+The "x TLC cpu" column divides TLC's CPU time, one worker, on the same RM count by the row's:
+TLC's time is read from reports/checker/tlc_two_phase.json, where `benchmarks/bench_tlc.py`
+measured it (on checker/examples/TwoPhase.tla, beside invar-check on the readable model, at the
+date it gives: another time than this run's, so only roughly the same machine load).  Without
+a measurement for the RM count, the column is empty.
 """
 
 from __future__ import annotations
 
 import argparse
 import cProfile
+import json
 import os
 import pstats
 import resource
@@ -53,8 +56,7 @@ from checker.search import _quiet_gc  # noqa: E402
 # where the sequential BFS calls the model from
 _ENGINE_FILES = ("engine.py", "bfs.py", "search.py")
 
-TLC_CPU_S = 16.0  # TLC 2.15, one worker, TwoPhase with 7 RMs (given, not measured here)
-TLC_WALL_S = 18.0
+TLC_REPORT = Path(__file__).resolve().parents[1] / "reports" / "checker" / "tlc_two_phase.json"
 MODELS: dict[str, Callable[[int], Any]] = {"packed": TwoPhaseCommit, "readable": TwoPhaseReadable}
 
 
@@ -62,6 +64,16 @@ def _cpu_seconds() -> float:
     me = resource.getrusage(resource.RUSAGE_SELF)
     kids = resource.getrusage(resource.RUSAGE_CHILDREN)
     return me.ru_utime + me.ru_stime + kids.ru_utime + kids.ru_stime
+
+
+def tlc_run(rms: int) -> tuple[dict[str, Any], str] | None:
+    """TLC's measured run with one worker on `rms` RMs, and the date it was measured."""
+    if not TLC_REPORT.is_file():
+        return None
+    doc = json.loads(TLC_REPORT.read_text())
+    runs = [r for r in doc["runs"]
+            if r["checker"] == "TLC" and r["rms"] == rms and r["parallelism"] == 1]
+    return (runs[0], doc["date"]) if runs else None
 
 
 def run_once(model: Any, processes: int, fingerprints: str) -> tuple[float, float, CheckResult]:
@@ -225,14 +237,15 @@ def main(argv: list[str] | None = None) -> int:
         if processes == 1:
             share = 1 - model_seconds(model, reachable_states(model)) / cpu
         rows.append((name, processes, fingerprints, wall, cpu, result, share))
+    tlc = tlc_run(args.rms)
     print(f"{'model':>9} {'procs':>5} {'wall s':>7} {'cpu s':>7} "
           f"{'distinct/s':>11} {'generated/s':>12} "
           f"{'x TLC cpu':>9} {'engine':>7} {'fingerprints':>12} {'P(collision)':>12}")
     for name, processes, _fp, wall, cpu, result, share in rows:
-        x_tlc = TLC_CPU_S / cpu if args.rms == 7 else float("nan")
+        x_tlc = "" if tlc is None else f"{tlc[0]['cpu_s'] / cpu:.1f}"
         print(f"{name:>9} {processes:>5} {wall:>7.2f} {cpu:>7.2f} "
               f"{result.distinct_states / wall:>11,.0f} "
-              f"{result.states_generated / wall:>12,.0f} {x_tlc:>9.1f} "
+              f"{result.states_generated / wall:>12,.0f} {x_tlc:>9} "
               f"{'' if share is None else f'{100 * share:.0f}%':>7} {result.fingerprints:>12} "
               f"{result.collision_probability:>12.1e}")
     for name, processes, _fp, _wall, _cpu, result, _share in rows:
@@ -243,10 +256,13 @@ def main(argv: list[str] | None = None) -> int:
     print(f"counts (every row): {distinct:,} distinct, {generated:,} generated, "
           f"depth {depth} (TLC depth {depth + 1})")
     print(f"verdicts: { {n: p.verdict.value for n, p in rows[0][5].properties.items()} }")
-    if args.rms == 7:
-        print(f"TLC 2.15, one worker (given figures, not measured here): "
-              f"{TLC_CPU_S:.0f} s CPU, "
-              f"{TLC_WALL_S:.0f} s wall, {distinct / TLC_WALL_S:,.0f} distinct/s")
+    if tlc is None:
+        print(f"TLC: no one-worker run on R={args.rms} in {TLC_REPORT} (benchmarks/bench_tlc.py)")
+    else:
+        run, date = tlc
+        print(f"TLC, one worker, measured {date} by benchmarks/bench_tlc.py: "
+              f"{run['cpu_s']:.1f} s CPU, {run['wall_s']:.1f} s wall, "
+              f"{run['distinct_per_s']:,} distinct/s, {run['distinct']:,} distinct")
     print(f"load average after: {os.getloadavg()[0]:.2f}")
     return 0
 

@@ -13,6 +13,9 @@ but the state is the spec's four variables held as they read, not packed into an
 This is the engine's benchmark on ordinary states (`benchmarks/bench_checker.py` runs it beside
 the packed model): whatever it costs above the model's own functions is the engine's share.
 
+The spec itself is checker/examples/TwoPhase.tla (`tests/checker/test_tla_spec.py` holds this
+model to its variables and actions; `benchmarks/bench_tlc.py` runs TLC on it beside this model).
+
 Each TLA+ action is one method returning the next state, or ``None`` when the action is not
 enabled; `successors` lists them in the spec's order.  The actions are the packed model's
 classes, so traces and coverage read the same for both models.
