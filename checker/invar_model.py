@@ -29,20 +29,29 @@ from checker.model import BaseModel, Property
 from invar.model import schedule, transitions
 from invar.model import world as w
 from invar.model.config import RunConfig
-from invar.model.core import logical_projection, run_complete
+from invar.model.core import logical_projection, outstanding_commands, run_complete
 from invar.model.errors import ConfigError
 from invar.model.invariants import INVARIANTS, IncrementalInvariants, transition_violations
 from invar.model.memo import IdentityMemo
 from invar.model.messages import (
+    Checkpoint,
+    CheckpointWritten,
+    Commit,
+    ForwardObserved,
     LaunchRequest,
+    LearnerStarted,
     LoadWeights,
+    ProbabilitiesReported,
     RequestsCompleted,
+    StepFinished,
     TimerFired,
+    UpdateCommitted,
+    VersionEvaluated,
     WorkerConnected,
     WorkerLost,
 )
 from invar.model.objective import ObjectiveConfig
-from invar.model.shell import Delivery
+from invar.model.shell import LEARNER, Delivery
 from invar.model.state import Assigned, NoOps, Sample, State, evolve
 from invar.model.world import CORE, Message, World, message
 from invar.testing import canonical_run
@@ -169,10 +178,10 @@ class InvarModel(BaseModel[Explored, tuple]):
         self.reduction = reduction
         self._frames = bounds.frames
         self._worker_restarts = bounds.worker_restarts
-        # a launch acted on alone stands for all orders (`ample_set`): not when frames
-        # may merge (a merge would take its reply with another) or a worker answers the
-        # launches in flight beside it together (launch frames)
-        self._ample_launches = reduction and not bounds.frames and not bounds.launch_frames
+        # a message acted on alone stands for all orders (`ample_set`): not when frames
+        # may merge (a merge would take a launch's reply with another) or a worker answers
+        # the launches in flight beside it together (launch frames)
+        self._reduce = reduction and not bounds.frames and not bounds.launch_frames
         # each renaming of the workers but the identity, by the order of the workers it
         # gives: the worker at index i of the result is the one at order[i] before
         self._renamings = {order: _Renaming(self.worker_names,
@@ -216,7 +225,7 @@ class InvarModel(BaseModel[Explored, tuple]):
         distinct = sorted({m.key for m in network})
         (drops, duplicates, worker_crashes, learner_crashes, driver_restarts, early_timers,
          repeats) = budget
-        if self._ample_launches:
+        if self._reduce:
             ample = self.ample_set(world, budget)
             if ample is not None:
                 return ample
@@ -487,21 +496,45 @@ class InvarModel(BaseModel[Explored, tuple]):
                                      _phase_moves_are_listed(state, action, after))
 
     def ample_set(self, world: World, budget: Budget) -> list[tuple] | None:
-        """Partial-order reduction: the actions on one launch, taken first, stand for every
-        order of them with the rest (None: no launch qualifies, expand in full).
+        """Partial-order reduction: the actions on one message in flight, taken first, stand
+        for every order of them with the rest (None: no message qualifies, expand in full).
+        The message is a launch (`launch_ample_set`) or else the learner's one command
+        (`learner_ample_set`); its delivery comes first in the set.
 
-        The set: deliver the launch L (to worker W), drop and duplicate it if budgeted, and
-        crash W if a worker crash is budgeted and W would answer L. L is in flight once and
-        either a dead letter (W dead or of a later incarnation: its delivery only takes it off
-        the network) or one W will answer (alive, of L's incarnation, holding L's version)
-        while the core holds L's request assigned to that incarnation, with no reply for that
-        request and no load to W in flight. Then W's record can change only by W's crash: the
-        core loads free workers only, and W is busy until L's request is answered, by L alone.
-        So, from this state, every action b outside the set, on any path taken before an
-        action of the set, either absorbs L's delivery (b after the delivery reaches the very
-        state b reaches without it) or commutes with each action a of the set that is still
-        enabled after it (a after b and b after a are both enabled and reach one state); once
-        b has disabled a (spent the budget a needs), a stays disabled. For b:
+        From a state where a set qualifies, every action b outside the set, on any path taken
+        before an action of the set, either absorbs the delivery (b after the delivery reaches
+        the very state b reaches without it) or commutes with each action a of the set that is
+        still enabled after it (a after b and b after a are both enabled and reach one state);
+        once b has disabled a (spent the budget a needs), a stays disabled. Each candidate's
+        docstring argues this per action; `tests/checker/test_checker_reduction.py` checks it
+        on every state of small bounds and the paths two steps from it, and that wrong sets
+        fail it.
+
+        This is C1 in the form the argument needs: a path from here that takes an action of the
+        set before any b that absorbs the delivery is the same path with that action moved
+        first, to the same state; one that takes none, or such a b first, is the same path
+        after the delivery, to the same state but for the delivery (which, before b, only the
+        network and the recipient show). What the set's actions change (the network, a
+        worker's record, the learner) no invariant or transition property reads, and only a
+        `sometimes` property reads a worker's record, which holds here already if it holds for
+        the crashed worker on such a path (C2: what a moved action changes is visible on no
+        state that matters). Each step of a set takes a launch or a learner command off the
+        network or spends a budget, so no cycle is made of reduced steps alone (C3); the same
+        measure ends the argument's induction. `benchmarks/bench_reduction.py` checks the
+        verdicts, livelock included, reduced and unreduced on every gate bound."""
+        launch = self.launch_ample_set(world, budget)
+        return launch if launch is not None else self.learner_ample_set(world, budget)
+
+    def launch_ample_set(self, world: World, budget: Budget) -> list[tuple] | None:
+        """Deliver the launch L (to worker W), drop and duplicate it if budgeted, and crash W
+        if a worker crash is budgeted and W would answer L (`ample_set`).
+
+        L is in flight once and either a dead letter (W dead or of a later incarnation: its
+        delivery only takes it off the network) or one W will answer (alive, of L's
+        incarnation, holding L's version) while the core holds L's request assigned to that
+        incarnation, with no reply for that request and no load to W in flight. Then W's
+        record can change only by W's crash: the core loads free workers only, and W is busy
+        until L's request is answered, by L alone. For an action b outside the set:
         * a delivery to the core, the learner, the store or another worker, a drop, duplicate
           or repeat of another message, a learner crash or restart, another worker's crash
           or restart: none reads or writes W, L or L's reply; the network is a multiset;
@@ -517,21 +550,7 @@ class InvarModel(BaseModel[Explored, tuple]):
           L's version left to admit or with a pending request (a new launch), every worker
           alive, no connection or loss in flight and one crash budgeted (a requeue onto W:
           another worker's crash then disables W's);
-        * a driver restart: it empties the network and resets W, so it absorbs the delivery.
-        `tests/checker/test_checker_reduction.py` checks each of these on every state of small
-        bounds and the paths from it, and that wrong sets fail it.
-
-        This is C1 in the form the argument needs: a path from here that takes an action of the
-        set before any b that absorbs the delivery is the same path with that action moved
-        first, to the same state; one that takes none, or such a b first, is the same path
-        after delivering L, to the same state but for the delivery (which, before b, only the
-        network shows). The delivery changes only the network and a crash of W only W's
-        record, read by no invariant or transition property and only by `sometimes`
-        properties that hold here already if they hold for W on such a path (C2: what a moved
-        action changes is visible on no state that matters). Each step of the set takes a
-        launch off the network or spends a budget, so no cycle is made of reduced steps alone
-        (C3); the same measure ends the argument's induction. `benchmarks/bench_reduction.py`
-        checks the verdicts, livelock included, reduced and unreduced on every gate bound."""
+        * a driver restart: it empties the network and resets W, so it absorbs the delivery."""
         drops, duplicates, worker_crashes, _, _, early_timers, _ = budget
         if early_timers and (drops or worker_crashes):
             return None
@@ -553,7 +572,7 @@ class InvarModel(BaseModel[Explored, tuple]):
             if not worker.alive or worker.incarnation != launch.incarnation:
                 if early_timers:
                     continue  # its delivery, answered by no one, may empty the network
-                return _launch_actions(m.key, drops, duplicates)
+                return _message_actions(m.key, drops, duplicates)
             if (worker.version != launch.version or launch.worker in loading
                     or launch.request in replied):
                 continue
@@ -565,7 +584,7 @@ class InvarModel(BaseModel[Explored, tuple]):
                 continue
             if worker_crashes and not self._crash_commutes(world, budget, launch):
                 continue
-            out = _launch_actions(m.key, drops, duplicates)
+            out = _message_actions(m.key, drops, duplicates)
             if worker_crashes:
                 out.append(("crash_worker", launch.worker))
             return out
@@ -589,8 +608,49 @@ class InvarModel(BaseModel[Explored, tuple]):
         return True
 
 
-def _launch_actions(key: str, drops: int, duplicates: int) -> list[tuple]:
-    """Deliver the launch `key`, and drop and duplicate it as budgeted."""
+    def learner_ample_set(self, world: World, budget: Budget) -> list[tuple] | None:
+        """Deliver the learner's command C, drop and duplicate it if budgeted, and crash the
+        learner if budgeted (`ample_set`).
+
+        C is the only message to the learner in flight, the learner is alive, and the core
+        still awaits C's reply (C is among its outstanding commands), with no reply of the
+        learner, no LearnerStarted and no TimerFired in flight and no early timer budgeted.
+        Then the core sends the learner nothing before an action of the set: it does so on
+        the learner's replies, a learner start or a timer expiry, and on a batch's last
+        completion only while it awaits no learner command. So only C and the learner's
+        crash change the learner before an action of the set. For an action b outside it:
+        * a delivery to the core, a worker or the store, a drop, duplicate or repeat of
+          another message, a worker's crash or restart: none reads or writes the learner, C
+          or C's reply (the store reads commits of published versions, which C leaves);
+        * a timer expiry: only on an empty network, never while C is in flight;
+        * the learner's crash: in the set, since it removes C (of its attempt) or leaves C
+          unanswered;
+        * a driver restart: it empties the network and restarts the learner from its commits
+          and checkpoints, so it absorbs a delivery that leaves them (not a Commit or a
+          Checkpoint while a driver restart is budgeted)."""
+        drops, duplicates, _, learner_crashes, driver_restarts, early_timers, _ = budget
+        if early_timers or not world.learner.alive:
+            return None
+        command: Message | None = None
+        for m in world.network:
+            if m.to == LEARNER:
+                if command is not None:
+                    return None
+                command = m
+            elif type(m.body) in _LEARNER_TRIGGERS:
+                return None
+        if command is None or (driver_restarts and type(command.body) in (Commit, Checkpoint)):
+            return None
+        if command.body not in outstanding_commands(world.core):
+            return None
+        out = _message_actions(command.key, drops, duplicates)
+        if learner_crashes:
+            out.append(("crash_learner", None))
+        return out
+
+
+def _message_actions(key: str, drops: int, duplicates: int) -> list[tuple]:
+    """Deliver the message `key`, and drop and duplicate it as budgeted."""
     out: list[tuple] = [("deliver", key)]
     if drops:
         out.append(("drop", key))
@@ -718,6 +778,9 @@ _KEY_OF = operator.attrgetter("key")
 _OBSERVATIONS = tuple(f"{CORE}|{t.__name__}(" for t in w.OBSERVATIONS)
 _REQUEUES = (TimerFired, WorkerConnected, WorkerLost)
 """Events that may make the core launch onto a busy worker: a re-send, a requeue."""
+_LEARNER_TRIGGERS = (ProbabilitiesReported, ForwardObserved, StepFinished, UpdateCommitted,
+                     VersionEvaluated, CheckpointWritten, LearnerStarted, TimerFired)
+"""Events on which the core may send the learner a command while it awaits another."""
 
 
 def _generating_versions(config: RunConfig) -> list[int]:
