@@ -47,12 +47,13 @@ from invar.model.messages import (
     TimerFired,
     UpdateCommitted,
     VersionEvaluated,
+    WeightsLoaded,
     WorkerConnected,
     WorkerLost,
 )
 from invar.model.objective import ObjectiveConfig
 from invar.model.shell import LEARNER, Delivery
-from invar.model.state import Assigned, NoOps, Sample, State, evolve
+from invar.model.state import Assigned, NoOps, Sample, State, WorkerPhase, evolve
 from invar.model.world import CORE, Message, World, message
 from invar.testing import canonical_run
 
@@ -498,8 +499,8 @@ class InvarModel(BaseModel[Explored, tuple]):
     def ample_set(self, world: World, budget: Budget) -> list[tuple] | None:
         """Partial-order reduction: the actions on one message in flight, taken first, stand
         for every order of them with the rest (None: no message qualifies, expand in full).
-        The message is a launch (`launch_ample_set`) or else the learner's one command
-        (`learner_ample_set`); its delivery comes first in the set.
+        The message is a launch (`launch_ample_set`), else a load (`load_ample_set`), else the
+        learner's one command (`learner_ample_set`); its delivery comes first in the set.
 
         From a state where a set qualifies, every action b outside the set, on any path taken
         before an action of the set, either absorbs the delivery (b after the delivery reaches
@@ -515,15 +516,19 @@ class InvarModel(BaseModel[Explored, tuple]):
         first, to the same state; one that takes none, or such a b first, is the same path
         after the delivery, to the same state but for the delivery (which, before b, only the
         network and the recipient show). What the set's actions change (the network, a
-        worker's record, the learner) no invariant or transition property reads, and only a
+        worker's record, the learner, a budget) no invariant or transition property reads; a
         `sometimes` property reads a worker's record, which holds here already if it holds for
-        the crashed worker on such a path (C2: what a moved action changes is visible on no
-        state that matters). Each step of a set takes a launch or a learner command off the
-        network or spends a budget, so no cycle is made of reduced steps alone (C3); the same
-        measure ends the argument's induction. `benchmarks/bench_reduction.py` checks the
-        verdicts, livelock included, reduced and unreduced on every gate bound."""
-        launch = self.launch_ample_set(world, budget)
-        return launch if launch is not None else self.learner_ample_set(world, budget)
+        the worker the set acts on along such a path, or a spent budget, which stays spent to
+        the path's end (C2: what a moved action changes is visible on no state that matters).
+        Each step of a set takes a command off the network or spends a budget, so no cycle is
+        made of reduced steps alone (C3); the same measure ends the argument's induction.
+        `benchmarks/bench_reduction.py` checks the verdicts, livelock included, reduced and
+        unreduced on every gate bound."""
+        for candidate in (self.launch_ample_set, self.load_ample_set, self.learner_ample_set):
+            ample = candidate(world, budget)
+            if ample is not None:
+                return ample
+        return None
 
     def launch_ample_set(self, world: World, budget: Budget) -> list[tuple] | None:
         """Deliver the launch L (to worker W), drop and duplicate it if budgeted, and crash W
@@ -607,6 +612,51 @@ class InvarModel(BaseModel[Explored, tuple]):
                 return False
         return True
 
+
+    def load_ample_set(self, world: World, budget: Budget) -> list[tuple] | None:
+        """Deliver the load LW (to worker W), drop and duplicate it if budgeted, and crash W
+        if a worker crash is budgeted and W would take LW (`ample_set`).
+
+        LW is the only message to W in flight, and either a dead letter (W dead, of a later
+        incarnation, or past LW's serial: its delivery only takes it off the network) or one
+        W takes (alive, of LW's incarnation, LW's serial not behind its own) while the core
+        holds W loading with LW's serial and no WeightsLoaded of W is in flight. The core
+        then sends W nothing before an action of the set but LW again (a timer's re-send):
+        it launches onto ready workers and loads free ones only. For an action b outside it:
+        * a delivery elsewhere, a drop, duplicate or repeat of another message, a learner
+          crash or restart, another worker's crash or restart: none reads or writes W, LW or
+          LW's reply (the weights travel with the load: the store is not read);
+        * a timer expiry: as for a launch (W takes a re-sent LW again and stays as it is);
+        * a crash of W: it absorbs a dead letter's delivery, and joins the set otherwise, with
+          no TimerFired in flight and no early timer budgeted (so nothing joins LW);
+        * a driver restart absorbs the delivery."""
+        drops, duplicates, worker_crashes, _, _, early_timers, _ = budget
+        if early_timers and (drops or worker_crashes):
+            return None
+        network = world.network
+        addressed = Counter(m.to for m in network)
+        for m in sorted((m for m in network if type(m.body) is LoadWeights), key=_KEY_OF):
+            load = m.body
+            if addressed[load.worker] > 1:
+                continue
+            worker = world.worker(load.worker)
+            if (not worker.alive or worker.incarnation != load.incarnation
+                    or not w.worker_accepts(worker, load)):
+                if early_timers:
+                    continue  # its delivery, answered by no one, may empty the network
+                return _message_actions(m.key, drops, duplicates)
+            known = world.core.worker(load.worker)
+            if known is None or (known.phase, known.incarnation, known.load) != (
+                    WorkerPhase.LOADING, load.incarnation, load.load):
+                continue
+            if any(type(x.body) is WeightsLoaded and x.body.worker == load.worker
+                   or worker_crashes and type(x.body) is TimerFired for x in network):
+                continue
+            out = _message_actions(m.key, drops, duplicates)
+            if worker_crashes:
+                out.append(("crash_worker", load.worker))
+            return out
+        return None
 
     def learner_ample_set(self, world: World, budget: Budget) -> list[tuple] | None:
         """Deliver the learner's command C, drop and duplicate it if budgeted, and crash the

@@ -1,5 +1,5 @@
-"""The partial-order reduction's commutation claims (`InvarModel.ample_set`: a launch's
-actions, or the learner's command's), checked on the states themselves rather than argued: on
+"""The partial-order reduction's commutation claims (`InvarModel.ample_set`: the actions on
+a launch, a load or the learner's command), checked on the states themselves rather than argued: on
 the states of small bounds (each fault kind, and several together) where the reduction acts,
 and on every state reached from one by actions outside its ample set, for each action a of
 the set and each other enabled action b:
@@ -37,6 +37,7 @@ SMALL = [  # each bound, and the kinds of action the ample sets checked there ho
      {"deliver", "duplicate", "crash_learner"}),
     (Bounds(total_updates=2, eval_every=1, checkpoint_every=1, learner_crashes=1),
      {"deliver", "crash_learner"}),
+    (Bounds(total_updates=3, max_inflight_batches=1), {"deliver"}),  # a reload
     (replace(TWO, total_updates=1, driver_restarts=1), {"deliver"}),
     (replace(TWO, total_updates=1, worker_crashes=1, drops=1),
      {"deliver", "drop", "crash_worker"}),
