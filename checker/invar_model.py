@@ -47,12 +47,13 @@ from invar.model.messages import (
     TimerFired,
     UpdateCommitted,
     VersionEvaluated,
+    VersionPublished,
     WeightsLoaded,
     WorkerConnected,
     WorkerLost,
 )
 from invar.model.objective import ObjectiveConfig
-from invar.model.shell import LEARNER, Delivery
+from invar.model.shell import LEARNER, STORE, Delivery
 from invar.model.state import Assigned, NoOps, Sample, State, WorkerPhase, evolve
 from invar.model.world import CORE, Message, World, message
 from invar.testing import canonical_run
@@ -499,8 +500,9 @@ class InvarModel(BaseModel[Explored, tuple]):
     def ample_set(self, world: World, budget: Budget) -> list[tuple] | None:
         """Partial-order reduction: the actions on one message in flight, taken first, stand
         for every order of them with the rest (None: no message qualifies, expand in full).
-        The message is a launch (`launch_ample_set`), else a load (`load_ample_set`), else the
-        learner's one command (`learner_ample_set`); its delivery comes first in the set.
+        The message is a launch (`launch_ample_set`), else a load (`load_ample_set`), else a
+        publication (`publish_ample_set`), else the learner's one command
+        (`learner_ample_set`); its delivery comes first in the set.
 
         From a state where a set qualifies, every action b outside the set, on any path taken
         before an action of the set, either absorbs the delivery (b after the delivery reaches
@@ -516,15 +518,18 @@ class InvarModel(BaseModel[Explored, tuple]):
         first, to the same state; one that takes none, or such a b first, is the same path
         after the delivery, to the same state but for the delivery (which, before b, only the
         network and the recipient show). What the set's actions change (the network, a
-        worker's record, the learner, a budget) no invariant or transition property reads; a
-        `sometimes` property reads a worker's record, which holds here already if it holds for
-        the worker the set acts on along such a path, or a spent budget, which stays spent to
-        the path's end (C2: what a moved action changes is visible on no state that matters).
-        Each step of a set takes a command off the network or spends a budget, so no cycle is
-        made of reduced steps alone (C3); the same measure ends the argument's induction.
+        worker's record, the learner, the store, a budget) no invariant or transition property
+        reads; a `sometimes` property reads a worker's record, which holds here already if it
+        holds for the worker the set acts on along such a path, the store's lack of a version
+        the core published, which adding v (not yet published in the core) leaves, or a spent
+        budget, which stays spent to the path's end (C2: what a moved action changes is
+        visible on no state that matters). Each step of a set takes a command off the network
+        or spends a budget, so no cycle is made of reduced steps alone (C3); the same measure
+        ends the argument's induction.
         `benchmarks/bench_reduction.py` checks the verdicts, livelock included, reduced and
         unreduced on every gate bound."""
-        for candidate in (self.launch_ample_set, self.load_ample_set, self.learner_ample_set):
+        for candidate in (self.launch_ample_set, self.load_ample_set, self.publish_ample_set,
+                          self.learner_ample_set):
             ample = candidate(world, budget)
             if ample is not None:
                 return ample
@@ -657,6 +662,40 @@ class InvarModel(BaseModel[Explored, tuple]):
                 out.append(("crash_worker", load.worker))
             return out
         return None
+
+    def publish_ample_set(self, world: World, budget: Budget) -> list[tuple] | None:
+        """Deliver the publication P of version v, drop and duplicate it if budgeted
+        (`ample_set`).
+
+        P is the only message to the store in flight, the core is publishing v (so it neither
+        loads nor releases v before P's reply, which no message in flight brings: no
+        VersionPublished is), and the learner has committed v (the store copies its commit).
+        The store is written by P alone (a release is the driver's own, done as it is
+        decided) and read only when the core loads a version, so, for an action b outside
+        the set:
+        * a delivery to the core (loads and releases of other versions), the learner (a
+          commit writes past v), a worker; a drop, duplicate or repeat of another message; a
+          crash or restart of a worker or the learner: none reads or writes v's place in the
+          store, P or P's reply;
+        * a timer expiry: as for a launch (a re-sent P publishes v again);
+        * a driver restart would keep what P wrote: no set while one is budgeted."""
+        drops, duplicates, _, _, driver_restarts, early_timers, _ = budget
+        if driver_restarts or (early_timers and drops):
+            return None
+        publication: Message | None = None
+        for m in world.network:
+            if m.to == STORE:
+                if publication is not None:
+                    return None
+                publication = m
+            elif type(m.body) is VersionPublished:
+                return None
+        if publication is None:
+            return None
+        version = publication.body.version
+        if world.core.publishing != version or version >= len(world.learner.commits):
+            return None
+        return _message_actions(publication.key, drops, duplicates)
 
     def learner_ample_set(self, world: World, budget: Budget) -> list[tuple] | None:
         """Deliver the learner's command C, drop and duplicate it if budgeted, and crash the

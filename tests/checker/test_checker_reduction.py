@@ -47,7 +47,7 @@ SMALL = [  # each bound, and the kinds of action the ample sets checked there ho
              repeats=1), {"deliver", "crash_worker"}),
     (replace(TWO, total_updates=1, worker_crashes=1, early_timers=1), {"deliver", "crash_worker"}),
 ]
-STATES = 20_000
+STATES = 12_000
 """States of a bound checked, the first in breadth-first order (the larger bounds have more)."""
 PATH_DEPTH = 2
 """Actions outside the ample set taken from each reduced state, the diamonds checked after
