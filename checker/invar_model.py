@@ -26,22 +26,35 @@ from pathlib import Path
 from typing import Any, NamedTuple
 
 from checker.model import BaseModel, Property
-from invar.model import transitions
+from invar.model import schedule, transitions
 from invar.model import world as w
 from invar.model.config import RunConfig
-from invar.model.core import logical_projection, run_complete
+from invar.model.core import logical_projection, outstanding_commands, run_complete
 from invar.model.errors import ConfigError
 from invar.model.invariants import INVARIANTS, IncrementalInvariants, transition_violations
 from invar.model.memo import IdentityMemo
 from invar.model.messages import (
+    Checkpoint,
+    CheckpointWritten,
+    Commit,
+    ForwardObserved,
     LaunchRequest,
+    LearnerStarted,
     LoadWeights,
+    ProbabilitiesReported,
     RequestsCompleted,
+    StepFinished,
     TimerFired,
+    UpdateCommitted,
+    VersionEvaluated,
+    VersionPublished,
+    WeightsLoaded,
+    WorkerConnected,
+    WorkerLost,
 )
 from invar.model.objective import ObjectiveConfig
-from invar.model.shell import Delivery
-from invar.model.state import Assigned, NoOps, Sample, State, evolve
+from invar.model.shell import LEARNER, STORE, Delivery
+from invar.model.state import Assigned, NoOps, Sample, State, WorkerPhase, evolve
 from invar.model.world import CORE, Message, World, message
 from invar.testing import canonical_run
 
@@ -167,10 +180,10 @@ class InvarModel(BaseModel[Explored, tuple]):
         self.reduction = reduction
         self._frames = bounds.frames
         self._worker_restarts = bounds.worker_restarts
-        # a launch delivered alone stands for all orders (`_ample_launch`): not when frames
-        # may merge (a merge would take its reply with another) or a worker answers the
-        # launches in flight beside it together (launch frames)
-        self._ample_launches = reduction and not bounds.frames and not bounds.launch_frames
+        # a message acted on alone stands for all orders (`ample_set`): not when frames
+        # may merge (a merge would take a launch's reply with another) or a worker answers
+        # the launches in flight beside it together (launch frames)
+        self._reduce = reduction and not bounds.frames and not bounds.launch_frames
         # each renaming of the workers but the identity, by the order of the workers it
         # gives: the worker at index i of the result is the one at order[i] before
         self._renamings = {order: _Renaming(self.worker_names,
@@ -214,18 +227,11 @@ class InvarModel(BaseModel[Explored, tuple]):
         distinct = sorted({m.key for m in network})
         (drops, duplicates, worker_crashes, learner_crashes, driver_restarts, early_timers,
          repeats) = budget
-        learner_alive = world.learner.alive
-        if (self._ample_launches and learner_alive and not (
-                worker_crashes or learner_crashes or driver_restarts or early_timers)):
-            ample = self._ample_launch(world)
+        if self._reduce:
+            ample = self.ample_set(world, budget)
             if ample is not None:
-                out: list[tuple[str, Any]] = [("deliver", ample)]
-                if drops:
-                    out.append(("drop", ample))
-                if duplicates:
-                    out.append(("duplicate", ample))
-                return out
-        out = [("deliver", key) for key in distinct
+                return ample
+        out: list[tuple[str, Any]] = [("deliver", key) for key in distinct
                if not (key.startswith(_LOST) and _lost_before_connected(world, key))]
         # Connections, losses and restarts are the driver's own observations, not messages
         # on the wire: they may be delayed behind others and repeated, never dropped.
@@ -247,7 +253,7 @@ class InvarModel(BaseModel[Explored, tuple]):
                     out.append(("crash_worker", worker.name))
                 if not worker.alive and self._worker_restarts:
                     out.append(("restart_worker", worker.name))
-        if learner_alive:
+        if world.learner.alive:
             if learner_crashes:
                 out.append(("crash_learner", None))
         else:
@@ -491,23 +497,72 @@ class InvarModel(BaseModel[Explored, tuple]):
         return self._phase_moves.put(before, now, action,
                                      _phase_moves_are_listed(state, action, after))
 
-    def _ample_launch(self, world: World) -> str | None:
-        """Partial-order reduction: a launch to a worker, delivered (or dropped, duplicated)
-        first, stands for every order of it with the rest.
+    def ample_set(self, world: World, budget: Budget) -> list[tuple] | None:
+        """Partial-order reduction: the actions on one message in flight, taken first, stand
+        for every order of them with the rest (None: no message qualifies, expand in full).
+        The message is a launch (`launch_ample_set`), else a load (`load_ample_set`), else a
+        publication (`publish_ample_set`), else the learner's one command
+        (`learner_ample_set`); its delivery comes first in the set.
 
-        Under `actions`' conditions (no crash, restart or early-timer budget left, the learner
-        alive) and these, nothing another action does before it changes what it does, and it
-        changes nothing another action reads, so it commutes with all of them (the ample set's
-        C1): every worker alive; the launch in flight once (no copy), the core holding its
-        request assigned to that very incarnation, no reply for that request in flight
-        (so the core keeps the worker busy, and sends it no load, until this launch is
-        answered: `invar.model.core` loads free workers only) and no load to that worker in
-        flight. A launch leaves the worker as it was (`world._worker_answer`), so the other
-        launches to it, and every delivery to the core, the learner and the store, commute
-        with it; the timer fires only on an empty network. It changes only the network, which
-        no property reads (C2); each ample step takes a launch off the network or spends a
-        budget, so no cycle is made of them alone (C3)."""
-        if not all(x.alive for x in world.workers):
+        From a state where a set qualifies, every action b outside the set, on any path taken
+        before an action of the set, either absorbs the delivery (b after the delivery reaches
+        the very state b reaches without it) or commutes with each action a of the set that is
+        still enabled after it (a after b and b after a are both enabled and reach one state);
+        once b has disabled a (spent the budget a needs), a stays disabled. Each candidate's
+        docstring argues this per action; `tests/checker/test_checker_reduction.py` checks it
+        on every state of small bounds and the paths two steps from it, and that wrong sets
+        fail it.
+
+        This is C1 in the form the argument needs: a path from here that takes an action of the
+        set before any b that absorbs the delivery is the same path with that action moved
+        first, to the same state; one that takes none, or such a b first, is the same path
+        after the delivery, to the same state but for the delivery (which, before b, only the
+        network and the recipient show). What the set's actions change (the network, a
+        worker's record, the learner, the store, a budget) no invariant or transition property
+        reads; a `sometimes` property reads a worker's record, which holds here already if it
+        holds for the worker the set acts on along such a path, the store's lack of a version
+        the core published, which adding v (not yet published in the core) leaves, or a spent
+        budget, which stays spent to the path's end (C2: what a moved action changes is
+        visible on no state that matters). Each step of a set takes a command off the network
+        or spends a budget, so no cycle is made of reduced steps alone (C3); the same measure
+        ends the argument's induction.
+        `benchmarks/bench_reduction.py` checks the verdicts, livelock included, reduced and
+        unreduced on every gate bound."""
+        for candidate in (self.launch_ample_set, self.load_ample_set, self.publish_ample_set,
+                          self.learner_ample_set):
+            ample = candidate(world, budget)
+            if ample is not None:
+                return ample
+        return None
+
+    def launch_ample_set(self, world: World, budget: Budget) -> list[tuple] | None:
+        """Deliver the launch L (to worker W), drop and duplicate it if budgeted, and crash W
+        if a worker crash is budgeted and W would answer L (`ample_set`).
+
+        L is in flight once and either a dead letter (W dead or of a later incarnation: its
+        delivery only takes it off the network) or one W will answer (alive, of L's
+        incarnation, holding L's version) while the core holds L's request assigned to that
+        incarnation, with no reply for that request and no load to W in flight. Then W's
+        record can change only by W's crash: the core loads free workers only, and W is busy
+        until L's request is answered, by L alone. For an action b outside the set:
+        * a delivery to the core, the learner, the store or another worker, a drop, duplicate
+          or repeat of another message, a learner crash or restart, another worker's crash
+          or restart: none reads or writes W, L or L's reply; the network is a multiset;
+        * a timer expiry: the core's re-sends (a copy of L among them) are a function of the
+          core alone, and the network holds L, or L's reply after the delivery, so the timer
+          is early in either order. Only for a launch W answers, and when no drop is
+          budgeted: a delivery answered by no one, or a drop, could empty the network, and an
+          expiry after it would then spend no budget;
+        * a crash of W: it absorbs a dead letter's delivery; a launch W answers leaves its
+          reply, so W's crash joins the set, and only when it too commutes: it removes the
+          messages to W, so L must be the only one, and none can join before an action of the
+          set: no TimerFired in flight and no early timer budgeted (a re-send), no batch of
+          L's version left to admit or with a pending request (a new launch), every worker
+          alive, no connection or loss in flight and one crash budgeted (a requeue onto W:
+          another worker's crash then disables W's);
+        * a driver restart: it empties the network and resets W, so it absorbs the delivery."""
+        drops, duplicates, worker_crashes, _, _, early_timers, _ = budget
+        if early_timers and (drops or worker_crashes):
             return None
         network = world.network
         launches = [m for m in network if type(m.body) is LaunchRequest]
@@ -521,15 +576,176 @@ class InvarModel(BaseModel[Explored, tuple]):
         group = core.config.group_size
         for m in sorted(launches, key=_KEY_OF):
             launch = m.body
-            if copies[m.key] > 1 or launch.worker in loading or launch.request in replied:
+            if copies[m.key] > 1:
+                continue
+            worker = world.worker(launch.worker)
+            if not worker.alive or worker.incarnation != launch.incarnation:
+                if early_timers:
+                    continue  # its delivery, answered by no one, may empty the network
+                return _message_actions(m.key, drops, duplicates)
+            if (worker.version != launch.version or launch.worker in loading
+                    or launch.request in replied):
                 continue
             batch = core.batch(launch.request.batch)
             if batch is None:
                 continue
             slot = batch.slots[launch.request.prompt * group + launch.request.sample]
-            if slot == Assigned(launch.worker, launch.incarnation):
-                return str(m.key)
+            if slot != Assigned(launch.worker, launch.incarnation):
+                continue
+            if worker_crashes and not self._crash_commutes(world, budget, launch):
+                continue
+            out = _message_actions(m.key, drops, duplicates)
+            if worker_crashes:
+                out.append(("crash_worker", launch.worker))
+            return out
         return None
+
+    def _crash_commutes(self, world: World, budget: Budget, launch: LaunchRequest) -> bool:
+        """Whether a crash of `launch`'s worker, in the ample set beside it, commutes with
+        every action outside the set until one of the set is taken (`ample_set`)."""
+        if budget.worker_crashes != 1 or not all(x.alive for x in world.workers):
+            return False
+        for m in world.network:
+            if (m.to == launch.worker and m.body is not launch) or type(m.body) in _REQUEUES:
+                return False
+        core = world.core
+        for index in schedule.batches_of_version(core.config, launch.version):
+            if index >= core.admitted:
+                return False
+            batch = core.batch(index)
+            if batch is not None and batch.pending:
+                return False
+        return True
+
+
+    def load_ample_set(self, world: World, budget: Budget) -> list[tuple] | None:
+        """Deliver the load LW (to worker W), drop and duplicate it if budgeted, and crash W
+        if a worker crash is budgeted and W would take LW (`ample_set`).
+
+        LW is the only message to W in flight, and either a dead letter (W dead, of a later
+        incarnation, or past LW's serial: its delivery only takes it off the network) or one
+        W takes (alive, of LW's incarnation, LW's serial not behind its own) while the core
+        holds W loading with LW's serial and no WeightsLoaded of W is in flight. The core
+        then sends W nothing before an action of the set but LW again (a timer's re-send):
+        it launches onto ready workers and loads free ones only. For an action b outside it:
+        * a delivery elsewhere, a drop, duplicate or repeat of another message, a learner
+          crash or restart, another worker's crash or restart: none reads or writes W, LW or
+          LW's reply (the weights travel with the load: the store is not read);
+        * a timer expiry: as for a launch (W takes a re-sent LW again and stays as it is);
+        * a crash of W: it absorbs a dead letter's delivery, and joins the set otherwise, with
+          no TimerFired in flight and no early timer budgeted (so nothing joins LW);
+        * a driver restart absorbs the delivery."""
+        drops, duplicates, worker_crashes, _, _, early_timers, _ = budget
+        if early_timers and (drops or worker_crashes):
+            return None
+        network = world.network
+        addressed = Counter(m.to for m in network)
+        for m in sorted((m for m in network if type(m.body) is LoadWeights), key=_KEY_OF):
+            load = m.body
+            if addressed[load.worker] > 1:
+                continue
+            worker = world.worker(load.worker)
+            if (not worker.alive or worker.incarnation != load.incarnation
+                    or not w.worker_accepts(worker, load)):
+                if early_timers:
+                    continue  # its delivery, answered by no one, may empty the network
+                return _message_actions(m.key, drops, duplicates)
+            known = world.core.worker(load.worker)
+            if known is None or (known.phase, known.incarnation, known.load) != (
+                    WorkerPhase.LOADING, load.incarnation, load.load):
+                continue
+            if any(type(x.body) is WeightsLoaded and x.body.worker == load.worker
+                   or worker_crashes and type(x.body) is TimerFired for x in network):
+                continue
+            out = _message_actions(m.key, drops, duplicates)
+            if worker_crashes:
+                out.append(("crash_worker", load.worker))
+            return out
+        return None
+
+    def publish_ample_set(self, world: World, budget: Budget) -> list[tuple] | None:
+        """Deliver the publication P of version v, drop and duplicate it if budgeted
+        (`ample_set`).
+
+        P is the only message to the store in flight, the core is publishing v (so it neither
+        loads nor releases v before P's reply, which no message in flight brings: no
+        VersionPublished is), and the learner has committed v (the store copies its commit).
+        The store is written by P alone (a release is the driver's own, done as it is
+        decided) and read only when the core loads a version, so, for an action b outside
+        the set:
+        * a delivery to the core (loads and releases of other versions), the learner (a
+          commit writes past v), a worker; a drop, duplicate or repeat of another message; a
+          crash or restart of a worker or the learner: none reads or writes v's place in the
+          store, P or P's reply;
+        * a timer expiry: as for a launch (a re-sent P publishes v again);
+        * a driver restart would keep what P wrote: no set while one is budgeted."""
+        drops, duplicates, _, _, driver_restarts, early_timers, _ = budget
+        if driver_restarts or (early_timers and drops):
+            return None
+        publication: Message | None = None
+        for m in world.network:
+            if m.to == STORE:
+                if publication is not None:
+                    return None
+                publication = m
+            elif type(m.body) is VersionPublished:
+                return None
+        if publication is None:
+            return None
+        version = publication.body.version
+        if world.core.publishing != version or version >= len(world.learner.commits):
+            return None
+        return _message_actions(publication.key, drops, duplicates)
+
+    def learner_ample_set(self, world: World, budget: Budget) -> list[tuple] | None:
+        """Deliver the learner's command C, drop and duplicate it if budgeted, and crash the
+        learner if budgeted (`ample_set`).
+
+        C is the only message to the learner in flight, the learner is alive, and the core
+        still awaits C's reply (C is among its outstanding commands), with no reply of the
+        learner, no LearnerStarted and no TimerFired in flight and no early timer budgeted.
+        Then the core sends the learner nothing before an action of the set: it does so on
+        the learner's replies, a learner start or a timer expiry, and on a batch's last
+        completion only while it awaits no learner command. So only C and the learner's
+        crash change the learner before an action of the set. For an action b outside it:
+        * a delivery to the core, a worker or the store, a drop, duplicate or repeat of
+          another message, a worker's crash or restart: none reads or writes the learner, C
+          or C's reply (the store reads commits of published versions, which C leaves);
+        * a timer expiry: only on an empty network, never while C is in flight;
+        * the learner's crash: in the set, since it removes C (of its attempt) or leaves C
+          unanswered;
+        * a driver restart: it empties the network and restarts the learner from its commits
+          and checkpoints, so it absorbs a delivery that leaves them (not a Commit or a
+          Checkpoint while a driver restart is budgeted)."""
+        drops, duplicates, _, learner_crashes, driver_restarts, early_timers, _ = budget
+        if early_timers or not world.learner.alive:
+            return None
+        command: Message | None = None
+        for m in world.network:
+            if m.to == LEARNER:
+                if command is not None:
+                    return None
+                command = m
+            elif type(m.body) in _LEARNER_TRIGGERS:
+                return None
+        if command is None or (driver_restarts and type(command.body) in (Commit, Checkpoint)):
+            return None
+        if command.body not in outstanding_commands(world.core):
+            return None
+        out = _message_actions(command.key, drops, duplicates)
+        if learner_crashes:
+            out.append(("crash_learner", None))
+        return out
+
+
+def _message_actions(key: str, drops: int, duplicates: int) -> list[tuple]:
+    """Deliver the message `key`, and drop and duplicate it as budgeted."""
+    out: list[tuple] = [("deliver", key)]
+    if drops:
+        out.append(("drop", key))
+    if duplicates:
+        out.append(("duplicate", key))
+    return out
 
 
 def _phase_moves_are_listed(state: Explored, action: tuple, after: Explored) -> bool:
@@ -649,11 +865,15 @@ _LOST = f"{CORE}|WorkerLost("
 _COMPLETIONS = f"{CORE}|{RequestsCompleted.__name__}("
 _KEY_OF = operator.attrgetter("key")
 _OBSERVATIONS = tuple(f"{CORE}|{t.__name__}(" for t in w.OBSERVATIONS)
+_REQUEUES = (TimerFired, WorkerConnected, WorkerLost)
+"""Events that may make the core launch onto a busy worker: a re-send, a requeue."""
+_LEARNER_TRIGGERS = (ProbabilitiesReported, ForwardObserved, StepFinished, UpdateCommitted,
+                     VersionEvaluated, CheckpointWritten, LearnerStarted, TimerFired)
+"""Events on which the core may send the learner a command while it awaits another."""
 
 
 def _generating_versions(config: RunConfig) -> list[int]:
-    from invar.model.schedule import gen_version
-    return [gen_version(config, b) for b in range(config.total_updates)]
+    return [schedule.gen_version(config, b) for b in range(config.total_updates)]
 
 
 def _schedule_part(projection: tuple) -> tuple:
