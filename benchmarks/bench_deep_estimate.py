@@ -50,16 +50,20 @@ DEFAULT_PAIRS = ("drops+duplicates", "worker_crashes+learner_crashes", "early_ti
                  "driver_restarts+worker_crashes")
 
 
-def search(bounds: Bounds, options: dict[str, Any], processes: int, max_states: int,
-           rss_limit_mib: float, reply: Connection) -> None:
+def search(name: str, bounds: Bounds, options: dict[str, Any], processes: int,
+           max_states: int, rss_limit_mib: float, reply: Connection) -> None:
     """One variant's complete (or capped) search; its figures go back through `reply`."""
     model = InvarModel(bounds, symmetry=options.get("symmetry", True),
                        reduction=options.get("reduction", True))
     peak = [rss_mib()]
     checker: Checker[Any, Any]
 
-    def progress(_: Progress) -> None:
-        peak[0] = max(peak[0], rss_mib())
+    def progress(p: Progress) -> None:
+        rss = rss_mib()
+        peak[0] = max(peak[0], rss)
+        print(json.dumps({"variant": name, "depth": p.depth, "distinct": p.distinct,
+                          "elapsed_s": round(p.elapsed_s, 1), "rss_mib": round(rss)}),
+              flush=True)
         if peak[0] > rss_limit_mib:
             checker.request_stop()
 
@@ -89,7 +93,7 @@ def run_variant(name: str, bounds: Bounds, options: dict[str, Any],
                 args: argparse.Namespace) -> dict[str, Any]:
     receive, send = multiprocessing.Pipe(duplex=False)
     child = multiprocessing.get_context("spawn").Process(
-        target=search, args=(bounds, options, args.processes, args.max_states,
+        target=search, args=(name, bounds, options, args.processes, args.max_states,
                              args.rss_limit_mib, send))
     child.start()
     send.close()  # the child's end only: its death then ends `recv` instead of hanging it
