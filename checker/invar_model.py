@@ -682,14 +682,7 @@ class InvarModel(BaseModel[Explored, tuple]):
         drops, duplicates, _, _, driver_restarts, early_timers, _ = budget
         if driver_restarts or (early_timers and drops):
             return None
-        publication: Message | None = None
-        for m in world.network:
-            if m.to == STORE:
-                if publication is not None:
-                    return None
-                publication = m
-            elif type(m.body) is VersionPublished:
-                return None
+        publication = _sole_message_to(world, STORE, (VersionPublished,))
         if publication is None:
             return None
         version = publication.body.version
@@ -720,14 +713,7 @@ class InvarModel(BaseModel[Explored, tuple]):
         drops, duplicates, _, learner_crashes, driver_restarts, early_timers, _ = budget
         if early_timers or not world.learner.alive:
             return None
-        command: Message | None = None
-        for m in world.network:
-            if m.to == LEARNER:
-                if command is not None:
-                    return None
-                command = m
-            elif type(m.body) in _LEARNER_TRIGGERS:
-                return None
+        command = _sole_message_to(world, LEARNER, _LEARNER_TRIGGERS)
         if command is None or (driver_restarts and type(command.body) in (Commit, Checkpoint)):
             return None
         if command.body not in outstanding_commands(world.core):
@@ -736,6 +722,20 @@ class InvarModel(BaseModel[Explored, tuple]):
         if learner_crashes:
             out.append(("crash_learner", None))
         return out
+
+
+def _sole_message_to(world: World, to: str, blockers: tuple[type, ...]) -> Message | None:
+    """The one message in flight to `to`; None when there is none, more than one, or a
+    message of a `blockers` type in flight to anyone else."""
+    sole: Message | None = None
+    for m in world.network:
+        if m.to == to:
+            if sole is not None:
+                return None
+            sole = m
+        elif type(m.body) in blockers:
+            return None
+    return sole
 
 
 def _message_actions(key: str, drops: int, duplicates: int) -> list[tuple]:
