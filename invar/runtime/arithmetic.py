@@ -1,5 +1,5 @@
-"""`task.name = "arithmetic"`: sums of two numbers asked as a chat question, checked by
-math-verify.
+"""`task.name = "arithmetic"`: sums of two numbers asked as a chat question, checked by the
+number the response states as its answer (`invar.runtime.answers`).
 
 Prompt: "What is A + B? Answer with the number only.", in the tokenizer's chat template, for
 A and B in 0..`operand_max`. Each pair (A, B) belongs to one split for good: it is held out
@@ -7,9 +7,11 @@ when its hash falls in one bucket of `HELDOUT_BUCKETS`, so no held-out question 
 trained on; each split lists its pairs in the order of their hashes, and prompt `index` of a
 split is pair `index mod size` of that list.
 
-Verifier: math-verify (Hugging Face's answer checker, as used by TRL's and open-r1's
-accuracy rewards) parses the response, taking a `\\boxed{}` answer first, then an "answer
-is" statement, then the last number, and compares it with the sum: reward 1 or 0.
+Verifier: the response (up to its first EOS) is right when the number it states as its answer
+(`invar.runtime.answers.stated_answer`: a `\\boxed{}` answer, else an "answer is N", else its
+last number that is not an operand) equals A + B: reward 1 or 0. A restated question ("To add
+11 + 3, we") states no answer; math-verify, which read it as the expression 11 + 3 equal to 14,
+is no longer used (the reward hack of issue 40).
 `format_reward` (default 0: off) is added when the response is the number alone and ended
 (its EOS reached within `response_length`): a shaping term for short, final answers.
 
@@ -21,12 +23,12 @@ answer, the signal GRPO learns from (reports/real_model.md: the base model's fig
 from __future__ import annotations
 
 import hashlib
-import logging
 import re
 from collections.abc import Callable, Sequence
 from typing import Any
 
 from invar.model.errors import ConfigError
+from invar.runtime.answers import is_right
 from invar.runtime.task import SPLITS
 from invar.runtime.tasks import chat_text, make_tokenizer
 
@@ -44,7 +46,7 @@ def _key(a: int, b: int) -> int:
 
 
 class ArithmeticTask:
-    """Two-number sums as chat questions, the model's own tokens, math-verify as verifier."""
+    """Two-number sums as chat questions, the model's own tokens, the stated answer checked."""
 
     def __init__(self, tokenizer: Any, prompt_length: int, response_length: int,
                  operand_max: int = 19, format_reward: float = 0.0) -> None:
@@ -82,18 +84,26 @@ class ArithmeticTask:
         return list(rows[index % len(rows)])
 
     def score(self, split: str, index: int, response: Sequence[int]) -> float:
-        from math_verify import parse, verify
         a, b = self.question(index, split)
-        ended = bool(response) and int(response[-1]) == self.eos_token
-        text = self.tokenizer.decode([int(t) for t in response])
-        # Invar's verifier processes put their own time limit on a call: math-verify's
-        # signal-based one would fail outside a main thread (and says so once per process).
-        logging.getLogger("math_verify").setLevel(logging.ERROR)
-        answer = parse(text, parsing_timeout=None)
-        right = float(verify(parse(str(a + b), parsing_timeout=None), answer,
-                             timeout_seconds=None))
+        tokens = [int(t) for t in response]
+        eos = self.eos_token
+        ended = eos is not None and eos in tokens
+        if eos is not None and ended:  # the response ends at its first EOS: nothing after it
+            tokens = tokens[:tokens.index(eos) + 1]
+        text = self.tokenizer.decode(tokens)
+        right = float(is_right(text, a + b))
         formatted = ended and BARE_NUMBER.fullmatch(text) is not None
         return right + (self.format_reward if formatted else 0.0)
+
+    def answer_text(self, split: str, index: int) -> str:
+        """The expected answer to prompt `index` of `split`, as reports show it."""
+        a, b = self.question(index, split)
+        return str(a + b)
+
+    def question_text(self, split: str, index: int) -> str:
+        """The question prompt `index` of `split` asks, as reports show it."""
+        a, b = self.question(index, split)
+        return f"{a} + {b}"
 
 
 def from_settings(get: Callable[[str], Any]) -> ArithmeticTask:

@@ -68,6 +68,8 @@ class MetricsLog:
         self.counters: Counter[str] = Counter()
         self.updates: list[dict[str, Any]] = []
         self.evaluations: list[dict[str, Any]] = []
+        self.shown: dict[str, dict[int, list[dict[str, Any]]]] = {"heldout": {}, "train": {}}
+        """Shown responses (`invar.runtime.responses`): by split, then version or update."""
         self.started = time.perf_counter()
         self.earlier_seconds = 0.0
         """Seconds of earlier lives of this run (to their last kept row)."""
@@ -113,6 +115,8 @@ class MetricsLog:
                     updates[int(row["update"])] = row
                 elif kind == "evaluation":
                     evaluations[int(row["version"])] = row
+                elif kind == "responses":
+                    self.shown[str(row["split"])][int(row["step"])] = list(row["rows"])
                 elif kind == "life":
                     lives = max(lives, int(row["life"]))
                     self.life_walls[int(row["life"])] = float(row.get("wall", 0.0))
@@ -281,6 +285,23 @@ class MetricsLog:
 
         self._emit(write)
 
+    def responses(self, split: str, step: int, rows: list[dict[str, Any]]) -> None:
+        """Shown responses (`invar.runtime.responses`) of evaluated version `step` ("heldout")
+        or update `step` ("train"): to metrics.jsonl, report.md and the trackers."""
+        self.open()
+        self.shown[split][step] = rows
+        key = f"responses/{split}"
+
+        def write() -> None:
+            if self._trackers is not None:
+                self._trackers.log_responses(key, step, rows)
+            self._write("responses", {"split": split, "step": step, "rows": rows})
+            if self._tb is not None:
+                from invar.runtime.responses import markdown_table
+                self._tb.add_text(key, "\n".join(markdown_table(rows)), step)
+
+        self._emit(write)
+
     def _emit(self, write: Callable[[], None]) -> None:
         """Write a row now, or keep it for `write_out` when the log is `deferred`."""
         if not self.deferred:
@@ -413,7 +434,7 @@ class MetricsLog:
         if self.lives > 1:
             resumes.append(self.earlier_seconds)
         write_report(self.run_dir, self.config, self.updates, self.evaluations, summary,
-                     resumes)
+                     resumes, self.shown)
         return summary
 
     def close(self, complete: bool = False) -> None:
@@ -492,10 +513,13 @@ def describe_policy(policy: Any) -> str:
 
 def write_report(run_dir: Path, config: Any, updates: list[dict[str, Any]],
                  evaluations: list[dict[str, Any]], summary: dict[str, Any],
-                 resumes: list[float] | None = None) -> None:
+                 resumes: list[float] | None = None,
+                 shown: dict[str, dict[int, list[dict[str, Any]]]] | None = None) -> None:
     """report.md and its plots (`invar.runtime.plots`), next to the run's files; `resumes`:
-    the run wall seconds where each life after the first began."""
+    the run wall seconds where each life after the first began; `shown`: the run's shown
+    responses (`MetricsLog.shown`)."""
     from invar.runtime.plots import TITLES, Curves, write_plots
+    from invar.runtime.responses import report_lines
     run = Curves(run_dir.name, updates, evaluations, list(resumes or ()))
     plots = write_plots(run_dir, [run], reward_name=REWARD_PLOT) if updates else []
     titles = {**TITLES, REWARD_PLOT: TITLES["reward_vs_updates.png"]}
@@ -534,5 +558,6 @@ def write_report(run_dir: Path, config: Any, updates: list[dict[str, Any]],
         f"| malformed frames / worker deaths | {summary['malformed_frames']} / "
         f"{summary['worker_deaths']} |",
         "",
+        *report_lines(shown or {}),
     ]
     (run_dir / "report.md").write_text("\n".join(lines))

@@ -33,6 +33,7 @@ from invar.runtime.config import TrainConfig, task_section, to_dict
 from invar.runtime.files import atomic_write
 from invar.runtime.learner_executor import LearnerExecutor
 from invar.runtime.metrics import MetricsLog, response_terms, sampled_entropy
+from invar.runtime.responses import training_rows
 from invar.runtime.run_stats import Stats, VerifierFailures
 from invar.runtime.store import WeightsStore
 from invar.runtime.tasks import build_task, heldout_count, prompt_rows
@@ -132,6 +133,9 @@ class Run:
             entropy=sampled_entropy(completions),
         )
         self._update_started = now
+        self.metrics.responses("train", update, training_rows(
+            self.task, completions, schedule.batch_prompt_indices(self.config.protocol, update),
+            self.config.protocol.group_size))
         self._progress(update + 1, reward, staleness)
 
     def _timing(self) -> dict[str, float] | None:

@@ -1,0 +1,88 @@
+"""The stated answer: what a response says its answer is, never the question restated.
+
+Each adversarial case is one a verifier that looks for "an expression equal to the answer"
+(math-verify on the whole response) gets wrong, or a plain last-number rule gets wrong."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from invar.runtime.answers import is_right, stated_answer
+
+RESTATED = [
+    # The question restated, with and without "=": the reward hack of issue 40.
+    ("To add 11 + 3, we need to find a way to", 14),
+    ("To find 3 + 7, we", 10),
+    ("11 + 3 =", 14),
+    ("11+3=", 14),
+    ("What is 11 + 3?", 14),
+    ("The sum of 11 and 3 is", 14),
+    ("The sum of 0 and 3", 3),  # the last operand equals the sum: still a restatement
+    ("11 plus 3", 14),
+    ("\\boxed{11 + 3}", 14),
+    ("The answer is 11 + 3.", 14),
+]
+WRONG = [
+    ("8 + 10 = 11", 18),  # a false statement
+    ("14 + 1 = 15", 14),  # the sum inside a false statement
+    ("I think it is 14. No wait, it is 15.", 14),  # the wrong number last
+    ("Counting 14 apples, then 2 more", 14),  # the right number buried in prose
+    ("", 14),
+    ("The answer is fifteen", 14),
+    ("\\boxed{15} although 14 also", 14),
+    ("The answer is 15, but some say 14", 14),
+]
+RIGHT = [
+    ("14", 14),
+    ("14.", 14),
+    (" 14 ", 14),
+    ("11 + 3 = 14", 14),
+    ("11+3=14", 14),
+    ("14 = 11 + 3", 14),
+    ("The sum of 11 and 3 is 14.", 14),
+    ("Adding them gives 14 in total.", 14),
+    ("The answer is 14.", 14),
+    ("Answer: 14", 14),
+    ("the answer is: 14", 14),
+    ("\\boxed{14}", 14),
+    ("$\\boxed{14}$", 14),
+    ("First 11 + 3 = 15. Wrong: \\boxed{14}", 14),
+    ("14.0", 14),
+    ("1,234", 1234),
+]
+
+
+@pytest.mark.parametrize(("text", "expected"), RESTATED)
+def test_a_restated_question_states_no_right_answer(text, expected):
+    assert not is_right(text, expected), stated_answer(text)
+
+
+@pytest.mark.parametrize(("text", "expected"), WRONG)
+def test_a_wrong_or_missing_answer_is_not_right(text, expected):
+    assert not is_right(text, expected), stated_answer(text)
+
+
+@pytest.mark.parametrize(("text", "expected"), RIGHT)
+def test_a_stated_answer_is_read(text, expected):
+    assert stated_answer(text) == expected
+
+
+@given(st.integers(0, 99), st.integers(0, 99))
+def test_no_restatement_of_a_sum_is_its_answer(a, b):
+    for text in (f"{a} + {b}", f"{a} + {b} =", f"To add {a} + {b}, we need",
+                 f"What is {a} + {b}?", f"the sum of {a} and {b}", f"{a} plus {b} is"):
+        assert stated_answer(text) is None, text
+
+
+@given(st.integers(0, 99), st.integers(0, 99), st.integers(0, 198))
+def test_an_equation_states_its_right_hand_side(a, b, c):
+    assert stated_answer(f"{a} + {b} = {c}") == c
+    assert is_right(f"{a} + {b} = {c}", a + b) == (c == a + b)
+
+
+@given(st.text(max_size=60))
+def test_any_text_gives_a_number_or_none(text):
+    answer = stated_answer(text)
+    assert answer is None or isinstance(answer, float)
