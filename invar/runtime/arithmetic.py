@@ -4,8 +4,9 @@ number the response states as its answer (`invar.runtime.answers`).
 Prompt: "What is A + B? Answer with the number only.", in the tokenizer's chat template, for
 A and B in 0..`operand_max`. Each pair (A, B) belongs to one split for good: it is held out
 when its hash falls in one bucket of `HELDOUT_BUCKETS`, so no held-out question is ever
-trained on; each split lists its pairs in the order of their hashes, and prompt `index` of a
-split is pair `index mod size` of that list.
+trained on; each split lists its pairs in the order of their hashes. Held-out prompt `index`
+is pair `index mod size` of its list; the training prompts are walked in a permutation of
+theirs drawn from (`order_seed`, pass), a new one each pass through the split.
 
 Verifier: the response (up to its first EOS) is right when the number it states as its answer
 (`invar.runtime.answers.stated_answer`: a `\\boxed{}` answer, else an "answer is N", else its
@@ -22,10 +23,13 @@ answer, the signal GRPO learns from (reports/real_model.md: the base model's fig
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import re
 from collections.abc import Callable, Sequence
 from typing import Any
+
+import numpy as np
 
 from invar.model.errors import ConfigError
 from invar.runtime.answers import is_right
@@ -45,11 +49,19 @@ def _key(a: int, b: int) -> int:
     return int.from_bytes(digest, "little")
 
 
+@functools.lru_cache(maxsize=8)
+def _permutation(seed: int, passes: int, size: int) -> np.ndarray:
+    """The training order of one pass: numpy's PCG64 from (seed, pass), the same on every
+    process and machine."""
+    return np.random.Generator(np.random.PCG64([seed, passes])).permutation(size)
+
+
 class ArithmeticTask:
     """Two-number sums as chat questions, the model's own tokens, the stated answer checked."""
 
     def __init__(self, tokenizer: Any, prompt_length: int, response_length: int,
-                 operand_max: int = 19, format_reward: float = 0.0) -> None:
+                 operand_max: int = 19, format_reward: float = 0.0,
+                 order_seed: int = 0) -> None:
         self.name = f"arithmetic:0..{operand_max}"
         self.tokenizer = tokenizer
         self.vocab_size = int(tokenizer.vocab_size)
@@ -57,6 +69,7 @@ class ArithmeticTask:
         self.response_length = response_length
         self.eos_token: int | None = tokenizer.eos_token_id
         self.format_reward = float(format_reward)
+        self.order_seed = int(order_seed)
         pairs = sorted(((a, b) for a in range(operand_max + 1) for b in range(operand_max + 1)),
                        key=lambda pair: _key(*pair))
         heldout = [_key(a, b) % HELDOUT_BUCKETS == 0 for a, b in pairs]
@@ -74,14 +87,21 @@ class ArithmeticTask:
     def split_size(self, split: str) -> int:
         return len(self._pairs[split])
 
+    def _position(self, index: int, split: str) -> int:
+        """Which pair of `split`'s list prompt `index` asks: held-out prompts in list order;
+        training prompts through a permutation per pass, drawn from (order_seed, pass)."""
+        size = len(self._pairs[split])
+        if split != SPLITS[0]:
+            return index % size
+        passes, within = divmod(index, size)
+        return int(_permutation(self.order_seed, passes, size)[within])
+
     def question(self, index: int, split: str = "train") -> tuple[int, int]:
         """The pair (A, B) prompt `index` of `split` asks for."""
-        pairs = self._pairs[split]
-        return pairs[index % len(pairs)]
+        return self._pairs[split][self._position(index, split)]
 
     def prompt(self, index: int, split: str = "train") -> list[int]:
-        rows = self._prompts[split]
-        return list(rows[index % len(rows)])
+        return list(self._prompts[split][self._position(index, split)])
 
     def score(self, split: str, index: int, response: Sequence[int]) -> float:
         a, b = self.question(index, split)
@@ -108,7 +128,9 @@ class ArithmeticTask:
 
 def from_settings(get: Callable[[str], Any]) -> ArithmeticTask:
     """The task of the configuration's `task` section (`get(key)` reads a key of it)."""
-    if get("operand_max") < 0:
-        raise ConfigError(("task.operand_max",), f"must be >= 0, got {get('operand_max')}")
+    for key in ("operand_max", "order_seed"):
+        if get(key) < 0:
+            raise ConfigError((f"task.{key}",), f"must be >= 0, got {get(key)}")
     return ArithmeticTask(make_tokenizer(get("tokenizer")), get("prompt_length"),
-                          get("response_length"), get("operand_max"), get("format_reward"))
+                          get("response_length"), get("operand_max"), get("format_reward"),
+                          get("order_seed"))

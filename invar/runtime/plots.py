@@ -43,6 +43,8 @@ class Curves:
     evaluations: list[dict[str, Any]]
     resumes: list[float] = field(default_factory=list)
     """Run wall seconds where each life after the first began (a crash or stop, resumed)."""
+    shown: dict[str, dict[int, list[dict[str, Any]]]] = field(default_factory=dict)
+    """Its shown responses (`MetricsLog.shown`), for the report's tables."""
 
     def resumed_at_updates(self) -> list[int]:
         """The update count at each resume: the updates recorded before it."""

@@ -19,6 +19,7 @@ from typing import Any
 
 from invar.runtime.hint import measure
 from invar.runtime.plots import THROUGHPUT_WINDOW, TITLES, Curves
+from invar.runtime.responses import latest_lines
 from invar.runtime.tasks import describe
 
 DEFAULT_THRESHOLD = 0.8
@@ -102,7 +103,7 @@ def load_run(path: Path, argument: str) -> tuple[dict[str, Any], Curves, dict[st
         except (OSError, UnicodeDecodeError, ValueError) as error:
             raise ReportError(argument, f"summary.json is not readable JSON ({error})") from None
     resumes = [wall for life, wall in sorted(log.life_walls.items()) if life >= 2]
-    return config, Curves(path.name, log.updates, log.evaluations, resumes), summary
+    return config, Curves(path.name, log.updates, log.evaluations, resumes, log.shown), summary
 
 
 def figures(run: str, config: dict[str, Any], updates: list[dict[str, Any]],
@@ -273,7 +274,9 @@ def report(run_dirs: list[str], out: Path, threshold: float) -> list[RunFigures]
             r.label = r.run
     out.mkdir(parents=True, exist_ok=True)
     written = plots(out, runs, curves, threshold)
-    (out / "report.md").write_text(markdown(runs, threshold, written))
+    (out / "report.md").write_text("\n".join([
+        markdown(runs, threshold, written),
+        *(line for r in runs for line in latest_lines(r.label, curves[r.run].shown))]))
     (out / "report.json").write_text(json.dumps(
         {"threshold": threshold, "runs": [asdict(r) for r in runs]}, indent=2))
     return runs

@@ -23,8 +23,8 @@ from invar.runtime.tasks import build_task
 from invar.runtime.verifier import Job, verify
 
 BUILT_IN = ("reverse", "jsonl", "arithmetic")
-"""Tasks whose verifier is the package's own, at most about a millisecond a response (math-verify
-for "arithmetic"): re-scored by default.
+"""Tasks whose verifier is the package's own, at most about a millisecond a response (the stated
+answer's regular expressions for "arithmetic"): re-scored by default.
 A "module" task's verifier is user code of unknown cost (it may run tests, call a solver):
 re-scored when asked (`--rescore`)."""
 

@@ -88,6 +88,20 @@ def markdown_table(rows: Sequence[dict[str, Any]]) -> list[str]:
             *(f"| {' | '.join(_cell(row.get(c)) for c in columns)} |" for row in rows)]
 
 
+def latest_lines(label: str, shown: dict[str, dict[int, list[dict[str, Any]]]]) -> list[str]:
+    """`invar report`'s responses of one run: the held-out table of its first and last
+    evaluated versions and the training samples of its last update."""
+    heldout, training = shown.get("heldout", {}), shown.get("train", {})
+    lines = []
+    for version in sorted({*sorted(heldout)[:1], *sorted(heldout)[-1:]}):
+        lines += [f"{label}, held-out, version {version}:", "",
+                  *markdown_table(heldout[version]), ""]
+    if training:
+        last = max(training)
+        lines += [f"{label}, training, update {last}:", "", *markdown_table(training[last]), ""]
+    return [f"## Responses of {label}", "", *lines] if lines else []
+
+
 def report_lines(shown: dict[str, dict[int, list[dict[str, Any]]]],
                  last_updates: int = 3) -> list[str]:
     """report.md's section of responses: every evaluated version's held-out table, then the

@@ -466,5 +466,6 @@ def describe(config: Any) -> str:
     if kind == "jsonl":
         return f"{Path(setting(config, 'path')).name} ({setting(config, 'verifier')} match)"
     if kind == "arithmetic":
-        return f"sums of two numbers in 0..{setting(config, 'operand_max')} (math-verify)"
+        return (f"sums of two numbers in 0..{setting(config, 'operand_max')} "
+                "(the stated answer checked)")
     return f"plug-in {setting(config, 'module')}"

@@ -86,3 +86,39 @@ def test_an_equation_states_its_right_hand_side(a, b, c):
 def test_any_text_gives_a_number_or_none(text):
     answer = stated_answer(text)
     assert answer is None or isinstance(answer, float)
+
+
+# -- the arithmetic task that uses it -------------------------------------------------------
+
+
+def _task(order_seed=0):
+    from invar.runtime.arithmetic import ArithmeticTask
+    from invar.runtime.tasks import ByteTokenizer
+    return ArithmeticTask(ByteTokenizer(), prompt_length=64, response_length=16,
+                          order_seed=order_seed)
+
+
+def test_the_task_scores_the_response_up_to_its_first_eos():
+    task = _task()
+    a, b = task.question(0)
+    eos = task.eos_token
+    right = list(f"{a} + {b} = {a + b}".encode())
+    assert task.score("train", 0, right) == 1.0
+    assert task.score("train", 0, [*right[:-len(str(a + b))], eos, *str(a + b).encode()]) == 0.0
+    assert task.score("train", 0, list(f"To add {a} + {b}, we".encode())) == 0.0
+    assert task.score("train", 0, []) == 0.0
+
+
+def test_each_pass_walks_every_training_question_once_in_an_order_drawn_from_the_seed():
+    first, second = _task(order_seed=0), _task(order_seed=1)
+    size = first.split_size("train")
+    walk = [first.question(i) for i in range(2 * size)]
+    assert sorted(walk[:size]) == sorted(walk[size:]) == sorted(set(walk))
+    assert walk[:size] != walk[size:]  # a new permutation each pass
+    assert walk != [second.question(i) for i in range(2 * size)]
+    assert walk == [_task(order_seed=0).question(i) for i in range(2 * size)]
+    heldout = first.split_size("heldout")
+    assert [first.question(i, "heldout") for i in range(heldout)] == \
+        [second.question(i, "heldout") for i in range(heldout)]
+    assert first.prompt(size + 3) == list(first.tokenizer.encode(
+        "What is {} + {}? Answer with the number only.".format(*first.question(size + 3))))

@@ -71,3 +71,35 @@ def test_piped_messages_are_not_wrapped(tmp_path):
     assert checked.returncode == 0, checked.stdout
     lines = checked.stdout.splitlines()
     assert len(lines) == 1 and "every recorded digest agrees" in lines[0], lines
+
+
+def test_a_run_shows_the_responses_behind_its_rewards(tmp_path, rt):
+    """report.md holds, per evaluated version, the greedy responses to the same held-out
+    prompts, and per update sampled training responses with their rewards, each reward the
+    task's score of the response shown (what a reader checks before trusting a curve)."""
+    import json
+
+    from invar.runtime.responses import SHOWN_HELDOUT, SHOWN_TRAINING
+    from invar.runtime.tasks import build_task
+    config = rt.tiny_config(tmp_path, "protocol.eval_every=1")
+    rt.run_driver(config)
+    rows = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    shown = [row for row in rows if row["kind"] == "responses"]
+    heldout = {row["step"]: row["rows"] for row in shown if row["split"] == "heldout"}
+    training = {row["step"]: row["rows"] for row in shown if row["split"] == "train"}
+    updates = config.protocol.total_updates
+    assert sorted(heldout) == list(range(updates + 1))
+    assert sorted(training) == list(range(updates))
+    task = build_task(config.task)
+    prompts = [row["prompt"] for row in heldout[0]]
+    assert len(prompts) == SHOWN_HELDOUT
+    for version, table in heldout.items():
+        assert [row["prompt"] for row in table] == prompts  # the same questions every version
+        for index, row in enumerate(table):
+            assert row["answer"] == task.answer_text("heldout", index)
+            response = [int(t) for t in row["response"].split()]
+            assert row["reward"] == task.score("heldout", index, response), (version, row)
+    assert all(len(table) == SHOWN_TRAINING for table in training.values())
+    report = (tmp_path / "report.md").read_text()
+    assert "## Responses" in report and f"Held-out, version {updates}:" in report
+    assert f"`{heldout[updates][0]['response']}`" in report
