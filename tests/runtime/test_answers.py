@@ -52,6 +52,37 @@ RIGHT = [
     ("14.0", 14),
     ("1,234", 1234),
 ]
+BASE_MODEL = [
+    # SmolLM2-135M-Instruct's own answers to the task's questions (greedy and sampled at
+    # temperature 1, decoded), each with the verdict a reader gives it. math-verify scored
+    # every one marked "restated" as right.
+    ("11 + 3 = 4\n\nThis is a classic example of a mathematical identity that is often "
+     "misunderstood.", 14, False),
+    ("7 + 5 = 12.", 12, True),
+    ("The answer is 9.", 9, True),
+    ("To solve this problem, we need to find the sum of 5 and 9.\n\nThe answer is ", 14, False),
+    ("12 + 12 = x", 24, False),  # restated
+    ("Although it answers the question with just 15 + 17, the original answer is incorrect. "
+     "It's a", 32, False),  # restated
+    ("Imagine you have a grand opportunity that requires a number. For 10 + 3. to complete "
+     "your grand accomplishment", 13, False),  # restated
+    ("Here's a simplified answer: 7 + 2 reduces to 11. The problem seems to involve more than",
+     9, False),  # restated, then a wrong number
+    ("By examining the equation 4 + 4, we find that it equals the multiplication of 2 * 4.",
+     8, False),  # restated
+    ("12 + 12 = *13\n\nNo further elaboration is needed.", 24, False),  # restated
+    ("12 plus 11 is 23", 23, True),
+    ("Eight + Five is 13.", 13, True),
+    ("1 + 0 = (1)\n\n PLAIN TEXT TO ENTER\n", 1, True),
+    ("10 + 0 = 10\n\nLet's apply the rule: 10 + 0 =", 10, True),
+    ("19 + 10 is 29, just like adding zero to the original number adds no value and is", 29,
+     True),
+]
+
+
+@pytest.mark.parametrize(("text", "expected", "right"), BASE_MODEL)
+def test_the_base_model_s_own_answers_get_a_reader_s_verdict(text, expected, right):
+    assert is_right(text, expected) == right, stated_answer(text)
 
 
 @pytest.mark.parametrize(("text", "expected"), RESTATED)
