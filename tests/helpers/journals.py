@@ -9,8 +9,6 @@ from typing import Any
 
 from invar.model.config import RunConfig
 from invar.runtime import journal
-from invar.runtime.binding import bound_settings
-from invar.runtime.config import load_config
 from invar.testing import canonical_run
 
 
@@ -25,6 +23,8 @@ def small_config(**overrides) -> RunConfig:
 def settings(*overrides: str) -> dict[str, Any]:
     """What a journal's header binds besides the protocol for the training configuration of
     `overrides` (--set items; not validated: a test may bind what cannot be built)."""
+    from invar.runtime.binding import bound_settings
+    from invar.runtime.config import load_config
     return bound_settings(load_config(None, overrides, validate=False))
 
 
@@ -38,6 +38,6 @@ def rewrite(path: Path, config: RunConfig, events: list, key: bytes | None = Non
     """The journal `path` written anew with `events` (and `key`), its header binding what it
     bound: what a forger who can write the run directory does."""
     header = json.loads(path.read_text().split("\n", 1)[0])
+    bound = {name: header[name] for name in ("settings", "files") if name in header}
     path.unlink()
-    return journal.write_events(path, config, events, key=key, settings=header["settings"],
-                                files=header["files"])
+    return journal.write_events(path, config, events, key=key, **bound)

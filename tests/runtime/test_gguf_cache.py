@@ -16,10 +16,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from invar.journal_format import Binding
 from invar.model.errors import ConfigError
 from invar.runtime import gguf
-from invar.runtime.binding import bound_files, bound_settings, check_files
 from invar.runtime.config import load_config
 
 
@@ -38,7 +36,7 @@ class _Saved:
 def reads(monkeypatch, tmp_path) -> list[str]:
     """Each GGUF file the fake transformers read, in order; the cache under tmp_path."""
     monkeypatch.setenv("INVAR_CACHE", str(tmp_path / "cache"))
-    monkeypatch.setattr(gguf, "_digests", {})
+    monkeypatch.setattr(gguf, "_digests", {}, raising=False)
     read: list[str] = []
 
     def config(parent: Path, gguf_file: str) -> _Saved:
@@ -66,7 +64,12 @@ def _same_size_and_time(path: Path, content: bytes) -> None:
     assert len(content) == status.st_size
     path.write_bytes(content)
     os.utime(path, ns=(status.st_atime_ns, status.st_mtime_ns))
-    gguf._digests.clear()  # what a new process knows
+    _new_process()
+
+
+def _new_process() -> None:
+    """Forget the digests this process computed (`gguf.file_digest`), as a new one would."""
+    vars(gguf).get("_digests", {}).clear()
 
 
 def test_the_cache_is_keyed_by_the_file_s_digest(tmp_path, reads):
@@ -84,7 +87,7 @@ def test_a_changed_cache_entry_is_rebuilt_loudly(tmp_path, reads, capsys):
     entry = gguf.prepared(model)
     (entry / "chat_template.jinja").write_text("{{ 'forged' }}")
     (entry / "config.json").write_text(json.dumps({"rms_norm_eps": 0.5}))
-    gguf._digests.clear()
+    _new_process()
     assert gguf.prepared(model) == entry and len(reads) == 2
     warning = capsys.readouterr().err
     assert f"{entry}: chat_template.jinja, config.json changed since the entry was made" \
@@ -93,15 +96,19 @@ def test_a_changed_cache_entry_is_rebuilt_loudly(tmp_path, reads, capsys):
     assert json.loads((entry / "config.json").read_text())["rms_norm_eps"] == 1e-5
 
 
-def _gguf_run(model: Path) -> tuple[Binding, object]:
+def _gguf_run(model: Path) -> tuple[object, object, object]:
+    """What the journal of a run of the GGUF file `model` binds, its configuration, and the
+    check a resume makes of its files."""
+    from invar.journal_format import Binding
+    from invar.runtime.binding import bound_files, bound_settings, check_files
     config = load_config(None, ['policy.kind="transformers"',
                                 f"policy.path={json.dumps(str(model))}"], validate=False)
-    return Binding(bound_settings(config), bound_files(config)), config
+    return Binding(bound_settings(config), bound_files(config)), config, check_files
 
 
 def test_a_model_changed_since_the_run_is_refused_naming_policy_path(tmp_path, reads):
     model = _model(tmp_path / "model.gguf", b"A" * 64)
-    binding, config = _gguf_run(model)
+    binding, config, check_files = _gguf_run(model)
     check_files(binding, config)  # the same file: nothing to say
     _same_size_and_time(model, b"B" * 64)
     with pytest.raises(ConfigError) as refused:
@@ -115,10 +122,10 @@ def test_a_cache_entry_rewritten_with_its_digests_is_refused_naming_policy_path(
     """Its files and its digests file changed together, the entry passes its own check; the
     journal's digests of it do not."""
     model = _model(tmp_path / "model.gguf", b"A" * 64)
-    binding, config = _gguf_run(model)
+    binding, config, check_files = _gguf_run(model)
     entry = gguf.prepared(model)
     (entry / "chat_template.jinja").write_text("{{ 'forged' }}")
-    gguf._digests.clear()
+    _new_process()
     recorded = json.loads((entry / gguf.DIGESTS).read_text())
     recorded["files"] = gguf.entry_digests(entry)
     (entry / gguf.DIGESTS).write_text(json.dumps(recorded))
