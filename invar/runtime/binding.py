@@ -12,7 +12,8 @@ those lines applied. config.json is a copy of them for people and tools: one tha
 configuration this journal bound (edited by hand) is refused, naming the keys.
 
 Why a module of its own: the runtime's resume (`invar.runtime.cli`) and the checker's
-re-scoring (`invar.runtime.rescore`) both read it; it imports the configuration only.
+re-scoring (`invar.runtime.rescore`) both read it; it imports the configuration, the tasks'
+tokenizer names and the GGUF cache: no shell, no framework.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from invar.journal_format import Binding, Contents, leaves, protocol_to_dict
 from invar.model.errors import ConfigError
 from invar.runtime.config import TrainConfig, load_config, task_section, to_dict
 from invar.runtime.gguf import entry_digests, file_digest, is_gguf, prepared
+from invar.runtime.tasks import AUTO_TOKENIZER, TOKENIZERS
 
 UNBOUND = ("output.run_dir",)
 """Settings a journal does not bind: where the run lives is where it is now."""
@@ -43,37 +45,37 @@ def bound_settings(config: TrainConfig) -> dict[str, Any]:
 
 def bound_files(config: TrainConfig) -> dict[str, Any]:
     """The digests of the files `config` names that change what its run computes, by key."""
-    files: dict[str, Any] = {}
+    named: dict[str, str] = {}
     if config.policy.kind == "transformers" and config.policy.path:
-        files["policy.path"] = _digests(config.policy.path)
+        named["policy.path"] = config.policy.path
     tokenizer = task_section(config)["tokenizer"]
-    if config.task.name in ("jsonl", "arithmetic") and tokenizer not in ("bytes",) and \
-            tokenizer != config.policy.path:
-        files["task.tokenizer"] = _digests(tokenizer)
+    if config.task.name in ("jsonl", "arithmetic") and \
+            tokenizer not in (*TOKENIZERS, AUTO_TOKENIZER, config.policy.path):
+        named["task.tokenizer"] = tokenizer
     if config.task.name == "jsonl":
-        files["task.path"] = _digests(config.task.path)
-    return files
+        named["task.path"] = config.task.path
+    return {key: _digests(key, path) for key, path in named.items()}
 
 
-def _digests(path: str) -> Any:
+def _digests(key: str, path: str) -> Any:
     """A file's SHA-256; a .gguf file's with its cache entry's (`gguf.prepared`); a
-    directory's files', by name."""
+    directory's files', by name. ConfigError naming `key` when it cannot be read."""
     target = Path(path).expanduser()
-    if target.is_dir():
-        return {str(item.relative_to(target)): file_digest(item)
-                for item in sorted(target.rglob("*")) if item.is_file()}
-    if is_gguf(target):
-        return {"sha256": file_digest(target), "derived": entry_digests(prepared(target))}
-    return file_digest(target)
+    try:
+        if target.is_dir():
+            return {str(item.relative_to(target)): file_digest(item)
+                    for item in sorted(target.rglob("*")) if item.is_file()}
+        if is_gguf(target):
+            return {"sha256": file_digest(target), "derived": entry_digests(prepared(target))}
+        return file_digest(target)
+    except OSError as error:
+        raise ConfigError((key,), f"{path!r} cannot be read: {error.strerror or error}"
+                          ) from None
 
 
 def check_files(binding: Binding, config: TrainConfig) -> None:
     """Refuse, naming the key, a file whose bytes are not those the journal bound."""
-    try:
-        now = bound_files(config)
-    except OSError as error:
-        raise ConfigError(tuple(binding.files) or ("policy.path",),
-                          f"cannot read a file the run is bound to: {error}") from None
+    now = bound_files(config)
     for key in sorted({*binding.files, *now}):
         bound, current = binding.files.get(key), now.get(key)
         if bound != current:
@@ -128,7 +130,8 @@ def check_saved(saved: dict[str, Any], contents: Contents, where: Path) -> None:
     """Refuse config.json (read as `saved`) when it is not a configuration the journal bound:
     the one it binds now, or one before a resume's change (a resume that died between its
     change line and config.json leaves the older one). Names the keys that differ."""
-    protocol = leaves(protocol_to_dict(contents.config), "protocol.")
+    # As config.json holds it: JSON.
+    protocol = leaves(json.loads(json.dumps(protocol_to_dict(contents.config))), "protocol.")
     history = [{**protocol, **settings} for settings in contents.binding.history()]
     copy = {key: value for key, value in leaves(saved).items() if key not in UNBOUND}
     if not history or copy in history:
