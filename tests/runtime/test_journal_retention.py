@@ -309,26 +309,31 @@ def test_a_line_before_the_snapshot_edited_and_linked_again_is_a_departure(tmp_p
     assert outcomes[0].line == 5 and "state digest before" in outcomes[0].reason
 
 
+@pytest.mark.parametrize("which", [0, -1])
 @pytest.mark.parametrize("damage", [
     lambda path: path.write_bytes(path.read_bytes()[:40]),
     lambda path: path.write_text(path.read_text().replace('"admitted":', '"admitted":1+', 1)),
 ])
-def test_a_damaged_older_snapshot_is_refused_by_a_resume_and_a_validation_alike(tmp_path,
-                                                                              capsys, damage):
-    """A resume replays from the newest snapshot, but its writer prunes by the older ones:
-    a damaged older one is refused when the journal is read (not accepted, to crash the run
-    at its next update boundary), and by `--trace`, naming the same file."""
+def test_a_damaged_snapshot_is_refused_by_a_resume_and_a_validation_alike(tmp_path, capsys,
+                                                                        damage, which):
+    """A resume replays from the newest snapshot, a validation from the oldest, but a resume's
+    writer prunes by the older ones: a snapshot damaged, the oldest or the newest, is refused
+    by both when they read the journal, naming the same file (not accepted by a resume, to
+    crash the run at its next update boundary; not passed by a validation as a valid prefix
+    where a resume refuses)."""
     config = _small_config()
     path = journal.write_events(tmp_path / "journal.jsonl", config, canonical_run(config).events,
                                 keep_updates=2)
-    older = _snapshots(tmp_path)[0]
     assert len(_snapshots(tmp_path)) > 1
-    damage(older)
-    with pytest.raises(journal.SnapshotError, match=f"^{older}: "):
+    damaged = _snapshots(tmp_path)[which]
+    damage(damaged)
+    with pytest.raises(journal.SnapshotError, match=f"^{damaged}: "):
         journal.restore(path)
+    lines = path.read_text().splitlines(keepends=True)
+    path.write_text("".join(lines[:-1]))  # an incomplete run, as a resume finds it
     assert invar_check(["--trace", str(path), "--no-rescore"]) == 1
     captured = capsys.readouterr()
-    assert _one_line(captured.out + captured.err).startswith(f"departure at {older}: ")
+    assert _one_line(captured.out + captured.err).startswith(f"departure at {damaged}: ")
 
 
 def test_a_pruned_journal_whose_settings_never_pruned_is_refused(tmp_path, capsys):
