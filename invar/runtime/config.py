@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Union
 
+from invar.journal_format import leaves
 from invar.model.config import RunConfig
 from invar.model.errors import ConfigError
 from invar.model.objective import ObjectiveConfig
@@ -555,17 +556,6 @@ def changed_keys(before: TrainConfig, after: TrainConfig) -> list[tuple[str, Any
     # Keys only one side has: a policy.config table may gain or lose entries.
     keys = [*old, *(key for key in new if key not in old)]
     return [(key, old.get(key), new.get(key)) for key in keys if old.get(key) != new.get(key)]
-
-
-def leaves(data: dict[str, Any], prefix: str = "") -> dict[str, Any]:
-    """Every leaf of nested tables, by dotted key."""
-    out: dict[str, Any] = {}
-    for key, value in data.items():
-        if isinstance(value, dict):
-            out.update(leaves(value, f"{prefix}{key}."))
-        else:
-            out[f"{prefix}{key}"] = value
-    return out
 
 
 FAULT_KINDS = ("wrong_version_once", "garbage_frame_once", "exit_after:N")

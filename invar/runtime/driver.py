@@ -34,6 +34,7 @@ from collections.abc import Awaitable
 from dataclasses import dataclass
 from typing import Any
 
+from invar.journal_format import Binding
 from invar.model.core import run_complete
 from invar.model.errors import Reason
 from invar.model.messages import (
@@ -115,6 +116,7 @@ class Driver(Run):
                  spawn_worker: SpawnWorker | None = None, resume: bool = False,
                  learner_inputs: LearnerInputs = learner_inputs,
                  restored: tuple[Any, State, int] | None = None,
+                 binding: Binding | None = None,
                  journal_key: bytes | None = None,
                  stop_on_signals: bool = False) -> None:
         super().__init__(config, learner, tensorboard=config.output.tensorboard,
@@ -138,6 +140,8 @@ class Driver(Run):
         self.resume = resume
         self.restored = restored
         """`journal.restore` of the run's journal, when the caller checked it before (resume)."""
+        self.binding = binding
+        """What the journal binds (`journal_format.Binding`), given with `restored`."""
         self.journal_key = journal_key
         self.seq = 0
         self._timer_armed = False
@@ -201,8 +205,11 @@ class Driver(Run):
     async def _run(self) -> State:
         journal_path = self.run_dir / JOURNAL
         if self.resume:
-            protocol, self.state, self.seq = self.restored or journal_io.restore(
-                journal_path, self.journal_key)
+            if self.restored is None or self.binding is None:
+                contents = journal_io.read_contents(journal_path, self.journal_key, "last")
+                self.restored = journal_io.replayed(journal_path, contents)
+                self.binding = contents.binding
+            protocol, self.state, self.seq = self.restored
             if protocol != self.config.protocol:
                 raise ResumeError(f"{journal_path} was written for protocol {protocol}, not "
                                   f"{self.config.protocol}: a run cannot change its protocol")
@@ -258,7 +265,9 @@ class Driver(Run):
                                   f"accept: {check.error or check.verdict.value}")
             self.events.put_nowait(started)
             if self.resume:
-                # Accepted: only now may the resumed run record its (operational) settings.
+                # Accepted: only now may the resumed run record its (operational) settings: in
+                # the journal, then in config.json (its copy).
+                self.record_settings(self.binding)
                 self.write_config()
                 # A store file damaged while the driver was down would be refused by every
                 # worker sent it: published again from its commit before any worker starts.

@@ -18,6 +18,7 @@ import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
+from invar.journal_format import Binding, leaves
 from invar.model import schedule
 from invar.model.messages import (
     Event,
@@ -29,6 +30,7 @@ from invar.model.messages import (
 from invar.model.state import State, completions_of
 from invar.runtime import journal as journal_io
 from invar.runtime.backend import LearnerBackend
+from invar.runtime.binding import bound_files, bound_settings
 from invar.runtime.config import TrainConfig, task_section, to_dict
 from invar.runtime.files import atomic_write
 from invar.runtime.learner_executor import LearnerExecutor
@@ -85,10 +87,25 @@ class Run:
                      json.dumps(to_dict(self.config), indent=2).encode())
 
     def open_files(self, journal_key: bytes | None) -> None:
-        """The journal (`journal_key`: its chain's key; None: unkeyed) and the weights store."""
-        self.journal = journal_io.Journal(self.run_dir / JOURNAL, self.config.protocol,
-                                          journal_key, self.config.output.journal_keep_updates)
+        """The journal (`journal_key`: its chain's key; None: unkeyed; a new one binds the
+        configuration and the files it names: `invar.runtime.binding`) and the weights
+        store."""
+        path = self.run_dir / JOURNAL
+        fresh = not path.is_file() or path.stat().st_size == 0
+        self.journal = journal_io.Journal(
+            path, self.config.protocol, journal_key, self.config.output.journal_keep_updates,
+            bound_settings(self.config), bound_files(self.config) if fresh else None)
         self.store = WeightsStore(self.run_dir / "store")
+
+    def record_settings(self, binding: Binding | None) -> None:
+        """Journal how this run's settings differ from those its journal binds (`binding`,
+        as read when the run resumed): the operational changes a resume made."""
+        if binding is None or not binding.history():
+            return
+        bound = binding.history()[-1]
+        self.journal.record_settings({key: value for key, value in
+                                      leaves(bound_settings(self.config)).items()
+                                      if bound.get(key) != value})
 
     @contextlib.contextmanager
     def showing_progress(self) -> Iterator[None]:
