@@ -205,7 +205,8 @@ class RolloutConfig:
     """Pin every worker to these CPUs (empty: no pinning)."""
     faults: tuple[str, ...] = ()
     """Fault injection for tests: "wrong_version_once", "garbage_frame_once", "exit_after:N"
-    (exit after exactly N replies); each applies to every worker, or to one when prefixed by
+    (exit after exactly N replies), "slow:SECONDS" (each generation call takes SECONDS
+    longer); each applies to every worker, or to one when prefixed by
     its name ("worker-1:exit_after:5"), and only to a worker's first incarnation (a respawned
     worker is healthy)."""
 
@@ -564,7 +565,7 @@ def leaves(data: dict[str, Any], prefix: str = "") -> dict[str, Any]:
     return out
 
 
-FAULT_KINDS = ("wrong_version_once", "garbage_frame_once", "exit_after:N")
+FAULT_KINDS = ("wrong_version_once", "garbage_frame_once", "exit_after:N", "slow:SECONDS")
 
 
 def worker_names(count: int) -> list[str]:
@@ -587,7 +588,16 @@ def fault_problem(kind: str) -> str:
     name, _, count = kind.partition(":")
     if name == "exit_after":
         return "" if count.isdigit() and int(count) >= 1 else "exit_after needs a count N >= 1"
+    if name == "slow":
+        return "" if _seconds(count) else "slow needs a finite number of SECONDS > 0"
     return f"unknown fault; known: {', '.join(FAULT_KINDS)}"
+
+
+def _seconds(text: str) -> bool:
+    try:
+        return math.isfinite(float(text)) and float(text) > 0
+    except ValueError:
+        return False
 
 
 TRACKER_PACKAGES = {"wandb": "wandb", "mlflow": "mlflow"}
