@@ -599,8 +599,9 @@ class Driver(Run):
             self._decode_frame(name, header, blob)
 
     def _decode_frame(self, name: str, header: dict[str, Any], blob: bytes) -> None:
-        # Worker-reported compute time (benchmarks: rollout time R per batch).
+        # Worker-reported compute time and the samples it went into (rollout time R per batch).
         self.stats.rollout_seconds += float(header.get("compute_seconds", 0.0))
+        self.stats.rollout_generated += int(header.get("generated", 0))
         self.stats.load_seconds += float(header.get("load_seconds", 0.0))
         event, raw = read_event_frame(header, blob)
         if isinstance(event, RequestsCompleted):

@@ -109,6 +109,8 @@ class RolloutWorker:
         self.slow_seconds = next((float(f.split(":")[1]) for f in args.faults
                                   if f.startswith("slow:")), 0.0)
         self.sent = 0
+        self.generated = 0
+        """Requests sampled so far (not answered again from `replies`)."""
         self._prompts: dict[int, list[int]] = {}
 
     def load(self, command: LoadWeights, blob: bytes, params_digest: str
@@ -149,6 +151,7 @@ class RolloutWorker:
             # A launch for another version predates our last load: its request is done.
         sampled = [self._sample_chunk(chunk, group)
                    for (batch, chunk), group in sorted(fresh.items())]
+        self.generated += len({tuple(c.request) for group in fresh.values() for c in group})
         for group, rows_of_group, generated, pending in sampled:
             completed = self._complete(group, rows_of_group, *generated, pending)
             frames.extend([completed] * len(completed))
@@ -302,37 +305,38 @@ def serve(worker: RolloutWorker, args: WorkerArgs) -> int:
     write(hello(args.name))
     threading.Thread(target=beat, daemon=True).start()
 
-    def launch(launches: list[LaunchRequest]) -> tuple[RequestsCompleted | None, float]:
-        """The reply frame to these launches and the seconds spent computing it (measurement
-        only: reported in the frame's header, never part of any event)."""
-        began = time.perf_counter()
+    def launch(launches: list[LaunchRequest]) -> tuple[RequestsCompleted | None, float, int]:
+        """The reply frame to these launches, the seconds spent computing it and the samples
+        generated for it (measurement only: reported in the frame's header, never part of any
+        event)."""
+        began, generated = time.perf_counter(), worker.generated
         completions = worker.launch(launches)
         frame = None
         if len(completions):
             frame = RequestsCompleted(launches[0].worker, launches[0].incarnation, completions)
-        return frame, time.perf_counter() - began
+        return frame, time.perf_counter() - began, worker.generated - generated
 
-    def reply(frame: RequestsCompleted | None, seconds: float) -> bool:
+    def reply(frame: RequestsCompleted | None, seconds: float, generated: int) -> bool:
         """Send the frame (cut after exit_after completions); True when it is time to crash."""
         if frame is not None and exit_after is not None:
             frame = replace(frame, completions=frame.completions[:max(exit_after - worker.sent,
                                                                       0)])
         if frame is not None and len(frame.completions):
-            # `compute_seconds` (generation time, for benchmarks) and the requests whose
-            # verifier failed ride in the header beside the event, so the event and the
-            # journal are unchanged.
-            write(*event_frame(frame, compute_seconds=seconds,
+            # `compute_seconds` (generation time) with the samples it `generated` (the rest
+            # answered from the cache), and the requests whose verifier failed ride in the
+            # header beside the event, so the event and the journal are unchanged.
+            write(*event_frame(frame, compute_seconds=seconds, generated=generated,
                                **worker.verifier_failures(frame.completions)))
             worker.sent += len(frame.completions)
         return exit_after is not None and worker.sent >= exit_after
 
     def answer(launches: list[LaunchRequest]) -> bool:
         """Launch, reply, and let go of the launches; True when it is time to crash."""
-        frame, seconds = launch(launches)
+        frame, seconds, generated = launch(launches)
         if "garbage_frame_once" in worker.faults and frame is not None:
             worker.faults.discard("garbage_frame_once")
             write({"kind": "event"}, b'{"type":"Nonsense"}')
-        crash = reply(frame, seconds)
+        crash = reply(frame, seconds, generated)
         held.answered(launches)
         return crash
 
