@@ -249,7 +249,13 @@ class OutputConfig:
     mlflow_experiment: str = "invar"
     """"mlflow": the experiment the run is logged in."""
     retry_seconds: float = 20.0
-    """The core's retry timer: outstanding commands are re-sent after this long."""
+    """The core's retry timer (`invar.runtime.retry`): every outstanding command is re-sent once
+    one of them has shown no sign of life for this long. A command's sign of life is its
+    latest send and, while its worker holds it, the worker's `working` frame naming it (sent
+    every retry_seconds/4), or, for the learner's and the store's, their being at work; so a
+    generation call of any length is never re-sent, and a dropped frame is after
+    retry_seconds. The timeout doubles each time the timer fires (`retry.MAX_BACKOFF` times
+    at most) and comes back to retry_seconds once an event is accepted."""
     progress: bool = True
     """Show a progress bar."""
     journal_keep_updates: int = 0

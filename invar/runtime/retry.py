@@ -33,7 +33,7 @@ from invar.model.messages import Command, LaunchRequests, LoadWeights
 from invar.model.state import State
 
 MAX_BACKOFF = 6
-"""Doublings of the timeout while the timer keeps firing without progress (64 x at most)."""
+"""Doublings of the timeout at most while the timer keeps firing without progress."""
 HEARTBEATS_PER_TIMEOUT = 4
 """A worker says what it is working on this many times per `retry_seconds`: a sign of life
 is lost only if every one of them is."""
