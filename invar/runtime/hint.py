@@ -58,7 +58,8 @@ def measure(rows: Sequence[Mapping[str, Any]], samples_per_batch: int, workers: 
             skip: int = SKIP) -> PhaseTimes | None:
     """R and T from metrics rows (each with the `learner_seconds`, `rollout_seconds` and
     `rollout_generated` the driver adds since the previous row), the first `skip` rows left
-    out. None when the rows after `skip` carry no timing.
+    out. None when the rows after `skip` carry no timing, or no generation (a run of two
+    updates with S >= 1 generates both batches before its first row: R is not 0 but unknown).
 
     R is the generation seconds per batch the workers generated: not per row (with S >= 1 a
     later batch's samples can land in an earlier update's row), nor per batch of replies (a
@@ -70,8 +71,10 @@ def measure(rows: Sequence[Mapping[str, Any]], samples_per_batch: int, workers: 
     used = [row for row in rows[skip:] if "learner_seconds" in row and "rollout_seconds" in row]
     if not used:
         return None
-    generated = sum(float(row.get("rollout_generated", 0)) for row in used)
-    batches = generated / samples_per_batch if generated else len(used)
+    batches = (sum(float(row["rollout_generated"]) for row in used) / samples_per_batch
+               if all("rollout_generated" in row for row in used) else len(used))
+    if not batches:
+        return None
     rollout = sum(float(row["rollout_seconds"]) for row in used) / batches / workers
     learning = sum(float(row["learner_seconds"]) for row in used) / len(used)
     if max(rollout, learning) <= 0:

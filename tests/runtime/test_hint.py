@@ -61,6 +61,11 @@ def test_rows_without_timing_give_no_measurement():
     assert measure([row(0.1, 0.1, 8)], samples_per_batch=8) is None  # only the skipped row
 
 
+def test_rows_without_generation_after_the_skipped_one_give_no_measurement():
+    """Two updates, S = 1: both batches generated before the first row."""
+    assert measure([row(260.0, 278.0, 128), row(111.0, 0.0, 0)], samples_per_batch=64) is None
+
+
 def test_the_line_names_R_T_and_the_gain_and_says_when_it_was_measured_overlapped():
     times = PhaseTimes(rollout=0.12, learning=0.21, updates=5)
     sync = hint_line(times, staleness=0)
