@@ -366,7 +366,7 @@ class Driver(Run):
         self.stats.events += 1
         self.state = after_state
         if not isinstance(event, TimerFired):
-            self.retry.progress()
+            self.retry.progress(time.perf_counter())
         if delivery.durable or self._held:
             # Commands wait for the sync that makes their line durable, and any command
             # issued after them waits behind them (dispatch keeps the order of events); the

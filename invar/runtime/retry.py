@@ -11,7 +11,8 @@ a healthy worker answer every request several times. Here each command the core 
   `heartbeat_seconds(retry_seconds)`, while it generates: `invar.runtime.worker.serve`);
 - a load to w#i: likewise, named by its load serial;
 - a learner or store command: now while the learner or the store (both in the driver's
-  process, where nothing is lost) has work, else when it last finished.
+  process, where nothing is lost) has work, else when it last finished or, if later, when
+  the last event was accepted (a command issued then may still wait for a journal sync).
 
 The timer fires when one is older than the timeout: `output.retry_seconds`, doubled each time
 it fires (at most `MAX_BACKOFF` doublings) and back to `retry_seconds` when an event other
@@ -74,6 +75,7 @@ class RetryTimer:
         """The latest sign of life of each worker-bound command sent or named."""
         self._in_process_pending = 0
         self._in_process_idle_since = now
+        self._progress_at = now
 
     @property
     def timeout(self) -> float:
@@ -102,9 +104,10 @@ class RetryTimer:
         if not self._in_process_pending:
             self._in_process_idle_since = now
 
-    def progress(self) -> None:
+    def progress(self, now: float) -> None:
         """An event other than `TimerFired` was accepted: the timeout is `retry_seconds` again."""
         self.backoff = 0
+        self._progress_at = now
 
     def fired(self) -> None:
         self.backoff = min(self.backoff + 1, MAX_BACKOFF)
@@ -121,6 +124,6 @@ class RetryTimer:
                 alive[key] = self._alive.get(key, now)
                 oldest = min(oldest, alive[key])
             if not keys and not self._in_process_pending:
-                oldest = min(oldest, self._in_process_idle_since)
+                oldest = min(oldest, max(self._in_process_idle_since, self._progress_at))
         self._alive = alive
         return now - oldest >= self.timeout

@@ -108,6 +108,15 @@ def test_an_in_process_command_is_alive_while_its_component_works():
     assert timer.due(state, 101.0)
 
 
+def test_an_in_process_command_not_yet_dispatched_counts_from_the_event_that_issued_it():
+    """Its event's commands wait for a journal sync: the idle learner's last work is older."""
+    state = _started()
+    timer = RetryTimer(TIMEOUT, now=0.0)
+    timer.progress(50.0)
+    assert not timer.due(state, 50.75)
+    assert timer.due(state, 51.0)
+
+
 def test_a_command_never_seen_sent_counts_from_when_it_is_first_seen():
     """A resumed run's outstanding commands were sent by the driver that died."""
     state, _ = _launched()
@@ -124,7 +133,7 @@ def test_the_timeout_doubles_while_the_timer_keeps_firing_and_resets_on_progress
         timeouts.append(timer.timeout)
         timer.fired()
     assert timeouts == [TIMEOUT * 2 ** min(k, MAX_BACKOFF) for k in range(MAX_BACKOFF + 2)]
-    timer.progress()
+    timer.progress(0.0)
     assert timer.timeout == TIMEOUT
 
 
