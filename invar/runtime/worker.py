@@ -37,8 +37,10 @@ from invar.model.messages import (
     unpack_launches,
 )
 from invar.model.ragged import Ragged
+from invar.runtime import retry
 from invar.runtime.allocator import limit_fragmentation
 from invar.runtime.backend import Sampler
+from invar.runtime.config import OutputConfig
 from invar.runtime.padding import Prompts, response_lengths
 from invar.runtime.registry import LEARNERS, resolve
 from invar.runtime.tasks import build_task, end_token
@@ -78,7 +80,7 @@ class WorkerArgs:
     model: dict[str, Any] | None = None
     """For a transformers policy: its resolved `hf_policy.ModelSpec` (config and token map),
     so the worker builds the same architecture without reading `policy.path`."""
-    heartbeat_seconds: float = 5.0
+    heartbeat_seconds: float = retry.heartbeat_seconds(OutputConfig.retry_seconds)
     """How often the worker names what it holds unanswered (`invar.runtime.retry`)."""
     faults: tuple[str, ...] = ()
     """Test-only misbehaviour: "wrong_version_once", "garbage_frame_once", "exit_after:N"
