@@ -210,7 +210,8 @@ class RolloutConfig:
     """Pin every worker to these CPUs (empty: no pinning)."""
     faults: tuple[str, ...] = ()
     """Fault injection for tests: "wrong_version_once", "garbage_frame_once", "exit_after:N"
-    (exit after exactly N replies); each applies to every worker, or to one when prefixed by
+    (exit after exactly N replies), "slow:SECONDS" (each generation call takes SECONDS
+    longer); each applies to every worker, or to one when prefixed by
     its name ("worker-1:exit_after:5"), and only to a worker's first incarnation (a respawned
     worker is healthy)."""
 
@@ -253,7 +254,13 @@ class OutputConfig:
     mlflow_experiment: str = "invar"
     """"mlflow": the experiment the run is logged in."""
     retry_seconds: float = 20.0
-    """The core's retry timer: outstanding commands are re-sent after this long."""
+    """The core's retry timer (`invar.runtime.retry`): every outstanding command is re-sent once
+    one of them has shown no sign of life for this long. A command's sign of life is its
+    latest send and, while its worker holds it, the worker's `working` frame naming it (sent
+    every retry_seconds/4), or, for the learner's and the store's, their being at work; so a
+    generation call of any length is never re-sent, and a dropped frame is after
+    retry_seconds. The timeout doubles each time the timer fires (`retry.MAX_BACKOFF` times
+    at most) and comes back to retry_seconds once an event is accepted."""
     progress: bool = True
     """Show a progress bar."""
     journal_keep_updates: int = 0
@@ -558,7 +565,7 @@ def changed_keys(before: TrainConfig, after: TrainConfig) -> list[tuple[str, Any
     return [(key, old.get(key), new.get(key)) for key in keys if old.get(key) != new.get(key)]
 
 
-FAULT_KINDS = ("wrong_version_once", "garbage_frame_once", "exit_after:N")
+FAULT_KINDS = ("wrong_version_once", "garbage_frame_once", "exit_after:N", "slow:SECONDS")
 
 
 def worker_names(count: int) -> list[str]:
@@ -581,7 +588,16 @@ def fault_problem(kind: str) -> str:
     name, _, count = kind.partition(":")
     if name == "exit_after":
         return "" if count.isdigit() and int(count) >= 1 else "exit_after needs a count N >= 1"
+    if name == "slow":
+        return "" if _seconds(count) else "slow needs a finite number of SECONDS > 0"
     return f"unknown fault; known: {', '.join(FAULT_KINDS)}"
+
+
+def _seconds(text: str) -> bool:
+    try:
+        return math.isfinite(float(text)) and float(text) > 0
+    except ValueError:
+        return False
 
 
 TRACKER_PACKAGES = {"wandb": "wandb", "mlflow": "mlflow"}

@@ -68,6 +68,7 @@ from invar.runtime.learner_executor import (
     learner_inputs,
 )
 from invar.runtime.registry import TRANSPORTS, resolve
+from invar.runtime.retry import RetryTimer, heartbeat_seconds, launch_key, load_key
 from invar.runtime.run import JOURNAL, Run
 from invar.runtime.store import heal, publish
 from invar.runtime.supervisor import (
@@ -83,7 +84,7 @@ from invar.runtime.transport import (
     Launcher,
     Transport,
 )
-from invar.runtime.wire import check_hello, read_event_frame
+from invar.runtime.wire import check_hello, read_event_frame, read_working_frame
 
 log = logging.getLogger("invar.driver")
 
@@ -145,7 +146,7 @@ class Driver(Run):
         self.journal_key = journal_key
         self.seq = 0
         self._timer_armed = False
-        self._last_progress = time.perf_counter()
+        self.retry = RetryTimer(config.output.retry_seconds, time.perf_counter())
         self._tasks: set[asyncio.Task] = set()
         self._stopping = False
         self._stop_on_signals = stop_on_signals
@@ -373,7 +374,8 @@ class Driver(Run):
         self.seq += 1
         self.stats.events += 1
         self.state = after_state
-        self._last_progress = time.perf_counter()
+        if not isinstance(event, TimerFired):
+            self.retry.progress(time.perf_counter())
         if delivery.durable or self._held:
             # Commands wait for the sync that makes their line durable, and any command
             # issued after them waits behind them (dispatch keeps the order of events); the
@@ -440,9 +442,11 @@ class Driver(Run):
         """The one place where commands meet the world: each goes where `shell.route` says.
         `state`: the state the commands were issued in."""
         launches: list[LaunchRequests] = []
+        self.retry.sent(commands, time.perf_counter())
         for command in commands:
             where = route(command)
             if where == LEARNER:
+                self.retry.in_process_started()
                 # The state the command was issued in: its inputs are built from it by the
                 # learner's thread (data preparation is the learner's work, as on a learner
                 # host; states are immutable, so reading one there is safe).
@@ -464,6 +468,7 @@ class Driver(Run):
 
     def _to_store(self, command: Command) -> None:
         if isinstance(command, Publish):
+            self.retry.in_process_started()
             self._spawn_task(self._publish(command))
         elif isinstance(command, ReleaseVersion):
             # Deleted only once the release is durable: a driver restarted from a journal
@@ -482,15 +487,14 @@ class Driver(Run):
         # RetainVersion: the store keeps what Publish wrote until ReleaseVersion.
 
     async def _watchdog(self) -> None:
-        """The core's retry timer, run as an inactivity timer: it fires only when the run has
-        made no progress for retry_seconds, so a slow but healthy step is not re-sent."""
-        period = self.config.output.retry_seconds
+        """The core's retry timer, armed by `SetTimer`: it fires once something the core awaits
+        has shown no sign of life for the timeout (`invar.runtime.retry`), so a slow but
+        healthy step is not re-sent and a lost message is."""
         while True:
-            await asyncio.sleep(period / 4)
-            idle = time.perf_counter() - self._last_progress
-            if self._timer_armed and idle >= period:
+            await asyncio.sleep(heartbeat_seconds(self.config.output.retry_seconds))
+            if self._timer_armed and self.retry.due(self.state, time.perf_counter()):
                 self._timer_armed = False
-                self._last_progress = time.perf_counter()
+                self.retry.fired()
                 self.events.put_nowait(TimerFired())
 
     # -- learner -----------------------------------------------------------------------------
@@ -502,6 +506,7 @@ class Driver(Run):
                 answer = await asyncio.to_thread(self._execute, command, state)
             finally:
                 self.learner_queue.task_done()
+                self.retry.in_process_finished(time.perf_counter())
             if answer is not None:
                 reply, encoded = answer
                 if encoded is not None:
@@ -519,10 +524,13 @@ class Driver(Run):
         return reply, None if packed_fields(type(reply)) else dumps(reply)
 
     async def _publish(self, command: Publish) -> None:
-        deleting = self._deleting.pop(command.version, None)
-        if deleting is not None:
-            await deleting
-        digest = await asyncio.to_thread(publish, self.learner, self.store, command.version)
+        try:
+            deleting = self._deleting.pop(command.version, None)
+            if deleting is not None:
+                await deleting
+            digest = await asyncio.to_thread(publish, self.learner, self.store, command.version)
+        finally:
+            self.retry.in_process_finished(time.perf_counter())
         self.events.put_nowait(VersionPublished(command.version, digest))
 
     # -- workers -----------------------------------------------------------------------------
@@ -549,7 +557,10 @@ class Driver(Run):
             while True:
                 try:
                     header, blob = await transport.receive()
-                    self._accept_frame(name, header, blob)
+                    if header.get("kind") == "working":
+                        self._heard(name, incarnation, header)
+                    else:
+                        self._accept_frame(name, header, blob)
                 except (FrameError, DecodeError, KeyError, TypeError) as error:
                     self.stats.malformed_frames += 1
                     self.metrics.count("malformed_frames")
@@ -582,6 +593,13 @@ class Driver(Run):
             f"{self.config.protocol.total_updates} and can be resumed with "
             f"`invar train --resume {self.run_dir}`{where}")))
 
+    def _heard(self, name: str, incarnation: int, header: dict[str, Any]) -> None:
+        """A worker's `working` frame: what it names is alive (`RetryTimer.heard`)."""
+        requests, loads = read_working_frame(header)
+        self.retry.heard([*(launch_key(name, incarnation, r) for r in requests),
+                          *(load_key(name, incarnation, k) for k in loads)],
+                         time.perf_counter())
+
     def _accept_frame(self, name: str, header: dict[str, Any], blob: bytes) -> None:
         """A worker's event, as `wire.read_event_frame` reads it: a load's JSON text is
         journalled as received; completions, which came as bytes, are encoded for the journal
@@ -590,8 +608,9 @@ class Driver(Run):
             self._decode_frame(name, header, blob)
 
     def _decode_frame(self, name: str, header: dict[str, Any], blob: bytes) -> None:
-        # Worker-reported compute time (benchmarks: rollout time R per batch).
+        # Worker-reported compute time and the samples it went into (rollout time R per batch).
         self.stats.rollout_seconds += float(header.get("compute_seconds", 0.0))
+        self.stats.rollout_generated += int(header.get("generated", 0))
         self.stats.load_seconds += float(header.get("load_seconds", 0.0))
         event, raw = read_event_frame(header, blob)
         if isinstance(event, RequestsCompleted):

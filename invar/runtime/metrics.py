@@ -227,8 +227,9 @@ class MetricsLog:
                timing: dict[str, float] | None = None, entropy: float | None = None) -> None:
         """`verifier`: the counts of the update's samples whose verifier failed or timed out
         (`verifier_failures`, `verifier_timeouts`); `timing`: seconds of learner work, worker
-        generation and core + driver, and the count of rollout replies, since the previous
-        row (JSONL only; for benchmarks); `entropy`: `sampled_entropy` of the update's batch."""
+        generation and core + driver, and the counts of rollout replies and of the samples
+        generated for them, since the previous row (JSONL only; for the hint and benchmarks);
+        `entropy`: `sampled_entropy` of the update's batch."""
         self.open()
         earlier = self._earlier_totals
         row = {"update": update, "reward": reward, "staleness": staleness, **terms,
@@ -426,6 +427,7 @@ class MetricsLog:
             "rollout_compute_seconds": getattr(stats, "rollout_seconds", 0.0),
             "rollout_load_seconds": getattr(stats, "load_seconds", 0.0),
             "rollout_replies": getattr(stats, "rollout_replies", 0),
+            "rollout_generated": getattr(stats, "rollout_generated", 0),
             "counters": dict(self._earlier_totals["counters"] + self.counters),
             "session_counters": dict(self.counters),
         }

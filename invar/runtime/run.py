@@ -44,7 +44,7 @@ from invar.runtime.verifier import make_verifier
 JOURNAL = "journal.jsonl"
 """A run's journal, in its directory."""
 TIMING = ("learner_seconds", "learner_training_seconds", "rollout_seconds", "core_seconds",
-          "rollout_replies")
+          "rollout_replies", "rollout_generated")
 """The per-update timing of a `timing` run's rows (`MetricsLog.update`)."""
 
 
@@ -77,9 +77,10 @@ class Run:
         self._terms: dict[int, list[dict[str, float]]] = {}
         """The loss terms of each update's optimizer steps, until its row is written."""
         self._update_started = time.perf_counter()
-        # The `TIMING` counts at the last update row (None: not a `timing` run); replies are
-        # counted in ints, so that the rows write them as ints.
-        self._timing_marks: tuple[float, ...] | None = (0.0, 0.0, 0.0, 0.0, 0) if timing else None
+        # The `TIMING` counts at the last update row (None: not a `timing` run); replies and
+        # samples are counted in ints, so that the rows write them as ints.
+        self._timing_marks: tuple[float, ...] | None = ((0.0, 0.0, 0.0, 0.0, 0, 0) if timing
+                                                        else None)
         self._progress: Callable[[int, float, int], None] = _no_progress
 
     def write_config(self) -> None:
@@ -160,7 +161,8 @@ class Run:
         if self._timing_marks is None:
             return None
         marks = (self.executor.busy_seconds, self.executor.training_seconds,
-                 self.stats.rollout_seconds, self.stats.core_seconds, self.stats.rollout_replies)
+                 self.stats.rollout_seconds, self.stats.core_seconds, self.stats.rollout_replies,
+                 self.stats.rollout_generated)
         timing = {name: now - then for name, now, then in zip(TIMING, marks, self._timing_marks)}
         self._timing_marks = marks
         return timing
