@@ -121,3 +121,22 @@ def test_make_train_starts_a_new_run_directory_each_time():
     assert re.search(r"invar train --set output\.run_dir='\"runs/train-\d{8}-\d{6}\"'$",
                      planned()), planned()
     assert planned("RUN=runs/mine").endswith("--set output.run_dir='\"runs/mine\"'")
+
+
+@pytest.mark.skipif(shutil.which("make") is None, reason="no make")
+def test_make_train_into_a_run_s_directory_is_refused_naming_run(tmp_path):
+    """Refused before invar starts (a stand-in environment: nothing is installed or run),
+    saying how to go on in make's terms."""
+    venv, run_dir = tmp_path / "venv", tmp_path / "run"
+    venv.mkdir()
+    (venv / ".installed").touch()  # newer than pyproject.toml: the setup is not redone
+    run_dir.mkdir()
+    (run_dir / "journal.jsonl").write_text("{}\n")
+    env = {k: v for k, v in os.environ.items() if k not in {"MAKEFLAGS", "MAKELEVEL", "MFLAGS"}}
+    done = subprocess.run(["make", "--no-print-directory", "train", f"RUN={run_dir}",
+                           f"VENV={venv}"], cwd=ROOT, capture_output=True, text=True,
+                          timeout=60, env=env)
+    assert done.returncode == 2 and done.stdout == "", done
+    assert done.stderr.splitlines()[0] == (
+        f"make train: {run_dir} holds a run already: continue it with `{venv}/bin/invar train "
+        f"--resume {run_dir}`, or start another with make train RUN=runs/NEW_NAME")

@@ -67,7 +67,7 @@ from invar.runtime.learner_executor import (
     learner_inputs,
 )
 from invar.runtime.registry import TRANSPORTS, resolve
-from invar.runtime.run import JOURNAL, Run
+from invar.runtime.run import Run
 from invar.runtime.store import heal, publish
 from invar.runtime.supervisor import (
     LogTail,
@@ -199,7 +199,7 @@ class Driver(Run):
             running.cancel()
 
     async def _run(self) -> State:
-        journal_path = self.run_dir / JOURNAL
+        journal_path = self.run_dir / journal_io.JOURNAL
         if self.resume:
             protocol, self.state, self.seq = self.restored or journal_io.restore(
                 journal_path, self.journal_key)
@@ -217,11 +217,8 @@ class Driver(Run):
                     self.metrics.finish(self.stats, 0.0, events=self.seq)
                 self.metrics.close(complete=True)
                 return self.state
-        elif journal_path.exists() and journal_path.stat().st_size:
-            raise FileExistsError(
-                f"{self.run_dir} holds a run already ({journal_path.name}): continue it with "
-                f"`invar train --resume {self.run_dir}`, or start another with "
-                f"--set output.run_dir=runs/NEW_NAME")
+        else:
+            journal_io.refuse_existing_run(self.run_dir)
         if self.spawn_worker == self.launcher.spawn:
             # Every host reachable, verified, accepting our key and able to run a worker, or
             # the run does not start: a TransportRefused naming the host (no fallback to local).

@@ -38,8 +38,6 @@ from invar.runtime.store import WeightsStore
 from invar.runtime.tasks import build_task, heldout_count, prompt_rows
 from invar.runtime.verifier import make_verifier
 
-JOURNAL = "journal.jsonl"
-"""A run's journal, in its directory."""
 TIMING = ("learner_seconds", "learner_training_seconds", "rollout_seconds", "core_seconds",
           "rollout_replies")
 """The per-update timing of a `timing` run's rows (`MetricsLog.update`)."""
@@ -85,8 +83,9 @@ class Run:
 
     def open_files(self, journal_key: bytes | None) -> None:
         """The journal (`journal_key`: its chain's key; None: unkeyed) and the weights store."""
-        self.journal = journal_io.Journal(self.run_dir / JOURNAL, self.config.protocol,
-                                          journal_key, self.config.output.journal_keep_updates)
+        self.journal = journal_io.Journal(
+            self.run_dir / journal_io.JOURNAL, self.config.protocol, journal_key,
+            self.config.output.journal_keep_updates)
         self.store = WeightsStore(self.run_dir / "store")
 
     @contextlib.contextmanager

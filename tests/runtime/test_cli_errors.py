@@ -182,8 +182,12 @@ def test_starting_a_run_where_one_is_says_how_to_go_on(finished, capsys, rt):
         status = cli.main(["train", *(a for item in rt.tiny_overrides(finished)
                                       for a in ("--set", item))])
     err = capsys.readouterr().err.strip()
-    assert status == 1, err
+    assert status == 2, err
     assert err == (f"invar: cannot start: {finished} holds a run already (journal.jsonl): "
                    f"continue it with `invar train --resume {finished}`, or start another "
                    "with --set output.run_dir=runs/NEW_NAME")
+    assert cli.main(["train", "--serial", "--set", f"output.run_dir={str(finished)!r}"]) == 2
+    assert capsys.readouterr().err == (f"invar: cannot start: {finished} holds a run already "
+                                       "(journal.jsonl): a serial run needs a new one with "
+                                       "--set output.run_dir=runs/NEW_NAME\n")
     assert _tree(finished) == before
