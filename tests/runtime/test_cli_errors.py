@@ -149,6 +149,16 @@ def test_trace_of_a_non_utf8_file_is_bad_input(finished, tmp_path):
     assert "Traceback" not in done.stderr
 
 
+def test_trace_of_a_path_that_is_not_there_says_so_in_one_line(tmp_path):
+    missing = tmp_path / "nonexistent"
+    done = subprocess.run([sys.executable, "-m", "checker.cli", "--trace", str(missing)],
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2 and done.stdout == "", (done.stdout, done.stderr)
+    assert done.stderr == (f"invar-check: {missing}: no such run directory or journal "
+                           "(--trace takes a run directory of `invar train` or its "
+                           "journal.jsonl)\n")
+
+
 def test_trace_of_a_run_directory_validates_its_journal(finished, tmp_path):
     done = subprocess.run([sys.executable, "-m", "checker.cli", "--trace", str(finished)],
                           capture_output=True, text=True, timeout=120)
