@@ -195,6 +195,10 @@ class Driver(Run):
                   f"--resume {self.run_dir}", file=sys.stderr, flush=True)
             os._exit(128 + signum)
         self._signalled = signum
+        # Said now: ending the update in progress and the workers may take a while (tens of
+        # seconds on a real model), and a silent wait reads as a hang.
+        print("invar: stopping: ending the update in progress and the workers (interrupt "
+              "again to stop at once; the run stays resumable)", file=sys.stderr, flush=True)
         if not self._stopping:  # a run already shutting down finishes doing so
             running.cancel()
 
