@@ -122,7 +122,7 @@ def test_ctrl_c_on_a_terminal_stops_cleanly_and_the_run_resumes(tmp_path, rt):
     assert STOP_AFTER_COMMITS <= stopped < UPDATES
     # Said as the signal arrives, before the wait for the update in progress and the workers.
     assert STOPPING in " ".join(text.split("interrupted at update")[0].split()), text
-    assert re.search(r"upd/s \d:\d\d:\d\d ETA \d:\d\d:\d\d", text), text  # the bar
+    assert re.search(r"(?:upd/s|s/upd) \d:\d\d:\d\d ETA \d:\d\d:\d\d", text), text  # the bar
     assert _journal_committed(run_dir) == stopped  # the journal was synced to that point
     _assert_all_gone(children)
     _resume_to_the_end(rt, run_dir)
@@ -155,7 +155,8 @@ def test_sigterm_stops_a_piped_run_cleanly(tmp_path, rt):
     assert STOPPING in " ".join(text.split("interrupted at update")[0].split()), text
     # Outside a terminal, plain progress lines (the first update's at least).
     progress = re.findall(rf"^update (\d+)/{UPDATES}  reward \d\.\d{{3}}  staleness [01]  "
-                          r"\d+\.\d\d upd/s  elapsed \d:\d\d:\d\d  ETA (?:\d:\d\d:\d\d|-)$",
+                          r"(?:\d+\.\d\d upd/s|\d+\.\d s/upd)  elapsed \d:\d\d:\d\d  "
+                          r"ETA (?:\d:\d\d:\d\d|-)$",
                           text, re.MULTILINE)
     assert progress and progress[0] == "1", text
     _assert_all_gone(children)
