@@ -35,7 +35,7 @@ from invar.runtime.learner_executor import LearnerExecutor
 from invar.runtime.metrics import MetricsLog, response_terms, sampled_entropy
 from invar.runtime.run_stats import Stats, VerifierFailures
 from invar.runtime.store import WeightsStore
-from invar.runtime.tasks import build_task, heldout_count, prompt_rows
+from invar.runtime.tasks import build_task, end_token, heldout_count, prompt_rows
 from invar.runtime.verifier import make_verifier
 
 TIMING = ("learner_seconds", "learner_training_seconds", "rollout_seconds", "core_seconds",
@@ -122,7 +122,9 @@ class Run:
             staleness=staleness,
             terms={**{k: statistics.fmean([t[k] for t in terms])
                       for k in (terms[0] if terms else {})},
-                   **response_terms(completions.tokens, self.task.response_length)},
+                   # Without an end token every response has response_length tokens.
+                   **(response_terms(completions.tokens, self.task.response_length)
+                      if end_token(self.task) is not None else {})},
             seconds=now - self._update_started,
             refused=self.stats.refused,
             noops=self.stats.noops,

@@ -9,6 +9,7 @@ every call is a few rows.
 
 from __future__ import annotations
 
+import json
 import os
 
 import numpy as np
@@ -186,6 +187,9 @@ def test_a_trained_gguf_run_exports_to_a_directory_that_answers_as_its_commit(rt
     rt.run_serial(config)
     committed = rt.final_weights(run_dir)
     assert committed["version"] == 1
+    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    update = next(row for row in rows if row["kind"] == "update")
+    assert 0 < update["response_length_mean"] <= 4  # the task ends responses at EOS
 
     assert export(run_dir, out) == 1
 
