@@ -140,3 +140,15 @@ def test_make_train_into_a_run_s_directory_is_refused_naming_run(tmp_path):
     assert done.stderr.splitlines()[0] == (
         f"make train: {run_dir} holds a run already: continue it with `{venv}/bin/invar train "
         f"--resume {run_dir}`, or start another with make train RUN=runs/NEW_NAME")
+
+
+def test_the_task_kinds_and_the_task_interface_are_the_code_s():
+    from invar.runtime.tasks import TASK_KINDS, Task
+    count = {3: "three", 4: "four", 5: "five", 6: "six"}[len(TASK_KINDS)]
+    assert f"`task.name` picks one of {count} kinds:" in README
+    assert all(f'\n- `"{kind}"`' in README for kind in TASK_KINDS)
+    block = README.split("class Task(Protocol):")[1].split("```")[0]
+    members = [name for name in vars(Task) if not name.startswith("_")]
+    # eos_token is optional, so not part of the Protocol's check: read with tasks.end_token.
+    for name in [*members, "eos_token"]:
+        assert re.search(rf"^    (?:def )?{name}\b", block, re.MULTILINE), name
