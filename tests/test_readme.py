@@ -152,3 +152,19 @@ def test_the_task_kinds_and_the_task_interface_are_the_code_s():
     # eos_token is optional, so not part of the Protocol's check: read with tasks.end_token.
     for name in [*members, "eos_token"]:
         assert re.search(rf"^    (?:def )?{name}\b", block, re.MULTILINE), name
+
+
+def test_the_two_process_figures_are_the_report_s_and_the_bound_s_size_the_pinned_one():
+    speed = (ROOT / "reports" / "checker" / "invar_model_speed.md").read_text()
+    row = re.search(r"^\| driver \(([\d,]+) states\) \| ([\d.]+) \([\d.]+\), ([\d.]+) "
+                    r"\([\d.]+\) \| ([\d.]+) \([\d.]+\), ([\d.]+) \([\d.]+\) \|", speed,
+                    re.MULTILINE)
+    assert row, "the driver row of the two-process table"
+    one = (float(row[2]) + float(row[3])) / 2
+    two = (float(row[4]) + float(row[5])) / 2
+    pinned = json.loads((ROOT / "checker" / "gate" / "pinned.json").read_text())
+    said = " ".join(README.split())
+    assert (f"two processes took the `driver` bound as it was on 2026-12-02 ({row[1]} states) "
+            f"from {one:.1f} to {two:.1f} s of wall time, the mean of two rounds") in said
+    assert (f"the bound has {pinned['bounds']['driver']['distinct_states']:,} states "
+            "since") in said
