@@ -125,13 +125,13 @@ def main(argv: list[str] | None = None) -> int:
     if args.print_config:
         print(config_toml(read_keys(config)), end="")
         return 0
-    from invar.runtime.journal import refuse_existing_run
-    try:
-        if not args.resume:  # refused before the model is loaded, which may take a while
+    if not args.resume:  # refused before the model loads, which may take a while
+        from invar.runtime.journal import refuse_existing_run
+        try:
             refuse_existing_run(Path(config.output.run_dir), serial=args.serial)
-    except FileExistsError as error:
-        print(f"invar: cannot start: {error}", file=sys.stderr)
-        return 2
+        except FileExistsError as error:
+            print(f"invar: cannot start: {error}", file=sys.stderr)
+            return 2
     schedule = report(config.protocol)
     for note in schedule.notes:
         print(f"note: {note}", file=sys.stderr)
