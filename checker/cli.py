@@ -557,6 +557,10 @@ def _trace(path: Path, console: Console, key_file: str | None = None,
     UTF-8, a bad line before the last, an unknown format), or a key or configuration that
     cannot be read, or a verifier --rescore asked for that cannot be built."""
     from invar.model.core import run_complete
+    if not path.exists():
+        print(f"invar-check: {path}: no such run directory or journal (--trace takes a run "
+              "directory of `invar train` or its journal.jsonl)", file=sys.stderr)
+        return 2
     if path.is_dir():  # a run directory: its journal
         if not (path / "journal.jsonl").is_file():
             print(f"invar-check: {path}: a directory without a journal.jsonl: not a run "

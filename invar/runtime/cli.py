@@ -21,6 +21,7 @@ from invar.model.schedule import report
 from invar.runtime.allocator import limit_fragmentation
 from invar.runtime.backend import LearnerBackend
 from invar.runtime.config import (
+    KIND_KEYS,
     OPERATIONAL,
     ROUNDING,
     TrainConfig,
@@ -29,6 +30,7 @@ from invar.runtime.config import (
     load_config,
     to_dict,
 )
+from invar.runtime.policy_config import SHAPE_FIELDS
 from invar.runtime.registry import LEARNERS, resolve
 
 
@@ -123,8 +125,15 @@ def main(argv: list[str] | None = None) -> int:
               file=sys.stderr)
         return 128 + getattr(error, "signum", signal.SIGINT)
     if args.print_config:
-        print(config_toml(to_dict(config)), end="")
+        print(config_toml(read_keys(config)), end="")
         return 0
+    if not args.resume:  # refused before the model loads, which may take a while
+        from invar.runtime.journal import refuse_existing_run
+        try:
+            refuse_existing_run(Path(config.output.run_dir), serial=args.serial)
+        except FileExistsError as error:
+            print(f"invar: cannot start: {error}", file=sys.stderr)
+            return 2
     schedule = report(config.protocol)
     for note in schedule.notes:
         print(f"note: {note}", file=sys.stderr)
@@ -148,7 +157,10 @@ def main(argv: list[str] | None = None) -> int:
                else "nothing was trained")
         print(f"invar: interrupted while the run started or closed; {how}", file=sys.stderr)
         return 128 + getattr(error, "signum", signal.SIGINT)
-    except (CommitError, JournalError, ResumeError, FileExistsError) as error:
+    except FileExistsError as error:  # a run started in the directory meanwhile
+        print(f"invar: cannot start: {error}", file=sys.stderr)
+        return 2
+    except (CommitError, JournalError, ResumeError) as error:
         # A run directory that cannot be (re)started as it is: say which file and why.
         print(f"invar: {'cannot resume' if args.resume else 'cannot start'}: {error}",
               file=sys.stderr)
@@ -170,6 +182,21 @@ def main(argv: list[str] | None = None) -> int:
               f"held-out reward {'-' if heldout is None else f'{heldout:.3f}'}; "
               f"report: {run_dir / 'report.md'}")
     return 0
+
+
+def read_keys(config: TrainConfig) -> dict[str, Any]:
+    """The configuration (`to_dict`) without the keys it does not read: a transformers
+    policy's shape is its model's (the built-in policy's shape keys left out), the built-in
+    policy has no path or config, and a task kind's own keys are left out for another kind.
+    Each left-out key holds its default (anything else is refused), so what is printed reads
+    back to the same configuration."""
+    data = to_dict(config)
+    policy_unread = SHAPE_FIELDS if config.policy.kind == "transformers" else ("path", "config")
+    data["policy"] = {k: v for k, v in data["policy"].items() if k not in policy_unread}
+    task_read = KIND_KEYS.get(config.task.name, ())
+    task_unread = {key for keys in KIND_KEYS.values() for key in keys if key not in task_read}
+    data["task"] = {k: v for k, v in data["task"].items() if k not in task_unread}
+    return data
 
 
 def config_toml(data: dict[str, Any]) -> str:

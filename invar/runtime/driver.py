@@ -69,7 +69,7 @@ from invar.runtime.learner_executor import (
 )
 from invar.runtime.registry import TRANSPORTS, resolve
 from invar.runtime.retry import RetryTimer, heartbeat_seconds, launch_key, load_key
-from invar.runtime.run import JOURNAL, Run
+from invar.runtime.run import Run
 from invar.runtime.store import heal, publish
 from invar.runtime.supervisor import (
     LogTail,
@@ -200,11 +200,15 @@ class Driver(Run):
                   f"--resume {self.run_dir}", file=sys.stderr, flush=True)
             os._exit(128 + signum)
         self._signalled = signum
+        # Said now: ending the update in progress and the workers may take a while (tens of
+        # seconds on a real model), and a silent wait reads as a hang.
+        print("invar: stopping: ending the update in progress and the workers (interrupt "
+              "again to stop at once; the run stays resumable)", file=sys.stderr, flush=True)
         if not self._stopping:  # a run already shutting down finishes doing so
             running.cancel()
 
     async def _run(self) -> State:
-        journal_path = self.run_dir / JOURNAL
+        journal_path = self.run_dir / journal_io.JOURNAL
         if self.resume:
             if self.restored is None or self.binding is None:
                 contents = journal_io.read_contents(journal_path, self.journal_key, "last")
@@ -225,11 +229,8 @@ class Driver(Run):
                     self.metrics.finish(self.stats, 0.0, events=self.seq)
                 self.metrics.close(complete=True)
                 return self.state
-        elif journal_path.exists() and journal_path.stat().st_size:
-            raise FileExistsError(
-                f"{self.run_dir} holds a run already ({journal_path.name}): continue it with "
-                f"`invar train --resume {self.run_dir}`, or start another with "
-                f"--set output.run_dir=runs/NEW_NAME")
+        else:
+            journal_io.refuse_existing_run(self.run_dir)
         if self.spawn_worker == self.launcher.spawn:
             # Every host reachable, verified, accepting our key and able to run a worker, or
             # the run does not start: a TransportRefused naming the host (no fallback to local).

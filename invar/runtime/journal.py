@@ -109,6 +109,22 @@ __all__ = [
 ]
 
 
+JOURNAL = "journal.jsonl"
+"""The journal's name in a run directory."""
+
+
+def refuse_existing_run(run_dir: Path, serial: bool = False) -> None:
+    """FileExistsError saying how to go on when `run_dir` holds a run already (a journal with
+    lines): a new run needs its own directory. `serial`: the run to start is a serial one,
+    which cannot resume."""
+    path = Path(run_dir) / JOURNAL
+    if path.is_file() and path.stat().st_size:
+        go_on = ("a serial run needs a new one" if serial
+                 else f"continue it with `invar train --resume {run_dir}`, or start another")
+        raise FileExistsError(f"{run_dir} holds a run already ({JOURNAL}): {go_on} with "
+                              "--set output.run_dir=runs/NEW_NAME")
+
+
 class Journal:
     """Append-only writer: `append` from one thread, `sync` from another (one at a time).
 

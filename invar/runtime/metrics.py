@@ -356,7 +356,7 @@ class MetricsLog:
                         now - shown[0] >= PROGRESS_EVERY_SECONDS:
                     shown[0] = now
                     print(f"update {done}/{total}  reward {reward:.3f}  staleness {staleness}  "
-                          f"{pace.rate:.2f} upd/s  elapsed {_clock(now - pace.began)}  "
+                          f"{pace_text(pace.rate)}  elapsed {_clock(now - pace.began)}  "
                           f"ETA {pace.eta()}", flush=True)
 
             yield line
@@ -369,18 +369,19 @@ class MetricsLog:
             TimeElapsedColumn,
         )
         bar = Progress(TextColumn("[bold]train"), BarColumn(), MofNCompleteColumn(),
-                       TextColumn("reward {task.fields[reward]:.3f}"),
+                       TextColumn("reward {task.fields[reward]}"),
                        TextColumn("staleness {task.fields[staleness]}"),
-                       TextColumn("{task.fields[rate]:.2f} upd/s"), TimeElapsedColumn(),
+                       TextColumn("{task.fields[pace]}"), TimeElapsedColumn(),
                        TextColumn("ETA {task.fields[eta]}"))
         with bar:
-            task = bar.add_task("train", total=total, reward=0.0, staleness=0, rate=0.0,
-                                eta="-")
+            # Before this session's first update: a resumed run's earlier ones, no reward yet.
+            task = bar.add_task("train", total=total, completed=len(self.updates),
+                                reward="-", staleness="-", pace=pace_text(0.0), eta="-")
 
             def advance(done: int, reward: float, staleness: int) -> None:
                 pace.advance(done, time.perf_counter())
-                bar.update(task, completed=done, reward=reward, staleness=staleness,
-                           rate=pace.rate, eta=pace.eta())
+                bar.update(task, completed=done, reward=f"{reward:.3f}", staleness=staleness,
+                           pace=pace_text(pace.rate), eta=pace.eta())
 
             yield advance
 
@@ -489,6 +490,16 @@ class _Pace:
         return "0:00:00" if left <= 0 else _clock(left / self.rate) if self.rate else "-"
 
 
+def pace_text(updates_per_second: float) -> str:
+    """A run's pace as it reads best: updates/s when one takes under a second, else seconds
+    per update (a slow run's "0.00 upd/s" says nothing); "- upd/s" before any update."""
+    if not updates_per_second > 0:
+        return "- upd/s"
+    if updates_per_second >= 1:
+        return f"{updates_per_second:.2f} upd/s"
+    return f"{1 / updates_per_second:.1f} s/upd"
+
+
 def _clock(seconds: float) -> str:
     """H:MM:SS."""
     whole = int(round(seconds))
@@ -550,8 +561,8 @@ def write_report(run_dir: Path, config: Any, updates: list[dict[str, Any]],
         + (f" over {summary['lives']} lives (this one: {summary['session_updates']} updates "
            f"in {summary['session_wall_seconds']:.1f} s)" if summary.get('lives', 1) > 1
            else "") + " |",
-        f"| updates / s | {summary['updates_per_second']:.2f} |",
-        f"| samples / s | {summary['samples_per_second']:.0f} |",
+        f"| pace | {pace_text(summary['updates_per_second'])} |",
+        f"| samples / s | {summary['samples_per_second']:.1f} |",
         f"| learner busy | {100 * summary['learner_busy_share']:.1f} % of wall |",
         f"| core + driver | {100 * summary['core_and_driver_share']:.2f} % of wall "
         f"({100 * summary.get('core_and_driver_cpu_share', 0.0):.2f} % as its own CPU time) |",

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from invar.runtime.hint import measure
+from invar.runtime.metrics import pace_text
 from invar.runtime.plots import THROUGHPUT_WINDOW, TITLES, Curves
 from invar.runtime.responses import latest_lines
 from invar.runtime.tasks import describe
@@ -171,10 +172,10 @@ def markdown(runs: list[RunFigures], threshold: float, plotted: list[str] | None
           f"{_f(r.best_heldout)} | {_f(r.threshold_seconds, '.1f')} | "
           f"{_f(r.threshold_updates, 'd')} |" for r in runs),
         "", "## Throughput", "",
-        "| run | wall s | updates/s | samples/s | R s/batch | T s/update | (R+T)/max(R,T) |",
+        "| run | wall s | pace | samples/s | R s/batch | T s/update | (R+T)/max(R,T) |",
         "|---|---|---|---|---|---|---|",
-        *(f"| {r.label} | {_f(r.wall_seconds, '.1f')} | {_f(r.updates_per_second, '.2f')} | "
-          f"{_f(r.samples_per_second, '.0f')} | {_f(r.rollout_seconds)} | "
+        *(f"| {r.label} | {_f(r.wall_seconds, '.1f')} | {pace_text(r.updates_per_second)} | "
+          f"{_f(r.samples_per_second, '.1f')} | {_f(r.rollout_seconds)} | "
           f"{_f(r.learning_seconds)} | {_f(r.overlap_bound, '.2f')} |" for r in runs),
         "", "## Resource cost", "",
         "| run | busy s/update | learner busy | rollout busy | core + driver |",

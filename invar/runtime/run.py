@@ -38,11 +38,9 @@ from invar.runtime.metrics import MetricsLog, response_terms, sampled_entropy
 from invar.runtime.responses import training_rows
 from invar.runtime.run_stats import Stats, VerifierFailures
 from invar.runtime.store import WeightsStore
-from invar.runtime.tasks import build_task, heldout_count, prompt_rows
+from invar.runtime.tasks import build_task, end_token, heldout_count, prompt_rows
 from invar.runtime.verifier import make_verifier
 
-JOURNAL = "journal.jsonl"
-"""A run's journal, in its directory."""
 TIMING = ("learner_seconds", "learner_training_seconds", "rollout_seconds", "core_seconds",
           "rollout_replies", "rollout_generated")
 """The per-update timing of a `timing` run's rows (`MetricsLog.update`)."""
@@ -91,7 +89,7 @@ class Run:
         """The journal (`journal_key`: its chain's key; None: unkeyed; a new one binds the
         configuration and the files it names: `invar.runtime.binding`) and the weights
         store."""
-        path = self.run_dir / JOURNAL
+        path = self.run_dir / journal_io.JOURNAL
         fresh = not path.is_file() or path.stat().st_size == 0
         self.journal = journal_io.Journal(
             path, self.config.protocol, journal_key, self.config.output.journal_keep_updates,
@@ -142,7 +140,9 @@ class Run:
             staleness=staleness,
             terms={**{k: statistics.fmean([t[k] for t in terms])
                       for k in (terms[0] if terms else {})},
-                   **response_terms(completions.tokens, self.task.response_length)},
+                   # Without an end token every response has response_length tokens.
+                   **(response_terms(completions.tokens, self.task.response_length)
+                      if end_token(self.task) is not None else {})},
             seconds=now - self._update_started,
             refused=self.stats.refused,
             noops=self.stats.noops,

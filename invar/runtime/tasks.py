@@ -9,8 +9,9 @@ the identical-weights guarantee rests on): prompts are left-padded to `prompt_le
 padding masked (`invar.runtime.padding`), and a response has `response_length` tokens, or
 fewer when the task names an end token (`eos_token`): it ends at its first one.
 
-Three kinds, by `task.name`: "reverse" (`invar.runtime.task.DigitReversal`), "jsonl"
-(`JsonlTask`: a file of `{"prompt": ..., "answer": ...}` lines) and "module" (a factory named
+Four kinds, by `task.name`: "reverse" (`invar.runtime.task.DigitReversal`), "arithmetic"
+(`invar.runtime.arithmetic`: sums asked in a chat model's own tokens), "jsonl" (`JsonlTask`:
+a file of `{"prompt": ..., "answer": ...}` lines) and "module" (a factory named
 `package.module:factory` or `path/to/file.py:factory`, called with `task.options`). Nothing
 here imports torch (transformers only for a Hugging Face tokenizer): the verifier processes
 build the task from the same configuration.

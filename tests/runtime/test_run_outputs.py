@@ -4,6 +4,7 @@ messages that are not wrapped at 80 columns when piped."""
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 
@@ -37,6 +38,12 @@ def test_serial_runs_like_any_run(tmp_path, rt):
     _, state, _ = journal.restore(tmp_path / "journal.jsonl")
     assert run_complete(state)
     assert rt.summary(tmp_path)["updates"] == 3
+    # The reversal task has no end token: no response-length figures (constant, all "cut").
+    rows = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    updates = [row for row in rows if row["kind"] == "update"]
+    assert len(updates) == 3 and "loss" in updates[0]
+    assert not [row for row in updates if "response_truncated_share" in row
+                or "response_length_mean" in row]
     checked = subprocess.run([sys.executable, "-m", "checker.cli", "--trace",
                               str(tmp_path / "journal.jsonl")], capture_output=True, text=True)
     assert checked.returncode == 0, checked.stdout + checked.stderr
