@@ -165,6 +165,15 @@ def test_invar_report_on_a_real_run(tmp_path, rt):
     assert saved["wall_seconds"] == summary["wall_seconds"]
     assert saved["threshold_updates"] == 0  # version 0 already scores >= 0.01
     assert saved["learning_seconds"] > 0 and saved["rollout_seconds"] > 0
+    # The responses behind the rewards: the first and last evaluated versions' held-out
+    # answers and the last update's training samples, as the run recorded them.
+    text = (tmp_path / "out" / "report.md").read_text()
+    shown = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text()
+             .splitlines() if '"responses"' in line]
+    last = next(row for row in shown if row["split"] == "heldout" and row["step"] == 3)
+    assert "## Responses of run" in text and "run, held-out, version 0:" in text
+    assert "run, held-out, version 3:" in text and "run, training, update 2:" in text
+    assert f"`{last['rows'][0]['response']}`" in text
 
 
 def test_the_throughput_cost_legend_hides_no_bar(tmp_path, rt):
