@@ -12,7 +12,7 @@ from collections.abc import Callable, Sequence
 from typing import Any, cast
 
 from invar.model import schedule
-from invar.model.core import outstanding_commands
+from invar.model.core import outstanding_commands, reconciled
 from invar.model.messages import (
     ApplyCotangent,
     Command,
@@ -219,6 +219,129 @@ INVARIANTS: dict[str, Invariant] = {
     "learner_bound_to_its_step": learner_bound_to_its_step,
     "boundaries_acknowledged_before_moving_on": boundaries_acknowledged_before_moving_on,
 }
+
+
+# ---------------------------------------------------------------------------------------------
+# The strengthening: conjuncts that tie the fields together, so that the invariants with them
+# (`inductive_violations`) are inductive on `step` (`checker.inductive`). Each holds on every
+# reachable state (the gate checks them in every state of every bound).
+
+
+_BUSY = (LearnerPhase.SCORING, LearnerPhase.FORWARD, LearnerPhase.APPLYING,
+         LearnerPhase.COMMITTING)
+
+
+def reconciliation_settled(state: State) -> str:
+    """Reconciliation decides nothing: `step` ends every accepted event with it (and a no-op
+    or a refusal leaves the state as it was), so nothing it would admit, load, launch, start,
+    publish, release or arm is left undone."""
+    after, commands = reconciled(state)
+    if commands or after != state:
+        kinds = sorted({type(c).__name__ for c in commands})
+        return f"reconciliation still decides something here ({', '.join(kinds) or 'a state'})"
+    return ""
+
+
+def learner_started_once_committed(state: State) -> str:
+    """The learner is OFFLINE exactly until its first start, which records version 0."""
+    learner = state.learner
+    offline = learner.phase is LearnerPhase.OFFLINE
+    if offline != (learner.attempt < 0) or offline != (not state.commit_digests):
+        return (f"learner {learner.phase.value} at attempt {learner.attempt} with "
+                f"{len(state.commit_digests)} versions committed")
+    return ""
+
+
+def learner_works_on_a_complete_batch(state: State) -> str:
+    """A learner past WAITING works on batch `committed`, complete (it started because it was,
+    and nothing takes a sample out of a batch)."""
+    if state.learner.phase in _BUSY:
+        first = state.batches[0] if state.batches else None
+        if first is None or first.batch != state.committed or first.pending or \
+                first.completed != len(first.slots):
+            return (f"learner {state.learner.phase.value} on update {state.committed}, whose "
+                    f"batch is not complete")
+    return ""
+
+
+def learner_progress_recorded(state: State) -> str:
+    """The learner's step, applied steps, positions and digests agree with its phase: step k's
+    forward or cotangent is pending over plan[k] after k steps applied, the step's state is the
+    last step's result (or the committed version's), and an idle learner holds no update."""
+    learner, config = state.learner, state.config
+    phase = learner.phase
+    applied = len(learner.applied)
+    if phase in (LearnerPhase.FORWARD, LearnerPhase.APPLYING):
+        expected = learner.step
+    elif phase is LearnerPhase.COMMITTING:
+        expected = config.optimizer_steps
+    else:
+        expected = 0
+    if applied != expected or [s.step for s in learner.applied] != list(range(applied)):
+        return f"learner {phase.value} at step {learner.step} has applied {applied} steps"
+    if phase in (LearnerPhase.FORWARD, LearnerPhase.APPLYING):
+        plan = schedule.minibatch_plan(config, state.committed)
+        if tuple(learner.positions) != plan[learner.step]:
+            return f"learner forwards positions {learner.positions}, not step {learner.step}'s"
+    elif learner.positions or learner.observation is not None:
+        return f"learner {phase.value} holds a forward binding"
+    if phase not in (LearnerPhase.APPLYING,) and (learner.forward_digest or learner.cotangent):
+        return f"learner {phase.value} holds a cotangent"
+    if phase is LearnerPhase.APPLYING and learner.cotangent is None:
+        return "learner applying without its cotangent"
+    if state.commit_digests:
+        start = (learner.applied[-1].post_step_digest if learner.applied
+                 else state.commit_digests[state.committed])
+        if learner.step_digest != start:
+            return f"learner step starts from {learner.step_digest}, not {start}"
+    scored = phase in _BUSY[1:] and config.scores_batch
+    if (learner.scores is not None and learner.scores.digest != "") != scored:
+        return f"learner {phase.value} {'lacks' if scored else 'holds'} its batch's scores"
+    return ""
+
+
+def worker_records_consistent(state: State) -> str:
+    """A connected worker has loaded nothing (load serial 0, no version); a loading or ready
+    one names a published version and a load serial of at least 1."""
+    newest = state.published[-1] if state.published else -1
+    for worker in state.workers:
+        if worker.phase is WorkerPhase.IDLE and (worker.load, worker.version) != (0, None):
+            return f"{worker.name} is idle with load {worker.load} of {worker.version}"
+        if worker.phase in (WorkerPhase.LOADING, WorkerPhase.READY) and (
+                worker.version is None or worker.load < 1 or worker.version > newest
+                or not schedule.is_published(state.config, worker.version)):
+            return (f"{worker.name} {worker.phase.value} version {worker.version} (load "
+                    f"{worker.load}), newest publication {newest}")
+    return ""
+
+
+def publishing_is_the_next_publication(state: State) -> str:
+    """The publication awaited is the next version of Pub after the newest published one."""
+    if state.publishing is None:
+        return ""
+    last = state.published[-1] if state.published else -1
+    upcoming = next((v for v in range(last + 1, state.config.total_updates + 1)
+                     if schedule.is_published(state.config, v)), None)
+    if state.publishing != upcoming or state.publishing > state.committed:
+        return f"publishing {state.publishing}, the next publication is {upcoming}"
+    return ""
+
+
+STRENGTHENING: dict[str, Invariant] = {
+    "reconciliation_settled": reconciliation_settled,
+    "learner_started_once_committed": learner_started_once_committed,
+    "learner_works_on_a_complete_batch": learner_works_on_a_complete_batch,
+    "learner_progress_recorded": learner_progress_recorded,
+    "worker_records_consistent": worker_records_consistent,
+    "publishing_is_the_next_publication": publishing_is_the_next_publication,
+}
+"""The conjuncts added to `INVARIANTS` to make them inductive (spec/PROTOCOL.md §8.1)."""
+
+
+def inductive_violations(state: State) -> dict[str, str]:
+    """Every conjunct of the inductive invariant (`INVARIANTS` and `STRENGTHENING`) that fails."""
+    return {**violations(state),
+            **{name: msg for name, check in STRENGTHENING.items() if (msg := check(state))}}
 
 
 # ---------------------------------------------------------------------------------------------
