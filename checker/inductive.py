@@ -47,12 +47,15 @@ from invar.model import schedule
 from invar.model import world as w
 from invar.model.config import RunConfig
 from invar.model.errors import ConfigError
-from invar.model.invariants import inductive_violations, transition_violations
+from invar.model.invariants import (
+    inductive_violations,
+    stale_event_changes_nothing,
+    transition_violations,
+)
 from invar.model.messages import (
     CheckpointWritten,
     Completions,
     Event,
-    ForwardObserved,
     LaunchRequest,
     LearnerStarted,
     ObservationId,
@@ -359,8 +362,8 @@ def recipes(universe: Universe, builder: Builder) -> Iterator[Recipe]:
         # publish_after_commit_in_order: a prefix of Pub up to the committed version;
         # publishing_is_the_next_publication.
         ordered = [v for v in builder.pub if v <= committed]
-        for published in range(1, len(ordered) + 1):
-            newest = ordered[published - 1]
+        for published in range(len(ordered) + 1):
+            newest = ordered[published - 1] if published else -1
             upcoming = builder.pub[published] if published < len(builder.pub) else None
             publishing_choices = [None] + ([upcoming] if upcoming is not None
                                            and upcoming <= committed else [])
@@ -377,12 +380,12 @@ def recipes(universe: Universe, builder: Builder) -> Iterator[Recipe]:
 def _with_boundaries(universe: Universe, builder: Builder, committed: int, published: int,
                      publishing: int | None, admitted: int) -> Iterator[Recipe]:
     config = builder.config
-    newest = builder.pub[published - 1]
+    newest = builder.pub[published - 1] if published else -1
     # no_version_retained_needlessly, version_retained_while_in_use: the newest publication,
     # and versions that generate a batch not yet complete (or a worker's load).
-    needed = sorted({newest} | {schedule.gen_version(config, b)
-                                for b in range(committed, config.total_updates)})
-    optional = [v for v in needed if v != newest and v <= newest]
+    needed = sorted({schedule.gen_version(config, b)
+                     for b in range(committed, config.total_updates)})
+    optional = [v for v in needed if v < newest]
     # boundaries_acknowledged_before_moving_on: all due, or all but the newest version's.
     due_eval = len([v for v in builder.evaluations if v <= committed])
     due_ckpt = len([v for v in builder.checkpoints if v <= committed])
@@ -390,7 +393,7 @@ def _with_boundaries(universe: Universe, builder: Builder, committed: int, publi
     checkpointed_choices = {due_ckpt, max(due_ckpt - 1, 0)}
     learners = _learner_choices(universe, builder, committed)
     for extra in _subsets(optional):
-        retained = tuple(sorted({newest, *extra}))
+        retained = tuple(sorted({newest, *extra} if published else extra))
         for workers in _worker_choices(universe, universe.worker_names, retained,
                                        set(builder.pub[:published])):
             slot_choices = [_slot_choices(universe, builder, b, workers)
@@ -668,6 +671,9 @@ def _step_checked(state: State, recipe: Recipe, event: Event,
         return None
     after = delivery.state
     broken = transition_violations(state, delivery.commands, after)
+    stale = stale_event_changes_nothing(state, event, after)
+    if stale:
+        broken["stale_event_changes_nothing"] = stale
     if broken:
         name, detail = next(iter(broken.items()))
         return Counterexample(recipe, state, event, name, detail)
@@ -711,7 +717,11 @@ out of the universe's states: the test then says so).
 
 from checker.inductive import Builder, Recipe, WorkerRecord, load_universe
 from invar.model import loads
-from invar.model.invariants import inductive_violations, transition_violations
+from invar.model.invariants import (
+    inductive_violations,
+    stale_event_changes_nothing,
+    transition_violations,
+)
 from invar.model.shell import Verdict, deliver
 
 UNIVERSE = {universe_path!r}

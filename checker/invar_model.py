@@ -35,6 +35,7 @@ from invar.model.invariants import (
     INVARIANTS,
     STRENGTHENING,
     IncrementalInvariants,
+    stale_event_changes_nothing,
     transition_violations,
 )
 from invar.model.memo import IdentityMemo
@@ -489,8 +490,10 @@ class InvarModel(BaseModel[Explored, tuple]):
         taken = 0 if kind == "timer" else 1
         sent = world.network[len(state.world.network) - taken:]
         commands = [m.body for m in sent if m.to != CORE]
+        event = _event_to_core(state.world, action)
         return self._transitions.put(before, now, case,
-                                     not transition_violations(before, commands, now))
+                                     not transition_violations(before, commands, now)
+                                     and not stale_event_changes_nothing(before, event, now))
 
     def _phase_moves_listed(self, state: Explored, action: tuple, after: Explored) -> bool:
         """`_phase_moves_are_listed`, remembered per pair of core objects and the action (which

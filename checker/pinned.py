@@ -35,6 +35,9 @@ def _gate_folder() -> Path:
 GATE = _gate_folder()
 """The gate: one bounded model per ``*.toml`` file, and `PINNED`."""
 PINNED = GATE / "pinned.json"
+GATE_UNIVERSE = GATE.parent / "universes" / "gate.toml"
+"""The universe over which the gate proves the invariants inductive (`invar-check
+--inductive`; spec/inductive links to its folder)."""
 
 _SMALL = dict(prompts_per_batch=2, group_size=2, optimizer_steps=2)
 """Batches small enough to pin their every seed and plan (versions and boundaries do not depend
