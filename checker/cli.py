@@ -670,8 +670,8 @@ def _inductive(spec: Path, console: Console, json_path: str | None,
                   f"accepted or counted as no-ops ({result.outside:,} to states outside the "
                   f"universe, checked on their own), in {result.check_s:.1f} s")
     for cti in result.counterexamples[:10]:
-        console.print(f"[red]counterexample to induction[/red] {inductive.format_counterexample(cti)}",
-                      markup=False)
+        console.print(f"counterexample to induction {inductive.format_counterexample(cti)}",
+                      markup=False, style="red")
     if len(result.counterexamples) > 10:
         console.print(f"... {len(result.counterexamples) - 10} more counterexamples")
     verdict = ("[green]proved: IndInv is inductive in this universe[/green]" if result.proved

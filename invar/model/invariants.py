@@ -17,8 +17,8 @@ from invar.model.messages import (
     ApplyCotangent,
     Command,
     Event,
-    LearnerStarted,
     LaunchRequest,
+    LearnerStarted,
     LoadWeights,
     Publish,
     RequestsCompleted,
@@ -465,8 +465,9 @@ def stale_event_changes_nothing(before: State, event: Event, after: State) -> st
         stale = known is not None and incarnation < known.incarnation
     elif type(event) is LearnerStarted:
         stale = event.incarnation < before.learner.attempt
-    elif isinstance(getattr(event, "attempt", None), int):
-        stale = getattr(event, "attempt") < before.learner.attempt
+    else:
+        attempt = getattr(event, "attempt", None)
+        stale = isinstance(attempt, int) and attempt < before.learner.attempt
     if stale and after != before:
         return f"{type(event).__name__} of a retired incarnation or attempt changed the state"
     return ""
