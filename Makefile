@@ -42,7 +42,8 @@ check: $(STAMP)
 DEEP_BOUNDS := $(filter-out spec/deep/all_faults.toml,$(sort $(wildcard spec/deep/*.toml))) \
 	spec/deep/all_faults.toml
 check-deep: $(STAMP)
-	for universe in spec/inductive/two_workers.toml spec/inductive/inflight.toml; do \
+	for universe in spec/inductive/inflight.toml spec/inductive/two_workers.toml \
+		spec/inductive/three_workers.toml; do \
 		$(VENV)/bin/invar-check --inductive $$universe || exit 1; done
 	for bound in $(DEEP_BOUNDS); do $(VENV)/bin/invar-check $$bound --processes 2 || exit 1; done
 

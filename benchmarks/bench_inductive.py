@@ -52,10 +52,40 @@ def measure(universes: list[str]) -> dict[str, Any]:
             rows[-1]["description"] = rows[-1].pop("universe")
             rows[-1]["universe"] = universe
         bfs, wall, _, _ = _child([BFS_BOUND, "--quiet", "--no-livelock"], Path(scratch) / "b.json")
-    return {"universes": rows, "bfs": {
+    return {"universes": rows, "relaxed": relaxed(), "bfs": {
         "bound": BFS_BOUND, "distinct": bfs["distinct_states"],
         "generated": bfs["states_generated"], "search_s": bfs["duration_s"],
         "distinct_per_s": round(bfs["distinct_states"] / bfs["duration_s"])}}
+
+
+RELAXED_UNIVERSES = {
+    "one update": dict(group_size=1, total_updates=1),
+    "M < S + 1, three updates": dict(group_size=1, total_updates=3, max_staleness=2,
+                                     max_inflight_batches=1),
+    "scored (KL term)": dict(group_size=1, total_updates=1, kl_coef=0.1),
+}
+"""Small universes (one worker; incarnations, loads, attempts and forwards 0..1) where each
+conjunct is left out in turn."""
+
+
+def relaxed() -> list[dict[str, Any]]:
+    """Each relaxable conjunct left out of IndInv in each of `RELAXED_UNIVERSES`: the states
+    then, beside the states with it, and the counterexamples to induction that follow."""
+    from checker.inductive import RELAXABLE, Universe, check
+    from checker.invar_model import Bounds
+    rows = []
+    for label, fields in RELAXED_UNIVERSES.items():
+        universe = Universe(Bounds(**fields), incarnations=1, loads=1, attempts=1,
+                            observations=1)
+        full = check(universe)
+        for conjunct in RELAXABLE:
+            result = check(Universe(universe.bounds, 1, 1, 1, 1,
+                                    relaxed=frozenset({conjunct})))
+            rows.append({"universe": label, "conjunct": conjunct, "states_with": full.states,
+                         "states_without": result.states,
+                         "ctis_without": len(result.counterexamples),
+                         "broken": sorted({c.conjunct for c in result.counterexamples})})
+    return rows
 
 
 def render(doc: dict[str, Any]) -> str:
@@ -82,6 +112,17 @@ def render(doc: dict[str, Any]) -> str:
             f"{r['peak_rss_mib']} |")
     lines += ["", "Universes:", ""]
     lines += [f"- `{r['universe']}`: {r['description']}" for r in doc["universes"]]
+    lines += ["", "## Each conjunct left out", "",
+              "Each relaxable conjunct of the strengthening (PROTOCOL.md §8.1) left out of "
+              "IndInv in turn (`Universe.relaxed`: the fields it constrains then drawn from "
+              "their whole ranges), in small universes of one worker with counters 0..1: the "
+              "states of IndInv with it and without it, and the counterexamples to induction "
+              "without it (with it, none).", "",
+              "| universe | conjunct left out | states with it | states without it | CTIs "
+              "without it | conjuncts the CTIs break |", "|---|---|---|---|---|---|"]
+    lines += [f"| {r['universe']} | `{r['conjunct']}` | {r['states_with']:,} | "
+              f"{r['states_without']:,} | {r['ctis_without']:,} | "
+              f"{', '.join(r['broken']) or '-'} |" for r in doc["relaxed"]]
     b = doc["bfs"]
     lines += ["", f"The BFS on the same machine, `invar-check {b['bound']} --no-livelock`: "
               f"{b['distinct']:,} distinct states ({b['generated']:,} generated) in "

@@ -111,7 +111,7 @@ class Universe:
     symmetry: bool = False
     """Workers interchangeable: only one state per renaming of them (states whose worker
     records are in order), as the bounded searches' symmetry."""
-    relaxed: frozenset[str] = frozenset()
+    relaxed: frozenset[str] = frozenset()  # of RELAXABLE
     """Conjuncts of `STRENGTHENING` left out of IndInv (the fields they constrain then drawn
     from their whole ranges): how a conjunct is shown necessary, by the CTIs that follow."""
 
@@ -139,6 +139,12 @@ class Universe:
                 f"0..{self.attempts - 1}, forwards requested 0..{self.observations}; symmetry "
                 f"{'on' if self.symmetry else 'off'}")
 
+
+RELAXABLE = ("reconciliation_settled", "publishing_is_the_next_publication",
+             "worker_records_consistent", "learner_works_on_a_complete_batch",
+             "needed_versions_retained")
+"""The conjuncts of `STRENGTHENING` a universe can leave out (the others, the learner's start
+and progress, are how its states are built)."""
 
 _UNIVERSE_KEYS = ("incarnations", "loads", "attempts", "observations", "symmetry")
 
