@@ -1,7 +1,8 @@
 """The inductive check's size, time and memory per universe, beside the BFS's speed.
 
-    .venv/bin/python benchmarks/bench_inductive.py                 # every spec/inductive/*.toml
-    .venv/bin/python benchmarks/bench_inductive.py spec/inductive/gate.toml
+    .venv/bin/python benchmarks/bench_inductive.py                 # everything
+    .venv/bin/python benchmarks/bench_inductive.py spec/inductive/gate.toml   # one universe
+    .venv/bin/python benchmarks/bench_inductive.py seeded_bugs     # one section
 
 Each universe runs as ``invar-check --inductive UNIVERSE --json FILE`` in a process of its own
 (its peak resident memory is that process's); then the gate bound `learner.toml` runs as a BFS
@@ -37,6 +38,7 @@ def _child(args: list[str], out: Path) -> tuple[dict[str, Any], float, int, int]
 
 
 def measure(universes: list[str]) -> dict[str, Any]:
+    """Each universe's check in a process of its own, and the BFS beside it."""
     rows = []
     with tempfile.TemporaryDirectory() as scratch:
         for index, universe in enumerate(universes):
@@ -52,7 +54,7 @@ def measure(universes: list[str]) -> dict[str, Any]:
             rows[-1]["description"] = rows[-1].pop("universe")
             rows[-1]["universe"] = universe
         bfs, wall, _, _ = _child([BFS_BOUND, "--quiet", "--no-livelock"], Path(scratch) / "b.json")
-    return {"universes": rows, "relaxed": relaxed(), "bfs": {
+    return {"universes": rows, "bfs": {
         "bound": BFS_BOUND, "distinct": bfs["distinct_states"],
         "generated": bfs["states_generated"], "search_s": bfs["duration_s"],
         "distinct_per_s": round(bfs["distinct_states"] / bfs["duration_s"])}}
@@ -88,6 +90,74 @@ def relaxed() -> list[dict[str, Any]]:
     return rows
 
 
+def seeded_bugs() -> list[dict[str, Any]]:
+    """Each seeded bug of tests/helpers/seeded_bugs.py under the inductive check, over the
+    universe of its bounds' protocol (counters: incarnations and attempts 0..1, loads 0..1,
+    forwards 0..2): whether a counterexample to induction refutes it, and which conjuncts."""
+    import pytest
+
+    from checker.inductive import PROTOCOL_KEYS, Builder, Universe, check
+    from checker.invar_model import Bounds
+    sys.path.insert(0, str(ROOT))
+    from tests.helpers.seeded_bugs import SEEDED_BUGS
+    rows = []
+    for bug in SEEDED_BUGS:
+        fields = {k: getattr(bug.bounds, k) for k in PROTOCOL_KEYS}
+        universe = Universe(Bounds(**fields), incarnations=2, loads=1, attempts=2,
+                            observations=2)
+        builder = Builder(universe)  # the correct components' payloads, before the bug
+        with pytest.MonkeyPatch.context() as patched:
+            bug.apply(patched)
+            result = check(universe, builder=builder)
+        rows.append({"bug": bug.name, "universe": universe.describe(),
+                     "ctis": len(result.counterexamples),
+                     "broken": sorted({c.conjunct for c in result.counterexamples}),
+                     "bfs_property": bug.prop})
+    return rows
+
+
+BROKEN_SIZES = {
+    "worker_lost_without_incarnation_check": dict(group_size=1, total_updates=1, workers=2),
+    "version_needed_without_admitted_clause": dict(group_size=1, total_updates=3,
+                                                   max_staleness=2, max_inflight_batches=1),
+    "bulk_fill_trusts_the_first_slot": dict(group_size=2, total_updates=1),
+}
+"""The broken handlers of tests/checker/test_inductive.py and the smallest universe of each."""
+
+
+def small_model() -> list[dict[str, Any]]:
+    """Each broken handler's counterexamples in its smallest universe, with one worker more
+    and with one update more: the conjuncts they break (the same, up to renaming, if the
+    small universe speaks for the larger ones)."""
+    import pytest
+
+    from checker.inductive import Builder, Universe, check
+    from checker.invar_model import Bounds
+    sys.path.insert(0, str(ROOT))
+    from tests.checker import test_inductive
+    broken = {name: apply for name, apply, _, _ in test_inductive.BROKEN}
+    rows = []
+    for name, fields in BROKEN_SIZES.items():
+        for label, more in (("smallest", {}), ("one worker more",
+                                               {"workers": fields.get("workers", 1) + 1}),
+                            ("one update more",
+                             {"total_updates": fields["total_updates"] + 1})):
+            bounds = Bounds(**{**fields, **more})
+            universe = Universe(bounds, incarnations=2, loads=1, attempts=1, observations=1,
+                                symmetry=bounds.workers > 1)
+            builder = Builder(universe)
+            with pytest.MonkeyPatch.context() as patched:
+                broken[name](patched)
+                result = check(universe, builder=builder)
+            rows.append({"handler": name, "size": label, "universe": universe.describe(),
+                         "states": result.states, "ctis": len(result.counterexamples),
+                         "broken": sorted({c.conjunct for c in result.counterexamples})})
+    return rows
+
+
+SECTIONS = {"relaxed": relaxed, "seeded_bugs": seeded_bugs, "small_model": small_model}
+
+
 def render(doc: dict[str, Any]) -> str:
     lines = [
         "# The inductive check: size, time and memory per universe",
@@ -112,6 +182,18 @@ def render(doc: dict[str, Any]) -> str:
             f"{r['peak_rss_mib']} |")
     lines += ["", "Universes:", ""]
     lines += [f"- `{r['universe']}`: {r['description']}" for r in doc["universes"]]
+    lines += ["", "## Broken handlers, one worker and one update more", "",
+              "The deliberately broken handlers of `tests/checker/test_inductive.py` (a loss of "
+              "a retired incarnation taken for the current one's; a release that forgets "
+              "batches not yet admitted; a bulk fill that reads every slot as the first one), "
+              "each in its smallest universe (incarnations 0..1, loads 0..1, one attempt, "
+              "forwards 0..1; symmetry with two workers or more), with one worker more and "
+              "with one update more: the conjuncts their counterexamples break.", "",
+              "| handler | universe | states | CTIs | conjuncts the CTIs break |",
+              "|---|---|---|---|---|"]
+    lines += [f"| `{r['handler']}` | {r['size']}: {r['universe']} | {r['states']:,} | "
+              f"{r['ctis']:,} | {', '.join(r['broken']) or '-'} |"
+              for r in doc.get("small_model", [])]
     lines += ["", "## Each conjunct left out", "",
               "Each relaxable conjunct of the strengthening (PROTOCOL.md §8.1) left out of "
               "IndInv in turn (`Universe.relaxed`: the fields it constrains then drawn from "
@@ -122,7 +204,19 @@ def render(doc: dict[str, Any]) -> str:
               "without it | conjuncts the CTIs break |", "|---|---|---|---|---|---|"]
     lines += [f"| {r['universe']} | `{r['conjunct']}` | {r['states_with']:,} | "
               f"{r['states_without']:,} | {r['ctis_without']:,} | "
-              f"{', '.join(r['broken']) or '-'} |" for r in doc["relaxed"]]
+              f"{', '.join(r['broken']) or '-'} |" for r in doc.get("relaxed", [])]
+    lines += ["", "## The seeded bugs", "",
+              "Each bug of `tests/helpers/seeded_bugs.py` (all refuted by the gate's BFS, "
+              "`tests/checker/test_checker_seeded_bugs.py`) under the inductive check, over the "
+              "universe of its bounds' protocol with incarnations and attempts 0..1, loads "
+              "0..1 and forwards 0..2: the counterexamples to induction and the conjuncts they "
+              "break. A bug only the world sees (a forgery accepted, a completed run that "
+              "departs from the canonical one) leaves IndInv inductive: the bounded searches "
+              "refute it.", "",
+              "| bug | property the BFS refutes it by | CTIs | conjuncts the CTIs break |",
+              "|---|---|---|---|"]
+    lines += [f"| `{r['bug']}` | {r['bfs_property']} | {r['ctis']:,} | "
+              f"{', '.join(r['broken']) or '-'} |" for r in doc.get("seeded_bugs", [])]
     b = doc["bfs"]
     lines += ["", f"The BFS on the same machine, `invar-check {b['bound']} --no-livelock`: "
               f"{b['distinct']:,} distinct states ({b['generated']:,} generated) in "
@@ -133,11 +227,21 @@ def render(doc: dict[str, Any]) -> str:
 
 
 def main() -> int:
-    universes = sys.argv[1:] or sorted(str(p.relative_to(ROOT))
-                                       for p in (ROOT / "spec" / "inductive").glob("*.toml"))
-    doc = measure(universes)
+    """With no argument: every universe of spec/inductive/ and every section; with universe
+    paths, those; with section names (`relaxed`, `seeded_bugs`, `small_model`), those. What is
+    not measured again is kept from the report's JSON."""
+    args = sys.argv[1:]
+    sections = [a for a in args if a in SECTIONS] or (list(SECTIONS) if not args else [])
+    universes = [a for a in args if a not in SECTIONS]
     out = ROOT / "reports" / "checker"
-    (out / "inductive.json").write_text(json.dumps(doc, indent=2) + "\n")
+    known = out / "inductive.json"
+    doc: dict[str, Any] = json.loads(known.read_text()) if known.exists() else {}
+    if universes or not args:
+        doc.update(measure(universes or sorted(
+            str(p.relative_to(ROOT)) for p in (ROOT / "spec" / "inductive").glob("*.toml"))))
+    for name in sections:
+        doc[name] = SECTIONS[name]()
+    known.write_text(json.dumps(doc, indent=2) + "\n")
     (out / "inductive.md").write_text(render(doc))
     print(render(doc))
     return 0

@@ -327,6 +327,7 @@ def _suite(folder: Path, jobs: int, console: Console, fail_fast: bool = False,
 
     The gate itself (`folder` is spec/gate/) also proves the schedule (`--prove`: its lemmas,
     the code against the proven definitions, its decisions against the pinned ones) and
+    proves the invariants inductive over `pinned.GATE_UNIVERSE` (`--inductive`), and
     holds every bound to its pinned state counts (`checker.pinned`): the runs cannot see a
     wrong schedule (the canonical one they are compared with shares it), and a change to the
     state space is a change to review and regenerate (`spec/generate.py --measure`).  `flags`
@@ -342,7 +343,7 @@ def _suite(folder: Path, jobs: int, console: Console, fail_fast: bool = False,
                                                   for spec in specs]
     if gate:
         checks.insert(0, ("schedule", "--prove: lemmas, code and pinned decisions", None))
-        checks.insert(1, ("inductive", "--inductive: IndInv inductive on step (any faults)",
+        checks.insert(1, (pinned.INDUCTIVE, "--inductive: IndInv inductive on step (any faults)",
                           pinned.GATE_UNIVERSE))
 
     failures: list[str] = []
@@ -355,13 +356,13 @@ def _suite(folder: Path, jobs: int, console: Console, fail_fast: bool = False,
         out = Path(scratch) / f"{name}.json"
         began = time.perf_counter()
         command = (["--prove"] if spec is None
-                   else ["--inductive", str(spec), "--json", str(out)] if name == "inductive"
+                   else ["--inductive", str(spec), "--json", str(out)] if name == pinned.INDUCTIVE
                    else [str(spec), "--quiet", "--json", str(out), *extra])
         done = subprocess.run([sys.executable, "-m", "checker.cli", *command],
                               capture_output=True, text=True)
         code, output = done.returncode, done.stdout + done.stderr
         doc = json.loads(out.read_text()) if out.exists() else {}
-        if code == 0 and gate and spec is not None and name != "inductive":
+        if code == 0 and gate and spec is not None:
             differs = _unpinned_counts(name, doc, pinned_values)
             if differs:
                 code, output = 1, differs
@@ -370,7 +371,8 @@ def _suite(folder: Path, jobs: int, console: Console, fail_fast: bool = False,
         return name, covers, code, doc, output, time.perf_counter() - began
 
     console.print(f"[bold]invar-check[/bold] gate {folder}: {len(specs)} bounds"
-                  f"{' and the schedule' if gate else ''}, {jobs} at a time")
+                  f"{', the schedule and the inductive check' if gate else ''}, {jobs} at a "
+                  f"time")
     began = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="invar-gate-") as scratch, \
             ThreadPoolExecutor(max_workers=jobs) as pool:

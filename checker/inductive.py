@@ -654,10 +654,12 @@ class InductiveResult:
         }
 
 
-def check(universe: Universe, stop_after: int | None = None) -> InductiveResult:
+def check(universe: Universe, stop_after: int | None = None,
+          builder: Builder | None = None) -> InductiveResult:
     """IndInit and IndNext in `universe`: every counterexample to induction, shortest first
-    (`stop_after`: stop once that many are found)."""
-    builder = Builder(universe)
+    (`stop_after`: stop once that many are found; `builder`: one made before, e.g. before a
+    test patches the core, whose correct payloads it then keeps)."""
+    builder = builder or Builder(universe)
     began = time.perf_counter()
     found = enumerate_states(universe, builder)
     enumerated = time.perf_counter()
