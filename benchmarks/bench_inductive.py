@@ -237,8 +237,11 @@ def main() -> int:
     known = out / "inductive.json"
     doc: dict[str, Any] = json.loads(known.read_text()) if known.exists() else {}
     if universes or not args:
-        doc.update(measure(universes or sorted(
-            str(p.relative_to(ROOT)) for p in (ROOT / "spec" / "inductive").glob("*.toml"))))
+        measured = measure(universes or sorted(
+            str(p.relative_to(ROOT)) for p in (ROOT / "spec" / "inductive").glob("*.toml")))
+        rows = {r["universe"]: r for r in doc.get("universes", [])}
+        rows.update({r["universe"]: r for r in measured["universes"]})
+        doc.update(measured, universes=sorted(rows.values(), key=lambda r: r["universe"]))
     for name in sections:
         doc[name] = SECTIONS[name]()
     known.write_text(json.dumps(doc, indent=2) + "\n")

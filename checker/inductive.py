@@ -48,6 +48,7 @@ from invar.model import world as w
 from invar.model.config import RunConfig
 from invar.model.errors import ConfigError
 from invar.model.invariants import (
+    BUSY_PHASES,
     inductive_violations,
     stale_event_changes_nothing,
     transition_violations,
@@ -209,7 +210,7 @@ class Honest:
                     if isinstance(slot, Sample):
                         self.samples.setdefault((batch.batch, position), slot)
             learner = state.learner
-            if learner.phase in BUSY:
+            if learner.phase in BUSY_PHASES:
                 self.progress.setdefault((state.committed, learner.phase, learner.step), learner)
         self.ledger = state.ledger
         digests = [""]
@@ -220,11 +221,6 @@ class Honest:
     def busy(self, update: int) -> list[tuple[LearnerPhase, int]]:
         """The learner's (phase, step) while it works on `update`, in the order it goes."""
         return [(phase, step) for (u, phase, step) in self.progress if u == update]
-
-
-BUSY = (LearnerPhase.SCORING, LearnerPhase.FORWARD, LearnerPhase.APPLYING,
-        LearnerPhase.COMMITTING)
-IDLE_PHASES = (LearnerPhase.WAITING, LearnerPhase.FINISHED)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -287,7 +283,7 @@ class Builder:
             attempt, phase_name, step, observations = recipe.learner
             phase = LearnerPhase(phase_name)
             digests = History(w.version_digest(v) for v in range(c + 1))
-            if phase in BUSY:
+            if phase in BUSY_PHASES:
                 learner = evolve(honest.progress[c, phase, step], attempt=attempt,
                                  observations=observations)
                 if learner.observation is not None:
@@ -417,7 +413,7 @@ def _with_boundaries(universe: Universe, builder: Builder, committed: int, publi
                             for b in range(committed, admitted)]
             for evaluated, checkpointed, learner in itertools.product(
                     sorted(evaluated_choices), sorted(checkpointed_choices), learners):
-                busy = LearnerPhase(learner[1]) in BUSY
+                busy = LearnerPhase(learner[1]) in BUSY_PHASES
                 per_batch = list(slot_choices)
                 if busy and "learner_works_on_a_complete_batch" not in universe.relaxed:
                     if not per_batch:
@@ -594,7 +590,7 @@ def _learner_events(state: State) -> list[Event]:
         digest = w.version_digest(version)
         out += [VersionPublished(version, digest), CheckpointWritten(version, digest),
                 VersionEvaluated(version, w.evaluation_reward(version))]
-    for attempt in range(max(learner.attempt, 0), learner.attempt + 2):
+    for attempt in range(max(learner.attempt - 1, 0), learner.attempt + 2):
         for version in (c, c + 1):
             if version <= config.total_updates:
                 out.append(LearnerStarted(attempt, version, w.version_digest(version)))
@@ -741,7 +737,7 @@ induction for {cti.conjunct!r} in {universe_path}.
 
 The state satisfies the inductive invariant; the event leads to one that does not. It fails
 while the step from there breaks it (a fix that strengthens IndInv instead leaves the state
-out of the universe's states: the test then says so).
+out of IndInv: the test then passes too).
 """
 
 from checker.inductive import Builder, Recipe, WorkerRecord, load_universe
@@ -762,10 +758,12 @@ def test_counterexample_to_induction_{cti.conjunct}_is_fixed():
     state = Builder(load_universe(UNIVERSE)).build(RECIPE)
     if inductive_violations(state):
         return  # IndInv was strengthened to leave this state out
-    delivery = deliver(state, loads(EVENT))
+    event = loads(EVENT)
+    delivery = deliver(state, event)
     if delivery.verdict is Verdict.REFUSED:
         return
     assert not transition_violations(state, delivery.commands, delivery.state)
+    assert not stale_event_changes_nothing(state, event, delivery.state)
     assert not inductive_violations(delivery.state)
 '''
 

@@ -230,8 +230,9 @@ INVARIANTS: dict[str, Invariant] = {
 # reachable state (the gate checks them in every state of every bound).
 
 
-_BUSY = (LearnerPhase.SCORING, LearnerPhase.FORWARD, LearnerPhase.APPLYING,
-         LearnerPhase.COMMITTING)
+BUSY_PHASES = (LearnerPhase.SCORING, LearnerPhase.FORWARD, LearnerPhase.APPLYING,
+               LearnerPhase.COMMITTING)
+"""The learner's phases while it works on an update."""
 
 
 def reconciliation_settled(state: State) -> str:
@@ -261,7 +262,7 @@ def learner_started_once_committed(state: State) -> str:
 def learner_works_on_a_complete_batch(state: State) -> str:
     """A learner past WAITING works on batch `committed`, complete (it started because it was,
     and nothing takes a sample out of a batch)."""
-    if state.learner.phase in _BUSY:
+    if state.learner.phase in BUSY_PHASES:
         first = state.batches[0] if state.batches else None
         if first is None or first.batch != state.committed or first.pending or \
                 first.completed != len(first.slots):
@@ -300,7 +301,7 @@ def learner_progress_recorded(state: State) -> str:
                  else state.commit_digests[state.committed])
         if learner.step_digest != start:
             return f"learner step starts from {learner.step_digest}, not {start}"
-    scored = phase in _BUSY[1:] and config.scores_batch
+    scored = phase in BUSY_PHASES[1:] and config.scores_batch
     if (learner.scores is not None and learner.scores.digest != "") != scored:
         return f"learner {phase.value} {'lacks' if scored else 'holds'} its batch's scores"
     return ""
