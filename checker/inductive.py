@@ -394,11 +394,9 @@ def _with_boundaries(universe: Universe, builder: Builder, committed: int, publi
                      publishing: int | None, admitted: int) -> Iterator[Recipe]:
     config = builder.config
     newest = builder.pub[published - 1] if published else -1
-    # no_version_retained_needlessly, version_retained_while_in_use: the newest publication,
-    # and versions that generate a batch not yet complete (or a worker's load).
-    needed = sorted({schedule.gen_version(config, b)
-                     for b in range(committed, config.total_updates)})
-    optional = [v for v in needed if v < newest]
+    # version_retained_while_in_use, needed_versions_retained: the newest publication, and
+    # any of the published ones before it.
+    optional = [v for v in builder.pub[:published] if v < newest]
     # boundaries_acknowledged_before_moving_on: all due, or all but the newest version's.
     due_eval = len([v for v in builder.evaluations if v <= committed])
     due_ckpt = len([v for v in builder.checkpoints if v <= committed])

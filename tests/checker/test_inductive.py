@@ -99,11 +99,18 @@ def test_neighbours_of_enumerated_states_that_satisfy_indinv_are_enumerated() ->
     builder = Builder(universe)
     found = enumerate_states(universe, builder)
     records = {None, *(r for recipe in found.states.values() for r in recipe.workers)}
+    learners = {(attempt, phase, step, observations) for (_, phase, step, _) in
+                (recipe.learner for recipe in found.states.values())
+                for attempt in range(universe.attempts)
+                for observations in range(universe.observations + 1)}
+    versions = range(universe.config.total_updates + 1)
     missing = []
     for recipe in list(found.states.values())[::7]:
         neighbours = [recipe._replace(timer_armed=not recipe.timer_armed),
-                      recipe._replace(publishing=None),
-                      recipe._replace(retained=tuple(sorted({*recipe.retained, 0})))]
+                      *(recipe._replace(publishing=v) for v in (None, *versions)),
+                      *(recipe._replace(retained=tuple(sorted({*recipe.retained} ^ {v})))
+                        for v in versions),
+                      *(recipe._replace(learner=learner) for learner in learners)]
         for index in range(len(recipe.workers)):
             for record in records:
                 workers = list(recipe.workers)
