@@ -36,9 +36,9 @@ check: $(STAMP)
 	$(VENV)/bin/invar-check
 
 # Larger inductive universes (spec/inductive/), then the deep bounds (spec/deep/): every fault
-# kind at once, and two deeper ones. Long (minutes to
-# hours, not CI's): run by hand or on a schedule, on both cores, livelock on. all_faults runs last:
-# it does not complete on a 2-core, 24 GiB machine (reports/checker/deep_all_faults.md).
+# kind at once, and two deeper ones. Long (minutes to hours, not CI's): run by hand or on a
+# schedule, on both cores, livelock on. all_faults runs last: it does not complete on a 2-core,
+# 24 GiB machine (reports/checker/deep_all_faults.md).
 DEEP_BOUNDS := $(filter-out spec/deep/all_faults.toml,$(sort $(wildcard spec/deep/*.toml))) \
 	spec/deep/all_faults.toml
 check-deep: $(STAMP)
