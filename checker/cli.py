@@ -663,8 +663,8 @@ def _inductive(spec: Path, console: Console, json_path: str | None,
     console.print(f"[bold]invar-check --inductive[/bold] {spec}: {universe.describe()}")
     result = inductive.check(universe)
     summary = result.summary()
-    console.print(f"Init ⊆ IndInv: {'yes' if result.init_holds else 'NO'} "
-                  f"{'' if result.init_holds else result.init_broken}")
+    console.print("Init ⊆ IndInv: yes" if result.init_holds
+                  else f"Init ⊆ IndInv: NO {result.init_broken}")
     console.print(f"states of IndInv: {result.states:,} (of {result.candidates:,} candidates "
                   f"built field by field; the plain product of the fields' ranges is "
                   f"{result.naive:,}), in {result.enumerate_s:.1f} s")
