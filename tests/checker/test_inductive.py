@@ -244,6 +244,21 @@ def test_cli_proves_a_universe_and_refuses_a_bad_file(tmp_path: Path,
     assert "universe.loads" in capsys.readouterr().err
 
 
+def test_cli_reports_counterexamples_and_writes_a_regression_file(
+        monkeypatch: pytest.MonkeyPatch, tmp_path: Path,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    spec = tmp_path / "inflight.toml"
+    spec.write_text("[model]\ngroup_size = 1\ntotal_updates = 3\nmax_staleness = 2\n"
+                    "max_inflight_batches = 1\n[universe]\nincarnations = 1\nloads = 1\n"
+                    "attempts = 1\nobservations = 1\n")
+    _version_needed_without_admitted_clause(monkeypatch)
+    regression = tmp_path / "test_cti.py"
+    assert main(["--inductive", str(spec), "--regression", str(regression)]) == 1
+    out = capsys.readouterr().out
+    assert "counterexample to induction needed_versions_retained" in out
+    assert "not proved" in out and regression.is_file()
+
+
 def test_load_universe_names_the_key_at_fault(tmp_path: Path) -> None:
     spec = tmp_path / "bad.toml"
     for text, key in (("[model]\ndrops = 1\n", "model.drops"),
