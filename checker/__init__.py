@@ -25,7 +25,9 @@ it on every module's imports, deferred ones included, and that the import graph 
 10. models and tools: `checker.examples` (two-phase commit, the engine's benchmark),
    `checker.invar_model` and `checker.prove` (the Invar protocol: they import `invar.model`
    and `invar.testing`), `checker.pinned` (the gate: its bounds, package data in checker/gate/,
-   and its pinned values, held against the schedule and `checker.prove`), `checker.cli`
+   and its pinned values, held against the schedule and `checker.prove`), `checker.inductive`
+   (the invariants proved inductive on `step` over a universe, checker/universes/),
+   `checker.cli`
    (`invar-check`; trace validation reads journals with `invar.journal_format`, never with the
    runtime's shell).  Layers 1–9 know nothing of Invar.
 

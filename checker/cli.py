@@ -8,6 +8,7 @@ prove the schedule's arithmetic.
     invar-check --model MODULE:FACTORY [--arg NAME=VALUE ...] [--bfs|--dfs|--simulate N] ...
     invar-check --trace RUN_DIR[/journal.jsonl] [--key FILE] [--rescore | --no-rescore]
     invar-check --prove
+    invar-check --inductive [UNIVERSE.toml] [--json FILE] [--regression FILE]
 
 --model checks any model (a `checker.Model`): FACTORY is a class or function of the importable
 MODULE (the current folder is on the path) that returns one, called with the keyword arguments
@@ -77,6 +78,10 @@ def main(argv: list[str] | None = None) -> int:
     mode.add_argument("--trace", metavar="RUN_DIR|JOURNAL",
                       help="validate a run's journal.jsonl (a run directory: the one in it)")
     mode.add_argument("--prove", action="store_true", help="prove the schedule lemmas (z3)")
+    mode.add_argument("--inductive", action="store_true",
+                      help="prove the invariants inductive on step over the universe SPEC "
+                           "(default: the gate's, spec/inductive/gate.toml): every state of "
+                           "the inductive invariant, every event")
     mode.add_argument("--list", action="store_true",
                       help="list the gate's bounds (shipped with the package; spec/gate/ in the "
                            "source tree) with what each covers")
@@ -133,6 +138,9 @@ def main(argv: list[str] | None = None) -> int:
     console = Console(stderr=False, width=160 if piped else None, soft_wrap=piped)
     if args.prove:
         return _prove(console, assume_valid=not args.drop_validity)
+    if args.inductive:
+        return _inductive(Path(args.spec) if args.spec else pinned.GATE_UNIVERSE, console,
+                          args.json, args.regression)
     if args.list:
         return _list_gate()
     if args.trace:
@@ -322,6 +330,7 @@ def _suite(folder: Path, jobs: int, console: Console, fail_fast: bool = False,
 
     The gate itself (`folder` is spec/gate/) also proves the schedule (`--prove`: its lemmas,
     the code against the proven definitions, its decisions against the pinned ones) and
+    proves the invariants inductive over `pinned.GATE_UNIVERSE` (`--inductive`), and
     holds every bound to its pinned state counts (`checker.pinned`): the runs cannot see a
     wrong schedule (the canonical one they are compared with shares it), and a change to the
     state space is a change to review and regenerate (`spec/generate.py --measure`).  `flags`
@@ -337,6 +346,8 @@ def _suite(folder: Path, jobs: int, console: Console, fail_fast: bool = False,
                                                   for spec in specs]
     if gate:
         checks.insert(0, ("schedule", "--prove: lemmas, code and pinned decisions", None))
+        checks.insert(1, (pinned.INDUCTIVE, "--inductive: IndInv inductive on step (any faults)",
+                          pinned.GATE_UNIVERSE))
 
     failures: list[str] = []
 
@@ -348,6 +359,7 @@ def _suite(folder: Path, jobs: int, console: Console, fail_fast: bool = False,
         out = Path(scratch) / f"{name}.json"
         began = time.perf_counter()
         command = (["--prove"] if spec is None
+                   else ["--inductive", str(spec), "--json", str(out)] if name == pinned.INDUCTIVE
                    else [str(spec), "--quiet", "--json", str(out), *extra])
         done = subprocess.run([sys.executable, "-m", "checker.cli", *command],
                               capture_output=True, text=True)
@@ -362,7 +374,8 @@ def _suite(folder: Path, jobs: int, console: Console, fail_fast: bool = False,
         return name, covers, code, doc, output, time.perf_counter() - began
 
     console.print(f"[bold]invar-check[/bold] gate {folder}: {len(specs)} bounds"
-                  f"{' and the schedule' if gate else ''}, {jobs} at a time")
+                  f"{', the schedule and the inductive check' if gate else ''}, {jobs} at a "
+                  f"time")
     began = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="invar-gate-") as scratch, \
             ThreadPoolExecutor(max_workers=jobs) as pool:
@@ -655,6 +668,51 @@ def _rescore(path: Path, contents: journal_format.Contents,
     return (f"{found.scored - found.failures} of {found.scored}{kept} journalled rewards are the "
             f"task verifier's, {found.failures} task.failure_reward = {built.failure_reward!r} "
             f"where it now gives another (their call failed or timed out in the run)"), False
+
+
+def _inductive(spec: Path, console: Console, json_path: str | None,
+               regression: str | None) -> int:
+    """`--inductive`: IndInit and IndNext over the universe `spec` (checker.inductive)."""
+    from checker import inductive
+    try:
+        universe = inductive.load_universe(spec)
+    except ConfigError as error:
+        print(f"invar-check: {error}", file=sys.stderr)
+        return 2
+    console.print(f"[bold]invar-check --inductive[/bold] {spec}: {universe.describe()}")
+    result = inductive.check(universe)
+    summary = result.summary()
+    console.print("Init ⊆ IndInv: yes" if result.init_holds
+                  else f"Init ⊆ IndInv: NO {result.init_broken}")
+    console.print(f"states of IndInv: {result.states:,} (of {result.candidates:,} candidates "
+                  f"built field by field; the plain product of the fields' ranges is "
+                  f"{result.naive:,}), in {result.enumerate_s:.1f} s")
+    console.print(f"transitions: {result.transitions:,} events applied, {result.accepted:,} "
+                  f"accepted or counted as no-ops ({result.outside:,} to states outside the "
+                  f"universe, checked on their own), in {result.check_s:.1f} s")
+    for cti in result.counterexamples[:10]:
+        console.print(f"counterexample to induction {inductive.format_counterexample(cti)}",
+                      markup=False, style="red")
+    if len(result.counterexamples) > 10:
+        console.print(f"... {len(result.counterexamples) - 10} more counterexamples")
+    verdict = ("[green]proved: IndInv is inductive in this universe[/green]" if result.proved
+               else f"[red]not proved: {len(result.counterexamples)} counterexamples to "
+                    f"induction[/red]")
+    console.print(verdict)
+    if json_path:
+        # The gate's table shows a check's states and what it generated: here, the states
+        # of IndInv and the events applied to them.
+        summary["distinct_states"], summary["states_generated"] = (result.states,
+                                                                   result.transitions)
+        summary["counterexample_list"] = [
+            {"conjunct": c.conjunct, "detail": c.detail, "recipe": repr(c.recipe),
+             "event": json.loads(dumps(c.event))} for c in result.counterexamples]
+        Path(json_path).write_text(json.dumps(summary, indent=2))
+    if result.counterexamples and regression:
+        Path(regression).write_text(inductive.regression_test(str(spec),
+                                                              result.counterexamples[0]))
+        console.print(f"regression test written to {regression}")
+    return 0 if result.proved else 1
 
 
 def _prove(console: Console, assume_valid: bool) -> int:

@@ -31,7 +31,13 @@ from invar.model import world as w
 from invar.model.config import RunConfig
 from invar.model.core import logical_projection, outstanding_commands, run_complete
 from invar.model.errors import ConfigError
-from invar.model.invariants import INVARIANTS, IncrementalInvariants, transition_violations
+from invar.model.invariants import (
+    INVARIANTS,
+    STRENGTHENING,
+    IncrementalInvariants,
+    stale_event_changes_nothing,
+    transition_violations,
+)
 from invar.model.memo import IdentityMemo
 from invar.model.messages import (
     Checkpoint,
@@ -345,6 +351,8 @@ class InvarModel(BaseModel[Explored, tuple]):
         checks = _StateInvariants()
         for name in INVARIANTS:
             props.append(Property.always(name, checks.predicate(name)))
+        for name in STRENGTHENING:  # the inductive invariant's added conjuncts hold here too
+            props.append(Property.always(name, checks.strengthening(name)))
         props.append(Property.transition("transition_invariants", self._transition_ok))
         props.append(Property.transition("phase_moves_are_listed", self._phase_moves_listed))
         if self.bounds.forgeries:
@@ -482,8 +490,10 @@ class InvarModel(BaseModel[Explored, tuple]):
         taken = 0 if kind == "timer" else 1
         sent = world.network[len(state.world.network) - taken:]
         commands = [m.body for m in sent if m.to != CORE]
+        event = _event_to_core(state.world, action)
         return self._transitions.put(before, now, case,
-                                     not transition_violations(before, commands, now))
+                                     not transition_violations(before, commands, now)
+                                     and not stale_event_changes_nothing(before, event, now))
 
     def _phase_moves_listed(self, state: Explored, action: tuple, after: Explored) -> bool:
         """`_phase_moves_are_listed`, remembered per pair of core objects and the action (which
@@ -820,6 +830,16 @@ class _StateInvariants:
             if core is not self._core:
                 self._core, self._all_hold = core, self._known.of(core, self._incremental.all_hold)
             return self._all_hold or not invariant(core)
+        return holds
+
+    def strengthening(self, name: str) -> Any:
+        """The property's predicate for conjunct `name` of `STRENGTHENING`, remembered per
+        core object."""
+        conjunct, known = STRENGTHENING[name], IdentityMemo()
+
+        def holds(state: Explored) -> bool:
+            verdict: bool = known.of(state.world.core, lambda core: not conjunct(core))
+            return verdict
         return holds
 
 

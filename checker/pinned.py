@@ -35,6 +35,9 @@ def _gate_folder() -> Path:
 GATE = _gate_folder()
 """The gate: one bounded model per ``*.toml`` file, and `PINNED`."""
 PINNED = GATE / "pinned.json"
+GATE_UNIVERSE = GATE.parent / "universes" / "gate.toml"
+"""The universe over which the gate proves the invariants inductive (`invar-check
+--inductive`; spec/inductive links to its folder)."""
 
 _SMALL = dict(prompts_per_batch=2, group_size=2, optimizer_steps=2)
 """Batches small enough to pin their every seed and plan (versions and boundaries do not depend
@@ -91,9 +94,16 @@ def load() -> dict[str, Any]:
     return json.loads(PINNED.read_text()) if PINNED.exists() else {}
 
 
+INDUCTIVE = "inductive"
+"""The gate's inductive check: its row in the gate's table, its key in the file (the states of
+IndInv in `GATE_UNIVERSE` and the events applied to them)."""
+
+
 def bound_counts(pinned: dict[str, Any], name: str) -> tuple[int, int] | None:
-    """The pinned (distinct, generated) states of gate bound `name` (None: not pinned)."""
-    counts = pinned.get("bounds", {}).get(name)
+    """The pinned (distinct, generated) states of gate bound `name`, or (states, transitions)
+    of the inductive check for `INDUCTIVE` (None: not pinned)."""
+    counts = (pinned.get(INDUCTIVE) if name == INDUCTIVE
+              else pinned.get("bounds", {}).get(name))
     return None if counts is None else (counts["distinct_states"], counts["states_generated"])
 
 

@@ -224,10 +224,12 @@ def blocks() -> dict[str, str]:
 
 def measure() -> dict[str, dict[str, int]]:
     """Every gate bound's state counts, each checked as `invar-check` checks it (its own
-    process and options), two at a time."""
+    process and options), and the inductive check's, two at a time."""
     specs = [spec for spec, _, _ in gate_bounds()]
 
-    def counts(spec: Path) -> tuple[str, dict[str, int]]:
+    def counts(spec: Path | None) -> tuple[str, dict[str, int]]:
+        if spec is None:
+            return pinned.INDUCTIVE, _inductive_counts(scratch)
         out = Path(scratch) / f"{spec.stem}.json"
         done = subprocess.run([sys.executable, "-m", "checker.cli", str(spec), "--quiet",
                                "--json", str(out)], capture_output=True, text=True,
@@ -240,12 +242,28 @@ def measure() -> dict[str, dict[str, int]]:
 
     with tempfile.TemporaryDirectory(prefix="invar-pin-") as scratch, \
             ThreadPoolExecutor(max_workers=2) as pool:
-        return dict(pool.map(counts, specs))
+        return dict(pool.map(counts, [*specs, None]))
 
 
-def pinned_text(bounds: dict[str, dict[str, int]]) -> str:
-    return json.dumps({"bounds": bounds, "schedule": pinned.schedule_values()}, indent=1,
-                      sort_keys=True) + "\n"
+def _inductive_counts(scratch: str) -> dict[str, int]:
+    """The states and transitions of the gate's inductive check (`invar-check --inductive`)."""
+    out = Path(scratch) / "inductive.json"
+    done = subprocess.run([sys.executable, "-m", "checker.cli", "--inductive",
+                           str(pinned.GATE_UNIVERSE), "--json", str(out)], capture_output=True,
+                          text=True, cwd=HERE.parent)
+    if done.returncode != 0:
+        raise SystemExit(f"the inductive check fails, nothing pinned:\n{done.stdout}"
+                         f"{done.stderr}")
+    doc = json.loads(out.read_text())
+    return {key: doc[key] for key in ("distinct_states", "states_generated")}
+
+
+def pinned_text(counts: dict[str, dict[str, int]]) -> str:
+    """The file's text for `counts` (every bound's, and the inductive check's under
+    `pinned.INDUCTIVE`)."""
+    bounds = {name: value for name, value in counts.items() if name != pinned.INDUCTIVE}
+    return json.dumps({"bounds": bounds, pinned.INDUCTIVE: counts.get(pinned.INDUCTIVE),
+                       "schedule": pinned.schedule_values()}, indent=1, sort_keys=True) + "\n"
 
 
 def pinned_problem() -> str:
@@ -258,7 +276,10 @@ def pinned_problem() -> str:
     if sorted(bounds) != names:
         return (f"{pinned.PINNED} pins the bounds {sorted(bounds)}, the gate has {names} (run "
                 f"spec/generate.py --measure)")
-    if pinned.PINNED.read_text() != pinned_text(bounds):
+    if values.get(pinned.INDUCTIVE) is None:
+        return f"{pinned.PINNED} pins no inductive check (run spec/generate.py --measure)"
+    if pinned.PINNED.read_text() != pinned_text({**bounds,
+                                                 pinned.INDUCTIVE: values[pinned.INDUCTIVE]}):
         return (f"{pinned.PINNED} is not the schedule's decisions as generated (run "
                 f"spec/generate.py --measure)")
     return ""

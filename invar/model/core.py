@@ -184,6 +184,13 @@ def outstanding_commands(state: State) -> tuple[Command, ...]:
     return tuple(out)
 
 
+def reconciled(state: State) -> tuple[State, tuple[Command, ...]]:
+    """What reconciliation (§4.3) decides on `state`: the state and the commands its passes
+    would produce. `step` ends every accepted event with it, so on every reachable state it
+    decides nothing (`invariants.reconciliation_settled`)."""
+    return _reconcile(state, [])
+
+
 def _boundary_commands(state: State) -> list[Command]:
     """The evaluation and checkpoint of the newest committed version, until acknowledged.
 

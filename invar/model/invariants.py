@@ -12,13 +12,16 @@ from collections.abc import Callable, Sequence
 from typing import Any, cast
 
 from invar.model import schedule
-from invar.model.core import outstanding_commands
+from invar.model.core import outstanding_commands, reconciled
 from invar.model.messages import (
     ApplyCotangent,
     Command,
+    Event,
     LaunchRequest,
+    LearnerStarted,
     LoadWeights,
     Publish,
+    RequestsCompleted,
     SetTimer,
     one_per_request,
 )
@@ -222,6 +225,164 @@ INVARIANTS: dict[str, Invariant] = {
 
 
 # ---------------------------------------------------------------------------------------------
+# The strengthening: conjuncts that tie the fields together, so that the invariants with them
+# (`inductive_violations`) are inductive on `step` (`checker.inductive`). Each holds on every
+# reachable state (the gate checks them in every state of every bound).
+
+
+BUSY_PHASES = (LearnerPhase.SCORING, LearnerPhase.FORWARD, LearnerPhase.APPLYING,
+               LearnerPhase.COMMITTING)
+"""The learner's phases while it works on an update."""
+
+
+def reconciliation_settled(state: State) -> str:
+    """Reconciliation decides nothing: `step` ends every accepted event with it (and a no-op
+    or a refusal leaves the state as it was), so nothing it would admit, load, launch, start,
+    publish, release or arm is left undone."""
+    try:
+        after, commands = reconciled(state)
+    except (IndexError, KeyError, ValueError) as error:  # a state no step could leave
+        return f"reconciliation fails here ({type(error).__name__}: {error})"
+    if commands or after != state:
+        kinds = sorted({type(c).__name__ for c in commands})
+        return f"reconciliation still decides something here ({', '.join(kinds) or 'a state'})"
+    return ""
+
+
+def learner_started_once_committed(state: State) -> str:
+    """The learner is OFFLINE exactly until its first start, which records version 0."""
+    learner = state.learner
+    offline = learner.phase is LearnerPhase.OFFLINE
+    if offline != (learner.attempt < 0) or offline != (not state.commit_digests):
+        return (f"learner {learner.phase.value} at attempt {learner.attempt} with "
+                f"{len(state.commit_digests)} versions committed")
+    return ""
+
+
+def learner_works_on_a_complete_batch(state: State) -> str:
+    """A learner past WAITING works on batch `committed`, complete (it started because it was,
+    and nothing takes a sample out of a batch)."""
+    if state.learner.phase in BUSY_PHASES:
+        first = state.batches[0] if state.batches else None
+        if first is None or first.batch != state.committed or first.pending or \
+                first.completed != len(first.slots):
+            return (f"learner {state.learner.phase.value} on update {state.committed}, whose "
+                    f"batch is not complete")
+    return ""
+
+
+def learner_progress_recorded(state: State) -> str:
+    """The learner's step, applied steps, positions and digests agree with its phase: step k's
+    forward or cotangent is pending over plan[k] after k steps applied (a forward requested,
+    serial 0 or more), the step's state is the last step's result (or the committed
+    version's), and an idle learner holds no update and is FINISHED exactly once every update
+    is committed."""
+    learner, config = state.learner, state.config
+    phase = learner.phase
+    applied = len(learner.applied)
+    if phase in (LearnerPhase.FORWARD, LearnerPhase.APPLYING):
+        expected = learner.step
+    elif phase is LearnerPhase.COMMITTING:
+        expected = config.optimizer_steps
+    else:
+        expected = 0
+    if applied != expected or [s.step for s in learner.applied] != list(range(applied)):
+        return f"learner {phase.value} at step {learner.step} has applied {applied} steps"
+    done = state.committed == config.total_updates
+    if phase in (LearnerPhase.WAITING, LearnerPhase.FINISHED) and \
+            (phase is LearnerPhase.FINISHED) != done:
+        return f"learner {phase.value} with {state.committed} of {config.total_updates} committed"
+    if learner.observation is not None and learner.observation.serial < 0:
+        return f"learner bound to forward serial {learner.observation.serial}"
+    if phase in (LearnerPhase.FORWARD, LearnerPhase.APPLYING):
+        plan = schedule.minibatch_plan(config, state.committed)
+        if tuple(learner.positions) != plan[learner.step]:
+            return f"learner forwards positions {learner.positions}, not step {learner.step}'s"
+    elif learner.positions or learner.observation is not None:
+        return f"learner {phase.value} holds a forward binding"
+    if phase not in (LearnerPhase.APPLYING,) and (learner.forward_digest or learner.cotangent):
+        return f"learner {phase.value} holds a cotangent"
+    if phase is LearnerPhase.APPLYING and learner.cotangent is None:
+        return "learner applying without its cotangent"
+    if state.commit_digests:
+        start = (learner.applied[-1].post_step_digest if learner.applied
+                 else state.commit_digests[state.committed])
+        if learner.step_digest != start:
+            return f"learner step starts from {learner.step_digest}, not {start}"
+    scored = phase in BUSY_PHASES[1:] and config.scores_batch
+    if (learner.scores is not None and learner.scores.digest != "") != scored:
+        return f"learner {phase.value} {'lacks' if scored else 'holds'} its batch's scores"
+    return ""
+
+
+def worker_records_consistent(state: State) -> str:
+    """A connected worker has loaded nothing (load serial 0, no version); a loading or ready
+    one names a published version and a load serial of at least 1."""
+    newest = state.published[-1] if state.published else -1
+    for worker in state.workers:
+        if worker.phase is WorkerPhase.IDLE and (worker.load, worker.version) != (0, None):
+            return f"{worker.name} is idle with load {worker.load} of {worker.version}"
+        if worker.phase in (WorkerPhase.LOADING, WorkerPhase.READY) and (
+                worker.version is None or worker.load < 1 or worker.version > newest
+                or not schedule.is_published(state.config, worker.version)):
+            return (f"{worker.name} {worker.phase.value} version {worker.version} (load "
+                    f"{worker.load}), newest publication {newest}")
+    return ""
+
+
+def publishing_is_the_next_publication(state: State) -> str:
+    """The publication awaited is the next version of Pub after the newest published one, a
+    committed one."""
+    if state.publishing is None:
+        return ""
+    last = state.published[-1] if state.published else -1
+    upcoming = next((v for v in range(last + 1, state.config.total_updates + 1)
+                     if schedule.is_published(state.config, v)), None)
+    if state.publishing != upcoming or state.publishing > state.committed or \
+            not state.commit_digests:
+        return f"publishing {state.publishing}, the next publication is {upcoming}"
+    return ""
+
+
+def needed_versions_retained(state: State) -> str:
+    """Retained versions are published ones (retained at their publication), and, the
+    converse of `no_version_retained_needlessly`, every published version that generates a
+    batch not yet admitted or incomplete is retained (released only once nothing needs it; a
+    version is never needed again)."""
+    unpublished = sorted(set(state.retained) - set(state.published))
+    if unpublished:
+        return f"version {unpublished[0]} retained, never published"
+    if not state.published:
+        return ""
+    config, newest = state.config, state.published[-1]
+    for b in range(state.committed, config.total_updates):
+        version = schedule.gen_version(config, b)
+        held = state.batch(b)
+        waiting = b >= state.admitted or (held is not None and held.completed < len(held.slots))
+        if waiting and version <= newest and version not in state.retained:
+            return f"version {version} released though batch {b} still needs it"
+    return ""
+
+
+STRENGTHENING: dict[str, Invariant] = {
+    "reconciliation_settled": reconciliation_settled,
+    "learner_started_once_committed": learner_started_once_committed,
+    "learner_works_on_a_complete_batch": learner_works_on_a_complete_batch,
+    "learner_progress_recorded": learner_progress_recorded,
+    "worker_records_consistent": worker_records_consistent,
+    "publishing_is_the_next_publication": publishing_is_the_next_publication,
+    "needed_versions_retained": needed_versions_retained,
+}
+"""The conjuncts added to `INVARIANTS` to make them inductive (spec/PROTOCOL.md §8.1)."""
+
+
+def inductive_violations(state: State) -> dict[str, str]:
+    """Every conjunct of the inductive invariant (`INVARIANTS` and `STRENGTHENING`) that fails."""
+    return {**violations(state),
+            **{name: msg for name, check in STRENGTHENING.items() if (msg := check(state))}}
+
+
+# ---------------------------------------------------------------------------------------------
 # Transition invariants: over (state, commands returned, next state).
 
 
@@ -303,6 +464,27 @@ TRANSITION_INVARIANTS: dict[str, TransitionInvariant] = {
     "commands_respect_schedule": commands_respect_schedule,
     "every_event_counts": every_event_counts,
 }
+
+
+def stale_event_changes_nothing(before: State, event: Event, after: State) -> str:
+    """An event of a retired worker incarnation or of an earlier learner attempt (a late reply,
+    a late observation) changes nothing logical; only the samples a retired incarnation
+    completed are kept (salvage, §4.2). Over (state, event, next state): the transition
+    invariants above do not see the event."""
+    incarnation = getattr(event, "incarnation", None)
+    name = getattr(event, "worker", None)
+    stale = False
+    if name is not None and incarnation is not None and type(event) is not RequestsCompleted:
+        known = before.worker(name)
+        stale = known is not None and incarnation < known.incarnation
+    elif type(event) is LearnerStarted:
+        stale = event.incarnation < before.learner.attempt
+    else:
+        attempt = getattr(event, "attempt", None)
+        stale = isinstance(attempt, int) and attempt < before.learner.attempt
+    if stale and after != before:
+        return f"{type(event).__name__} of a retired incarnation or attempt changed the state"
+    return ""
 
 
 def violations(state: State) -> dict[str, str]:

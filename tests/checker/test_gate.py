@@ -166,6 +166,13 @@ def test_every_gate_bound_has_pinned_state_counts() -> None:
     assert all(pinned.bound_counts(values, name) for name in BOUNDS), sorted(BOUNDS)
 
 
+def test_the_gate_s_inductive_check_is_pinned_and_its_universe_shipped() -> None:
+    values = pinned.load()
+    assert pinned.bound_counts(values, pinned.INDUCTIVE)
+    assert pinned.GATE_UNIVERSE.is_file() and (GATE.parent / "inductive").resolve() == \
+        pinned.GATE_UNIVERSE.parent
+
+
 def test_the_gate_fails_a_bound_whose_state_counts_are_not_the_pinned_ones() -> None:
     values = {"bounds": {"wire": {"distinct_states": 10, "states_generated": 20}}}
     assert _unpinned_counts("wire", {"distinct_states": 10, "states_generated": 20}, values) == ""

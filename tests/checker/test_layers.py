@@ -26,7 +26,7 @@ CHECKER_LAYERS: list[set[str]] = [
     {"checker.report"},
     {"checker"},
     {"checker.examples.two_phase_commit", "checker.invar_model", "checker.prove"},
-    {"checker.examples.two_phase_readable", "checker.pinned"},
+    {"checker.examples.two_phase_readable", "checker.pinned", "checker.inductive"},
     {"checker.examples"},
     {"checker.cli"},
 ]
