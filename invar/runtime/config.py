@@ -18,6 +18,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Union
 
+import numpy as np
+
 from invar.model.config import RunConfig
 from invar.model.errors import ConfigError
 from invar.model.objective import ObjectiveConfig
@@ -315,8 +317,7 @@ class TrainConfig:
                 raise ConfigError((f"output.trackers[{index}]",), problem)
         if len(set(self.output.trackers)) != len(self.output.trackers):
             raise ConfigError(("output.trackers",), "names a tracker twice")
-        if not self.output.retry_seconds > 0:
-            raise ConfigError(("output.retry_seconds",), "must be > 0")
+        check_timer("output.retry_seconds", self.output.retry_seconds)
         if self.output.journal_keep_updates < 0:
             raise ConfigError(("output.journal_keep_updates",),
                               "must be >= 0 (0 keeps every update's payloads)")
@@ -331,9 +332,7 @@ class TrainConfig:
                 raise ConfigError((f"task.{name}",), "must be >= 1")
         if task.verifier_processes < 0:
             raise ConfigError(("task.verifier_processes",), "must be >= 0")
-        if not (math.isfinite(task.verifier_timeout_s) and task.verifier_timeout_s > 0):
-            raise ConfigError(("task.verifier_timeout_s",),
-                              f"must be a finite number > 0, got {task.verifier_timeout_s}")
+        check_timer("task.verifier_timeout_s", task.verifier_timeout_s)
         if not math.isfinite(task.failure_reward):
             raise ConfigError(("task.failure_reward",), "must be a finite number")
         if not math.isfinite(task.format_reward):
@@ -410,8 +409,10 @@ class TrainConfig:
 
     def _validate_optim(self) -> None:
         optim = self.optim
-        if not (math.isfinite(optim.lr) and optim.lr > 0):
-            raise ConfigError(("optim.lr",), f"must be a finite number > 0, got {optim.lr}")
+        if not (math.isfinite(optim.lr) and 0 < optim.lr <= LARGEST_WEIGHT):
+            raise ConfigError(("optim.lr",), f"must be a number in (0, {LARGEST_WEIGHT:.7g}], "
+                                             f"got {optim.lr}: an AdamW step moves a weight by "
+                                             "up to lr, and the weights are float32")
         for index, beta in enumerate(optim.betas):
             if not 0 <= beta < 1:
                 raise ConfigError((f"optim.betas[{index}]",), f"must be in [0, 1), got {beta}")
@@ -494,6 +495,25 @@ class TrainConfig:
                 raise ConfigError((key,), f"CPU(s) {', '.join(map(str, missing))} not available "
                                           f"to this process; available: "
                                           f"{', '.join(map(str, sorted(available)))}")
+
+
+SHORTEST_TIMER_S = 0.01
+"""The shortest retry period or verifier time limit: one scheduler tick of a HZ=100 kernel, how
+long a busy machine can keep a ready process or thread from running. A shorter timer fires
+before the peer it waits for can answer: every verifier call a timeout (and a new process),
+every command re-sent again and again, and the run makes no progress."""
+
+LARGEST_WEIGHT = float(np.finfo(np.float32).max)
+"""The largest float32: the learners' weights are float32 (a larger lr overflows a weight at
+the first AdamW step; smaller ones that still diverge stop the run, resumable)."""
+
+
+def check_timer(key: str, seconds: float) -> None:
+    """A timer's period in seconds is finite and at least `SHORTEST_TIMER_S`."""
+    if not (math.isfinite(seconds) and seconds >= SHORTEST_TIMER_S):
+        raise ConfigError((key,), f"must be a finite number >= {SHORTEST_TIMER_S} s (a shorter "
+                                  f"timer fires before what it waits for can answer), got "
+                                  f"{seconds}")
 
 
 OPERATIONAL = (

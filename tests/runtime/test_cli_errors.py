@@ -24,6 +24,11 @@ BAD_SETTINGS = [
     ("learner.cpus=[99]", "learner.cpus"),
     ("rollout.cpus=[99]", "rollout.cpus"),
     ("policy.vocab_size=5", "policy.vocab_size"),
+    # Issue 41: values that passed and then hung or crashed the run.
+    ("optim.lr=1e308", "optim.lr"),  # weights infinite at the first step, refused forever
+    ("output.retry_seconds=1e-300", "output.retry_seconds"),  # re-sent without end
+    ("task.verifier_timeout_s=1e-300", "task.verifier_timeout_s"),  # every call a timeout
+    ("protocol.seed=100000000000000000000000000", "protocol.seed"),  # torch's seed overflows
 ]
 
 
