@@ -474,7 +474,16 @@ def _tokens_and_mean_weight(weight: np.ndarray | None, mask: np.ndarray | None,
     """The valid tokens (all `size` of them, when there is no mask) and the mean behaviour
     weight over them."""
     tokens = size if mask is None else int(np.count_nonzero(mask))
-    mean_weight = 1.0 if weight is None else float(np.add.reduce(weight, axis=None) / tokens)
+    if weight is None:
+        return tokens, 1.0
+    with np.errstate(over="ignore"):
+        mean_weight = float(np.add.reduce(weight, axis=None) / tokens)
+    if not math.isfinite(mean_weight):
+        # Weights near the float maximum (a cap as large) overflow their sum: the mean of the
+        # weights over the largest, times it, is at most the largest, as a mean is.
+        largest = float(weight.max())
+        mean_weight = min(largest * float(np.add.reduce(weight / largest, axis=None) / tokens),
+                          largest)
     return tokens, mean_weight
 
 
