@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from invar.model.errors import ConfigError
+from invar.model.messages import parse_json
 from invar.model.schedule import report
 from invar.runtime.allocator import limit_fragmentation
 from invar.runtime.backend import LearnerBackend
@@ -25,6 +26,7 @@ from invar.runtime.config import (
     ROUNDING,
     TrainConfig,
     changed_keys,
+    check_nesting,
     describe_bad_byte,
     load_config,
     to_dict,
@@ -266,7 +268,7 @@ def _read_json_table(path: Path) -> dict[str, Any]:
     except OSError as error:
         raise ConfigError((str(path),), f"cannot read: {error.strerror or error}") from None
     try:
-        data = json.loads(raw.decode("utf-8"))
+        data = parse_json(raw.decode("utf-8"))
     except UnicodeDecodeError as error:
         raise ConfigError((str(path),), f"not UTF-8 text: {describe_bad_byte(raw, error)}"
                           ) from None
@@ -275,6 +277,7 @@ def _read_json_table(path: Path) -> dict[str, Any]:
     if not isinstance(data, dict):
         raise ConfigError((str(path),), f"must hold a JSON object (a configuration), not a "
                                         f"{type(data).__name__}")
+    check_nesting(data, str(path))
     return data
 
 

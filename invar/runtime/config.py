@@ -637,9 +637,32 @@ def read_toml(path: str | Path) -> dict[str, Any]:
         raise ConfigError((str(path),), f"not UTF-8 text: {describe_bad_byte(raw, error)}"
                           ) from None
     try:
-        return tomllib.loads(text)
+        data = tomllib.loads(text)
     except tomllib.TOMLDecodeError as error:
         raise ConfigError((str(path),), f"cannot read config: {error}") from None
+    except RecursionError:
+        raise ConfigError((str(path),), f"cannot read config: {TOO_DEEP}") from None
+    check_nesting(data, str(path))
+    return data
+
+
+MAX_NESTING = 32
+"""The deepest tables and lists may nest in a configuration (its own keys are 3 deep; the
+rest is for a plug-in's `task.options`). Deeper ones are refused: reading them would recurse
+past Python's stack."""
+
+TOO_DEEP = f"tables or lists nested more than {MAX_NESTING} deep"
+
+
+def check_nesting(data: Any, where: str) -> None:
+    """Refuse `data` (a configuration's tables) nested deeper than `MAX_NESTING`, naming
+    `where`; looked at level by level, without recursion."""
+    level = [data]
+    for _ in range(MAX_NESTING):
+        level = [child for node in level if isinstance(node, (dict, list))
+                 for child in (node.values() if isinstance(node, dict) else node)]
+    if any(isinstance(node, (dict, list)) for node in level):
+        raise ConfigError((where,), TOO_DEEP)
 
 
 def describe_bad_byte(raw: bytes, error: UnicodeDecodeError) -> str:
@@ -652,6 +675,8 @@ def load_config(path: str | Path | None = None, overrides: list[str] | tuple[str
                 base: dict[str, Any] | None = None, validate: bool = True) -> TrainConfig:
     """Defaults, then `base` (a saved configuration), then the TOML file's keys, then each
     `key.path=value` override; validated unless `validate` is false."""
+    if base is not None:
+        check_nesting(base, "the saved configuration")
     data: dict[str, Any] = copy.deepcopy(base) if base is not None else {}
     if path is not None:
         _merge(data, read_toml(path))
@@ -663,6 +688,9 @@ def load_config(path: str | Path | None = None, overrides: list[str] | tuple[str
             value = tomllib.loads(f"x = {text}")["x"]
         except tomllib.TOMLDecodeError:
             value = text  # a bare word: a string
+        except RecursionError:
+            raise ConfigError((key,), TOO_DEEP) from None
+        check_nesting(value, key)
         node = data
         parts = key.strip().split(".")
         for part in parts[:-1]:

@@ -12,12 +12,12 @@ configuration, the tasks and the verifier runner: no driver, transport, learner 
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable
 from pathlib import Path
 from typing import NamedTuple
 
 from invar.model.errors import ConfigError
+from invar.model.messages import parse_json
 from invar.runtime.config import TrainConfig, load_config, task_section
 from invar.runtime.tasks import build_task
 from invar.runtime.verifier import Job, verify
@@ -46,7 +46,7 @@ def verifier(run_dir: Path, any_task: bool = True) -> Verifier:
     ConfigError naming the file when there is no configuration to build it from."""
     path = Path(run_dir) / "config.json"
     try:
-        saved = json.loads(path.read_text(encoding="utf-8"))
+        saved = parse_json(path.read_text(encoding="utf-8"))
         config = load_config(None, base=saved)
     except (OSError, ValueError) as error:
         raise ConfigError((str(path),), f"cannot build the task's verifier from it: "

@@ -134,6 +134,102 @@ def test_resume_of_a_damaged_run_directory_is_refused(finished, tmp_path, capsys
     assert _tree(run_dir) == before
 
 
+DEEP = "[" * 100_000 + "]" * 100_000
+"""JSON nested past the parser's recursion limit (a RecursionError, not a ValueError)."""
+
+
+def _deep_config(run_dir: Path) -> None:
+    (run_dir / "config.json").write_text(DEEP)
+
+
+def _deep_options(run_dir: Path) -> None:
+    """Nested little enough to parse, too deep to copy and rebuild as a configuration."""
+    config = json.loads((run_dir / "config.json").read_text())
+    config["task"]["options"] = json.loads('{"a": ' * 600 + "1" + "}" * 600)
+    (run_dir / "config.json").write_text(json.dumps(config))
+
+
+def _deep_journal_line(run_dir: Path) -> None:
+    path = run_dir / "journal.jsonl"
+    lines = path.read_text().splitlines(keepends=True)
+    lines[3] = DEEP + "\n"
+    path.write_text("".join(lines))
+
+
+@pytest.mark.parametrize("damage, file, why", [
+    (_deep_config, "config.json", "nested too deeply"),
+    (_deep_options, "config.json", "nested more than 32 deep"),
+    (_deep_journal_line, "journal.jsonl:4", "nested too deeply"),
+], ids=["config", "config_options", "journal_line"])
+def test_resume_of_deeply_nested_files_is_refused_in_one_line(finished, tmp_path, capsys,
+                                                              damage, file, why):
+    """Issue 41: a RecursionError's traceback, exit 1."""
+    test_resume_of_a_damaged_run_directory_is_refused(finished, tmp_path, capsys, damage, file,
+                                                      why)
+
+
+@pytest.fixture(scope="module")
+def pruned(tmp_path_factory, rt):
+    """A complete tiny run that keeps one update's payloads: a ledger and snapshots."""
+    run_dir = tmp_path_factory.mktemp("cli-errors-pruned") / "run"
+    overrides = rt.tiny_overrides(run_dir, "protocol.total_updates=3",
+                                  "output.journal_keep_updates=1")
+    done = subprocess.run(rt.cli("train", *(a for item in overrides for a in ("--set", item))),
+                          capture_output=True, text=True, timeout=180)
+    assert done.returncode == 0, done.stderr
+    return run_dir
+
+
+def _deep_ledger_record(run_dir: Path) -> Path:
+    path = run_dir / "journal.d" / "ledger.jsonl"
+    lines = path.read_text().splitlines(keepends=True)
+    lines[0] = DEEP + "\n"
+    path.write_text("".join(lines))
+    return Path("journal.d", "ledger.jsonl:1")
+
+
+def _deep_snapshot(run_dir: Path) -> Path:
+    newest = sorted((run_dir / "journal.d").glob("snapshot-*.json"))[-1]
+    newest.write_text(DEEP)
+    return newest.relative_to(run_dir)
+
+
+@pytest.mark.parametrize("damage", [_deep_ledger_record, _deep_snapshot],
+                         ids=["ledger", "snapshot"])
+def test_resume_of_a_deeply_nested_ledger_or_snapshot_is_refused(pruned, tmp_path, capsys,
+                                                                 damage):
+    run_dir = tmp_path / "run"
+    shutil.copytree(pruned, run_dir)
+    file = damage(run_dir)
+    before = _tree(run_dir)
+    line = _refused(capsys, ["train", "--resume", str(run_dir)], str(run_dir / file),
+                    "resume refused")
+    assert "nested too deeply" in line
+    assert _tree(run_dir) == before
+
+
+@pytest.mark.parametrize("text", ["x = " + "[" * 100_000 + "]" * 100_000,
+                                  "[task]\noptions = " + "{a=" * 40 + "1" + "}" * 40],
+                         ids=["parser", "options"])
+def test_a_deeply_nested_config_file_is_refused_in_one_line(tmp_path, capsys, text):
+    path = tmp_path / "deep.toml"
+    path.write_text(text)
+    run_dir = tmp_path / "run"
+    line = _refused(capsys, ["train", str(path), "--set",
+                             f"output.run_dir={json.dumps(str(run_dir))}"], str(path))
+    assert "nested" in line
+    assert not run_dir.exists()
+
+
+def test_a_deeply_nested_override_is_refused_in_one_line(tmp_path, capsys):
+    run_dir = tmp_path / "run"
+    line = _refused(capsys, ["train", "--set", "task.options.a=" + "[" * 100_000 + "]" * 100_000,
+                             "--set", f"output.run_dir={json.dumps(str(run_dir))}"],
+                    "task.options.a")
+    assert "nested" in line
+    assert not run_dir.exists()
+
+
 def test_resume_of_a_missing_directory_is_refused(tmp_path, capsys):
     _refused(capsys, ["train", "--resume", str(tmp_path / "nothing")], "--resume",
              "resume refused")
