@@ -23,6 +23,7 @@ import numpy as np
 from invar.model.config import RunConfig
 from invar.model.errors import ConfigError
 from invar.model.objective import ObjectiveConfig
+from invar.runtime.files import TooLarge, read_at_most
 from invar.runtime.gguf import is_gguf
 from invar.runtime.policy_config import PolicyConfig
 from invar.runtime.registry import LEARNERS, TRANSPORTS, one_of, resolve
@@ -628,7 +629,9 @@ def tracker_problem(tracker: str) -> str:
 def read_toml(path: str | Path) -> dict[str, Any]:
     """A TOML file's tables; an unreadable, non-UTF-8 or malformed file is refused, named."""
     try:
-        raw = Path(path).read_bytes()
+        raw = read_at_most(path, CONFIG_MAX_BYTES)
+    except TooLarge as error:
+        raise ConfigError((str(path),), f"cannot read config: {error}") from None
     except OSError as error:
         raise ConfigError((str(path),), f"cannot read config: {error.strerror or error}") from None
     try:
@@ -645,6 +648,10 @@ def read_toml(path: str | Path) -> dict[str, Any]:
     check_nesting(data, str(path))
     return data
 
+
+CONFIG_MAX_BYTES = 1 << 20
+"""The longest configuration file read (1 MiB; the resolved defaults are 5 KB): reading stops
+there, so a device (/dev/zero) or a runaway file is refused, not read until memory runs out."""
 
 MAX_NESTING = 32
 """The deepest tables and lists may nest in a configuration (its own keys are 3 deep; the

@@ -288,3 +288,73 @@ def test_starting_a_run_where_one_is_says_how_to_go_on(finished, capsys, rt):
                    f"continue it with `invar train --resume {finished}`, or start another "
                    "with --set output.run_dir=runs/NEW_NAME")
     assert _tree(finished) == before
+
+
+# -- issue 41: what was accepted without a word ------------------------------------------------
+
+@pytest.mark.parametrize("run_dir", ["", ".", ".."])
+def test_a_new_run_in_the_current_directory_is_refused(tmp_path, capsys, monkeypatch, run_dir):
+    """`output.run_dir = ""` wrote the run into the current directory, among its files."""
+    here = tmp_path / "project"
+    here.mkdir()
+    (here / "notes.txt").write_text("mine")
+    monkeypatch.chdir(here)
+    line = _refused(capsys, ["train", "--set", f"output.run_dir={json.dumps(run_dir)}"],
+                    "output.run_dir")
+    assert "a directory of its own" in line
+    assert sorted(p.name for p in tmp_path.rglob("*")) == ["notes.txt", "project"]
+
+
+def test_an_endless_config_file_is_refused_after_its_limit(tmp_path, rt):
+    """/dev/zero was read until memory ran out (14-20 GB): run in a process that may map 3 GB,
+    so that a reader without a bound fails there instead of taking the machine's memory."""
+    import resource
+
+    def three_gigabytes() -> None:
+        resource.setrlimit(resource.RLIMIT_AS, (3 << 30, 3 << 30))
+
+    done = subprocess.run(rt.cli("train", "/dev/zero", "--set",
+                                 f"output.run_dir={json.dumps(str(tmp_path / 'run'))}"),
+                          capture_output=True, text=True, timeout=120,
+                          preexec_fn=three_gigabytes)
+    lines = done.stderr.strip().splitlines()
+    assert done.returncode == 2 and len(lines) == 1, done.stderr[-2000:]
+    assert lines[0] == ("invar: configuration refused: /dev/zero: cannot read config: longer "
+                        "than 1048576 bytes")
+    assert not (tmp_path / "run").exists()
+
+
+def _store_file_a_directory(run_dir: Path) -> Path:
+    (stored,) = sorted((run_dir / "store").glob("weights-*.bin"))
+    stored.unlink()
+    stored.mkdir()
+    return stored
+
+
+def test_a_store_file_that_is_a_directory_is_refused(finished, tmp_path, capsys):
+    """A traceback (IsADirectoryError in `store.heal`) before."""
+    run_dir = tmp_path / "run"
+    shutil.copytree(finished, run_dir)
+    stored = _store_file_a_directory(run_dir)
+    before = _tree(run_dir)
+    line = _refused(capsys, ["train", "--resume", str(run_dir)], str(stored), "resume refused")
+    assert "is not a file" in line
+    assert _tree(run_dir) == before and stored.is_dir()
+
+
+def test_a_run_directory_is_driven_by_one_driver_at_a_time(finished, tmp_path, capsys):
+    """No lock before: two drivers could append to one journal. While one holds the run
+    directory (`files.directory_lock`, as a driver does), a resume and a new run there are
+    refused before anything is read or written; once it lets go, the resume goes on."""
+    from invar.runtime.files import directory_lock
+    run_dir = tmp_path / "run"
+    shutil.copytree(finished, run_dir)
+    before = _tree(run_dir)
+    with directory_lock(run_dir):
+        line = _refused(capsys, ["train", "--resume", str(run_dir)], str(run_dir),
+                        "resume refused")
+        assert "another invar driver holds this run directory" in line
+        _refused(capsys, ["train", "--set", f"output.run_dir={json.dumps(str(run_dir))}"],
+                 str(run_dir))
+    assert _tree(run_dir) == before
+    assert cli.main(["train", "--resume", str(run_dir)]) == 0  # complete: nothing to do
