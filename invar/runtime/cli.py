@@ -283,7 +283,8 @@ def resume_config(run_dir: str, config_path: str | None, overrides: list[str],
 def _hold_run_directory(held: contextlib.ExitStack, run_dir: Path) -> None:
     """Lock `run_dir` for this command (`files.directory_lock`): one driver per run. Refused,
     naming the directory, while another holds it; a directory that is not there is left to
-    the checks that name it."""
+    the checks that name it. A file system that cannot lock a directory (NFS's emulation of
+    flock wants a file open for writing) gets a note, and the run goes on unlocked."""
     if not run_dir.is_dir():
         return
     try:
@@ -292,6 +293,9 @@ def _hold_run_directory(held: contextlib.ExitStack, run_dir: Path) -> None:
         raise ConfigError((str(run_dir),), "another invar driver holds this run directory: one "
                                            "run, one driver (let it end, or stop it first)"
                           ) from None
+    except OSError as error:
+        print(f"note: {run_dir} cannot be locked ({error.strerror or error}): make sure no "
+              "other invar driver runs in it", file=sys.stderr)
 
 
 def _claim_new_run_directory(held: contextlib.ExitStack, run_dir: str) -> None:

@@ -250,6 +250,20 @@ def test_trace_of_a_non_utf8_file_is_bad_input(finished, tmp_path):
     assert "Traceback" not in done.stderr
 
 
+def test_trace_of_a_deeply_nested_journal_line_is_bad_input_not_a_departure(finished,
+                                                                            tmp_path):
+    """Issue 41: a RecursionError exited 1, the code of a departure."""
+    path = tmp_path / "journal.jsonl"
+    lines = (finished / "journal.jsonl").read_text().splitlines(keepends=True)
+    lines[2] = DEEP + "\n"
+    path.write_text("".join(lines))
+    done = subprocess.run([sys.executable, "-m", "checker.cli", "--trace", str(path)],
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2, (done.stdout, done.stderr[-2000:])
+    assert (done.stdout + done.stderr).strip() == \
+        f"invar-check: {path}:3: nested too deeply to be read"
+
+
 def test_trace_of_a_run_directory_validates_its_journal(finished, tmp_path):
     done = subprocess.run([sys.executable, "-m", "checker.cli", "--trace", str(finished)],
                           capture_output=True, text=True, timeout=120)
