@@ -509,12 +509,18 @@ LARGEST_WEIGHT = float(np.finfo(np.float32).max)
 the first AdamW step; smaller ones that still diverge stop the run, resumable)."""
 
 
+LONGEST_TIMER_S = float(2 ** 63 // 10 ** 9)
+"""The longest retry period or verifier time limit: Python's clocks count nanoseconds in a
+signed 64-bit integer (about 292 years); a longer wait overflows `select` (OverflowError)."""
+
+
 def check_timer(key: str, seconds: float) -> None:
-    """A timer's period in seconds is finite and at least `SHORTEST_TIMER_S`."""
-    if not (math.isfinite(seconds) and seconds >= SHORTEST_TIMER_S):
-        raise ConfigError((key,), f"must be a finite number >= {SHORTEST_TIMER_S} s (a shorter "
-                                  f"timer fires before what it waits for can answer), got "
-                                  f"{seconds}")
+    """A timer's period in seconds lies in [`SHORTEST_TIMER_S`, `LONGEST_TIMER_S`]."""
+    if not SHORTEST_TIMER_S <= seconds <= LONGEST_TIMER_S:  # False for a NaN
+        raise ConfigError((key,), f"must be a number of seconds in [{SHORTEST_TIMER_S}, "
+                                  f"{LONGEST_TIMER_S:.4g}] (a shorter timer fires before what "
+                                  f"it waits for can answer, a longer one overflows the "
+                                  f"clock), got {seconds}")
 
 
 OPERATIONAL = (

@@ -28,6 +28,7 @@ BAD_SETTINGS = [
     ("optim.lr=1e308", "optim.lr"),  # weights infinite at the first step, refused forever
     ("output.retry_seconds=1e-300", "output.retry_seconds"),  # re-sent without end
     ("task.verifier_timeout_s=1e-300", "task.verifier_timeout_s"),  # every call a timeout
+    ("task.verifier_timeout_s=1e10", "task.verifier_timeout_s"),  # select() overflows
     ("protocol.seed=100000000000000000000000000", "protocol.seed"),  # torch's seed overflows
 ]
 
