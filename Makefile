@@ -43,9 +43,13 @@ DEEP_BOUNDS := $(filter-out spec/deep/all_faults.toml,$(sort $(wildcard spec/dee
 check-deep: $(STAMP)
 	for bound in $(DEEP_BOUNDS); do $(VENV)/bin/invar-check $$bound --processes 2 || exit 1; done
 
-# Each `make train` is a new run, in its own directory (RUN=runs/NAME picks it).
+# Each `make train` is a new run, in its own directory (RUN=runs/NAME picks it). A RUN that
+# holds a run already is refused here, naming make's way to another (invar's names --set).
 RUN ?= runs/train-$(shell date +%Y%m%d-%H%M%S)
 train: $(STAMP)
+	@if [ -s '$(RUN)/journal.jsonl' ]; then echo "make train: $(RUN) holds a run already:" \
+		"continue it with \`$(VENV)/bin/invar train --resume $(RUN)\`, or start another with" \
+		"make train RUN=runs/NEW_NAME" >&2; exit 2; fi
 	$(VENV)/bin/invar train --set output.run_dir='"$(RUN)"'
 
 bench: $(STAMP)

@@ -54,15 +54,19 @@ def validate(path: Path) -> tuple[int, float, float]:
     return events, read, time.perf_counter() - began
 
 
-def rescore(path: Path) -> tuple[int, float]:
-    """(rewards re-scored, seconds: building the verifier from config.json, then scoring)."""
+def rescore(path: Path) -> tuple[int, float] | None:
+    """(rewards re-scored, seconds: building the verifier the journal binds, then scoring);
+    None: the journal binds no task (a canonical one)."""
     from invar import journal_format
     from invar.runtime.rescore import verifier
-    config, entries = journal_format.read(path)
+    contents = journal_format.read_contents(path)
+    if contents.binding.settings is None:
+        return None
     began = time.perf_counter()
-    built = verifier(path.parent)
+    built = verifier(contents, path.parent)
     assert built.score is not None
-    found = journal_format.rescore(config, entries, built.score, built.failure_reward)
+    found = journal_format.rescore(contents.config, contents.entries, built.score,
+                                   built.failure_reward, start=contents.start)
     if found.mismatch is not None:
         raise SystemExit(f"line {found.mismatch.line}: {found.mismatch}")
     return found.scored, time.perf_counter() - began
@@ -100,8 +104,9 @@ def main() -> int:
               f"faster than the run")
     figures = {"events": events, "read_seconds": read, "replay_seconds": replay,
                "run_seconds": run_seconds}
-    if (path.parent / "config.json").exists():
-        scored, seconds = rescore(path)
+    rescored = rescore(path)
+    if rescored is not None:
+        scored, seconds = rescored
         figures.update(rescored=scored, rescore_seconds=seconds)
         print(f"re-scoring {scored} rewards: {seconds:.2f} s, {seconds / total:.1f}x the "
               f"validation")

@@ -97,7 +97,7 @@ def main() -> int:
 
     import numpy as np
     import torch
-    from real_model import CONFIG, SETTINGS
+    from real_model import CONFIG
 
     from invar.runtime.cli import make_learner
     from invar.runtime.config import load_config, task_vocabulary
@@ -111,7 +111,7 @@ def main() -> int:
     from invar.runtime.verifier import InlineVerifier
 
     scratch_dir = tempfile.mkdtemp(prefix="learner-profile-")
-    config = load_config(CONFIG, [f"policy.path={packaged_model()}", *SETTINGS,
+    config = load_config(CONFIG, [f"policy.path={packaged_model()}",
                                   f"output.run_dir={scratch_dir}"])
     threads = args.threads or config.learner.threads
     protocol, task_config = config.protocol, config.task

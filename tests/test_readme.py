@@ -36,7 +36,8 @@ def test_the_default_run_s_done_line_is_the_report_s():
 
 
 def test_the_held_out_curve_is_the_report_s():
-    evaluations = _default_run()["evaluations"]
+    evaluations = json.loads((ROOT / "reports" / "default_run_curve.json").read_text()
+                             )["evaluations"]
     # Versions from the last change on are said once: "1.000 (60 and after)".
     last = len(evaluations) - 1
     while last and round(evaluations[last - 1]["heldout_reward"], 3) == \
@@ -47,7 +48,7 @@ def test_the_held_out_curve_is_the_report_s():
                   f"and after)")
     points[0] = points[0].replace("(0)", "(version 0)")
     said = " ".join(README.split())
-    assert f"Held-out greedy reward goes {' → '.join(points)}." in said, points
+    assert f"Held-out greedy reward goes {' → '.join(points)} (" in said, points
 
 
 def test_the_journal_sizes_are_the_report_s():
@@ -121,3 +122,50 @@ def test_make_train_starts_a_new_run_directory_each_time():
     assert re.search(r"invar train --set output\.run_dir='\"runs/train-\d{8}-\d{6}\"'$",
                      planned()), planned()
     assert planned("RUN=runs/mine").endswith("--set output.run_dir='\"runs/mine\"'")
+
+
+@pytest.mark.skipif(shutil.which("make") is None, reason="no make")
+def test_make_train_into_a_run_s_directory_is_refused_naming_run(tmp_path):
+    """Refused before invar starts (a stand-in environment: nothing is installed or run),
+    saying how to go on in make's terms."""
+    venv, run_dir = tmp_path / "venv", tmp_path / "run"
+    venv.mkdir()
+    (venv / ".installed").touch()  # newer than pyproject.toml: the setup is not redone
+    run_dir.mkdir()
+    (run_dir / "journal.jsonl").write_text("{}\n")
+    env = {k: v for k, v in os.environ.items() if k not in {"MAKEFLAGS", "MAKELEVEL", "MFLAGS"}}
+    done = subprocess.run(["make", "--no-print-directory", "train", f"RUN={run_dir}",
+                           f"VENV={venv}"], cwd=ROOT, capture_output=True, text=True,
+                          timeout=60, env=env)
+    assert done.returncode == 2 and done.stdout == "", done
+    assert done.stderr.splitlines()[0] == (
+        f"make train: {run_dir} holds a run already: continue it with `{venv}/bin/invar train "
+        f"--resume {run_dir}`, or start another with make train RUN=runs/NEW_NAME")
+
+
+def test_the_task_kinds_and_the_task_interface_are_the_code_s():
+    from invar.runtime.tasks import TASK_KINDS, Task
+    count = {3: "three", 4: "four", 5: "five", 6: "six"}[len(TASK_KINDS)]
+    assert f"`task.name` picks one of {count} kinds:" in README
+    assert all(f'\n- `"{kind}"`' in README for kind in TASK_KINDS)
+    block = README.split("class Task(Protocol):")[1].split("```")[0]
+    members = [name for name in vars(Task) if not name.startswith("_")]
+    # eos_token is optional, so not part of the Protocol's check: read with tasks.end_token.
+    for name in [*members, "eos_token"]:
+        assert re.search(rf"^    (?:def )?{name}\b", block, re.MULTILINE), name
+
+
+def test_the_two_process_figures_are_the_report_s_and_the_bound_s_size_the_pinned_one():
+    speed = (ROOT / "reports" / "checker" / "invar_model_speed.md").read_text()
+    row = re.search(r"^\| driver \(([\d,]+) states\) \| ([\d.]+) \([\d.]+\), ([\d.]+) "
+                    r"\([\d.]+\) \| ([\d.]+) \([\d.]+\), ([\d.]+) \([\d.]+\) \|", speed,
+                    re.MULTILINE)
+    assert row, "the driver row of the two-process table"
+    one = (float(row[2]) + float(row[3])) / 2
+    two = (float(row[4]) + float(row[5])) / 2
+    pinned = json.loads((ROOT / "checker" / "gate" / "pinned.json").read_text())
+    said = " ".join(README.split())
+    assert (f"two processes took the `driver` bound as it was on 2026-12-02 ({row[1]} states) "
+            f"from {one:.1f} to {two:.1f} s of wall time, the mean of two rounds") in said
+    assert (f"the bound has {pinned['bounds']['driver']['distinct_states']:,} states "
+            "since") in said

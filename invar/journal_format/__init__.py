@@ -1,9 +1,13 @@
 """The journal's format: what a line holds, and how a journal is read and replayed.
 
-Line 1 is a header with the protocol configuration; then one line per accepted event:
-`{"seq": n, "before": digest, "after": digest, "event": <encoded event>, "chain": link}`; a
-torn last line (a crash mid-write) is not an entry.  Replaying the entries through
-`shell.deliver` reproduces the driver's state exactly.
+Line 1 is a header with the protocol configuration and what else the run is bound to
+(`Binding`: the rest of its configuration, the digests of the model and task files it reads);
+then one line per accepted event:
+`{"seq": n, "before": digest, "after": digest, "event": <encoded event>, "chain": link}`, and
+where a resumed run changed an operational setting, a line saying so:
+`{"settings_changed": {dotted key: value}, "chain": link}`; a torn last line (a crash
+mid-write) is not an entry.  Replaying the entries through `shell.deliver` reproduces the
+driver's state exactly.
 
 Every line, the header included, ends with its `chain` link: BLAKE2b-256 of the previous line's
 link and of the line's own text without it, keyed when the run was started with a journal key
@@ -65,13 +69,13 @@ from invar.model.schedule import prompt_index
 from invar.model.shell import Verdict, deliver
 from invar.model.state import State, initial_state, state_digest
 
-__all__ = ["CHAIN_START", "JOURNAL_FORMAT", "ChainError", "Contents", "Departure", "Entry",
-           "JournalError", "PayloadError", "Rescored", "Rescoring", "SnapshotError", "Start",
-           "header_text", "link", "linked", "payload_dir", "protocol_from_dict",
-           "protocol_to_dict", "read", "read_contents", "read_key", "replay", "rescore",
-           "unlinked"]
+__all__ = ["CHAIN_START", "JOURNAL_FORMAT", "Binding", "ChainError", "Contents", "Departure",
+           "Entry", "JournalError", "PayloadError", "Rescored", "Rescoring", "SnapshotError",
+           "Start", "header_text", "leaves", "link", "linked", "payload_dir",
+           "protocol_from_dict", "protocol_to_dict", "read", "read_contents", "read_key",
+           "replay", "rescore", "settings_text", "unlinked"]
 
-JOURNAL_FORMAT = 6
+JOURNAL_FORMAT = 7
 """2: state digests hash a sample's slot and the ledger without reprs; 3: a state's histories
 (commit digests, publications, evaluations, checkpoints) enter its digest as their length and
 hash chain, so a digest's cost does not grow with the run (PROTOCOL.md §3); 4: sampling seeds
@@ -80,7 +84,11 @@ and plan keys are words of one SHAKE-128 stream per prompt group and per update 
 ends with its `chain` link (module doc), and the header says whether the chain is keyed; the
 objective's configuration has `aggregation` (sequence or token mean), in every state digest;
 6: an event's packed fields (completions, log-prob matrices) are references to payloads in
-segment files (`invar.journal_format.payloads`), and pruned runs keep snapshots."""
+segment files (`invar.journal_format.payloads`), and pruned runs keep snapshots; 7: the header
+binds the run's whole configuration (`settings`) and the digests of the files it reads
+(`files`: the model, its tokenizer and config), and a resume's operational changes are lines of
+their own (`settings_changed`), so a run's history is judged by what its chain binds, not by
+its config.json."""
 
 CHAIN_START = ""
 """The link before the header's."""
@@ -162,10 +170,58 @@ def _linked_inside(status: os.stat_result, run_dir: Path) -> bool:
     return False
 
 
-def header_text(config: RunConfig, keyed: bool) -> str:
-    """The header line's text without its link."""
+def header_text(config: RunConfig, keyed: bool, settings: dict[str, Any] | None = None,
+                files: dict[str, Any] | None = None) -> str:
+    """The header line's text without its link (`Binding` says what `settings` and `files`
+    are)."""
     return json.dumps({"journal": JOURNAL_FORMAT, "protocol": protocol_to_dict(config),
-                       "keyed": keyed}, separators=(",", ":"))
+                       "settings": settings, "files": files or {}, "keyed": keyed},
+                      separators=(",", ":"))
+
+
+def settings_text(changes: dict[str, Any]) -> str:
+    """The text without its link of the line that records a resume's `changes` (dotted key:
+    new value) to the settings the journal binds."""
+    return json.dumps({SETTINGS_CHANGED: changes}, separators=(",", ":"))
+
+
+SETTINGS_CHANGED = "settings_changed"
+
+
+@dataclass(frozen=True)
+class Binding:
+    """What a journal binds besides its protocol, as its header and lines say (the runtime
+    gives them their meaning: `invar.runtime.binding`)."""
+
+    settings: dict[str, Any] | None
+    """The run's configuration apart from its protocol, as nested tables (None: a journal
+    written without one, e.g. by `write_events` in tests: nothing can be re-scored from it)."""
+    files: dict[str, Any]
+    """The digests of the files the configuration names, by dotted key."""
+    changes: tuple[tuple[int, dict[str, Any]], ...] = ()
+    """Each `settings_changed` line: its number, and the changes it records."""
+
+    def history(self) -> list[dict[str, Any]]:
+        """The settings, by dotted key, as the header binds them and after each change."""
+        if self.settings is None:
+            return []
+        current = leaves(self.settings)
+        history = [current]
+        for _, changes in self.changes:
+            current = {**current, **changes}
+            history.append(current)
+        return history
+
+
+def leaves(data: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    """Every leaf of nested tables, by dotted key."""
+    out: dict[str, Any] = {}
+    for key, value in data.items():
+        if isinstance(value, dict):
+            out.update(leaves(value, f"{prefix}{key}."))
+        else:
+            out[f"{prefix}{key}"] = value
+    return out
 
 
 @dataclass(frozen=True)
@@ -176,6 +232,8 @@ class Entry:
     event: Event | None
     """None: an event at or before the replay's start (`Contents.start`), not read: its line's
     chain and digests are checked, its payloads may be gone (pruned)."""
+    line: int = 0
+    """Its line's number in the file (the header is line 1)."""
 
 
 def protocol_to_dict(config: RunConfig) -> dict[str, Any]:
@@ -218,6 +276,7 @@ class Contents:
     entries: list[Entry]
     torn: str = ""
     start: Start | None = None
+    binding: Binding = Binding(None, {})
 
 
 StartAt = Literal["first", "last"]
@@ -259,6 +318,9 @@ def read_contents(path: Path, key: bytes | None = None, start: StartAt = "first"
                                f"the version that wrote it)")
         config = protocol_from_dict(header["protocol"])
         keyed = header["keyed"]
+        settings, files = header["settings"], header["files"]
+        if not (settings is None or isinstance(settings, dict)) or not isinstance(files, dict):
+            raise TypeError("settings: expected an object or null, files: an object")
     except (ValueError, KeyError, TypeError, AttributeError) as error:
         if isinstance(error, JournalError):
             raise
@@ -271,30 +333,37 @@ def read_contents(path: Path, key: bytes | None = None, start: StartAt = "first"
                          f"written without one, or rewritten without the key")
     chain = _follow(path, 1, key, CHAIN_START, lines[0])
     read_lines = []
+    changes: list[tuple[int, dict[str, Any]]] = []
     for number, line in enumerate(lines[1:], start=2):
         try:
             record = parse_json(line)
-            # Payloads stay references until the start of the replay is known.
-            event = decode_with(record["event"], _reference)
-            read_lines.append(Entry(record["seq"], record["before"], record["after"], event))
+            if SETTINGS_CHANGED in record:
+                changed = record[SETTINGS_CHANGED]
+                if not isinstance(changed, dict) or not changed or settings is None:
+                    raise TypeError(f"{SETTINGS_CHANGED}: expected changes to the settings "
+                                    f"the header binds")
+                changes.append((number, changed))
+            else:
+                # Payloads stay references until the start of the replay is known.
+                event = decode_with(record["event"], _reference)
+                read_lines.append(Entry(record["seq"], record["before"], record["after"],
+                                        event, number))
         except (ValueError, KeyError, TypeError, DecodeError) as error:
             raise JournalError(f"{path}:{number}: {error}") from None
         chain = _follow(path, number, key, chain, line)
     segments = Segments(payload_dir(path))
     begin = _start(path, config, read_lines, segments, start)
     first = 0 if begin is None else begin.seq + 1
-    missing = next((segment for entry in read_lines[first:] for segment, _ in _payloads(entry)
-                    if not segments.exists(segment)), None)
+    missing = next(((segment, entry.line) for entry in read_lines[first:]
+                    for segment, _ in _payloads(entry) if not segments.exists(segment)), None)
     if missing is not None:
-        number = first + 2 + next(i for i, entry in enumerate(read_lines[first:])
-                                  if any(s == missing for s, _ in _payloads(entry)))
         pruned = "" if begin is None else f"; the replay starts at {begin.path.name}"
-        raise PayloadError(f"{segments.path(missing)}: missing (journal line {number} refers "
-                           f"to it{pruned})")
-    entries = [Entry(entry.seq, entry.before, entry.after,
-                     None if index < first else _resolved(entry.event, segments, index + 2))
+        raise PayloadError(f"{segments.path(missing[0])}: missing (journal line {missing[1]} "
+                           f"refers to it{pruned})")
+    entries = [dataclasses.replace(entry, event=None if index < first else
+                                   _resolved(entry.event, segments, entry.line))
                for index, entry in enumerate(read_lines)]
-    return Contents(config, entries, torn, begin)
+    return Contents(config, entries, torn, begin, Binding(settings, files, tuple(changes)))
 
 
 def _reference(name: str, value: Any, where: str) -> FrameReference:
@@ -325,15 +394,15 @@ def _resolved(event: Any, segments: Segments, line: int) -> Any:
 
 def _start(path: Path, config: RunConfig, entries: list[Entry], segments: Segments,
            start: StartAt) -> Start | None:
-    """The snapshot the replay starts from (`StartAt`), read and checked; None: the initial
-    state. A snapshot for a line beyond the journal's end (its lines cut since) is not one."""
-    if start == "first" and all(segments.exists(segment) for entry in entries
-                                for segment, _ in _payloads(entry)):
-        return None
+    """The snapshot the replay starts from (`StartAt`); None: the initial state. Every
+    snapshot kept is read and checked, whichever one the replay starts from: a resume relies
+    on the older ones too (its writer prunes by them), and a resume and a validation read the
+    same files and agree. A snapshot for a line beyond the journal's end (its lines cut since)
+    is not one."""
     snapshots = sorted((update, item) for item in segments.directory.glob("snapshot-*.json")
                        if (update := snapshot_update(item)) is not None)
-    if start == "last":
-        snapshots.reverse()
+    ledger = _Ledger(segments.directory / LEDGER_FILE)
+    checked = []
     for _, candidate in snapshots:
         try:
             document = parse_json(candidate.read_bytes())
@@ -343,18 +412,24 @@ def _start(path: Path, config: RunConfig, entries: list[Entry], segments: Segmen
         if type(seq) is not int or seq < 0:
             raise SnapshotError(f"{candidate}: seq: expected an entry's number")
         if seq < len(entries):
-            return _snapshot(candidate, document, seq, config, entries, segments)
-    return None
+            checked.append(_snapshot(candidate, document, seq, config, entries, segments,
+                                     ledger))
+    if start == "first" and all(segments.exists(segment) for entry in entries
+                                for segment, _ in _payloads(entry)):
+        return None
+    if not checked:
+        return None
+    return checked[0] if start == "first" else checked[-1]
 
 
 def _snapshot(path: Path, document: dict[str, Any], seq: int, config: RunConfig,
-              entries: list[Entry], segments: Segments) -> Start:
+              entries: list[Entry], segments: Segments, ledger: _Ledger) -> Start:
     """The snapshot in `path` (read as `document`), at entry `seq`: its frames must be reply
     frames of the journal's lines up to there, and its state the one the journal recorded."""
     brought: dict[FrameReference, int] = {}
-    for index, entry in enumerate(entries[:seq + 1]):
+    for entry in entries[:seq + 1]:
         if isinstance(entry.event, RequestsCompleted):
-            brought.setdefault(entry.event.completions, index + 2)  # type: ignore[arg-type]
+            brought.setdefault(entry.event.completions, entry.line)  # type: ignore[arg-type]
     frames: list[tuple[int, Completions]] = []
 
     def frame(reference: FrameReference) -> Completions:
@@ -368,30 +443,42 @@ def _snapshot(path: Path, document: dict[str, Any], seq: int, config: RunConfig,
         return loaded
 
     held = document.get("ledger")
-    ledger = _ledger(segments.directory / LEDGER_FILE, held if type(held) is int else 0)
-    state = snapshot_state(document, config, ledger, frame, str(path))
+    state = snapshot_state(document, config, ledger.records(held if type(held) is int else 0),
+                           frame, str(path))
     recorded, digest = entries[seq].after, state_digest(state)
     if entries[seq].seq != seq or digest != recorded:
         raise SnapshotError(f"{path}: holds a state of digest {digest}, the journal recorded "
-                            f"{recorded} after entry {seq} (line {seq + 2}): the snapshot or "
+                            f"{recorded} after entry {seq} (line {entries[seq].line}): the "
+                            f"snapshot or "
                             f"the ledger changed after they were written, or belong to another "
                             f"journal")
     return Start(seq, state, path, tuple(frames))
 
 
-def _ledger(path: Path, count: int) -> list[Any]:
-    """The first `count` records of the ledger file (a torn last line is not one)."""
-    if count == 0:
-        return []
-    try:
-        lines = path.read_text(encoding="utf-8").split("\n")[:-1]
-    except (OSError, UnicodeDecodeError) as error:
-        raise SnapshotError(f"{path}: cannot be read: {error}") from None
-    if len(lines) < count:
-        raise SnapshotError(f"{path}: holds {len(lines)} ledger records, a snapshot needs "
-                            f"{count}")
-    return [ledger_record(line, f"{path}:{number}")
-            for number, line in enumerate(lines[:count], start=1)]
+class _Ledger:
+    """The ledger file, read once for every snapshot checked against it."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self._records: list[Any] = []
+        self._lines: list[str] | None = None
+
+    def records(self, count: int) -> list[Any]:
+        """Its first `count` records (a torn last line is not one)."""
+        if count == 0:
+            return []
+        if self._lines is None:
+            try:
+                self._lines = self.path.read_text(encoding="utf-8").split("\n")[:-1]
+            except (OSError, UnicodeDecodeError) as error:
+                raise SnapshotError(f"{self.path}: cannot be read: {error}") from None
+        if len(self._lines) < count:
+            raise SnapshotError(f"{self.path}: holds {len(self._lines)} ledger records, a "
+                                f"snapshot needs {count}")
+        self._records += [ledger_record(line, f"{self.path}:{number}") for number, line in
+                          enumerate(self._lines[len(self._records):count],
+                                    start=len(self._records) + 1)]
+        return self._records[:count]
 
 
 def _follow(path: Path, number: int, key: bytes | None, previous: str, line: str) -> str:
@@ -430,26 +517,27 @@ def replay(config: RunConfig, entries: list[Entry], check_invariants: bool = Fal
     invariants = IncrementalInvariants() if check_invariants else None
     first = 0 if start is None else start.seq + 1
     previous = digest if start is None else state_digest(initial_state(config))
-    for line, entry in enumerate(entries[:first], start=2):
-        reason = (f"sequence number {entry.seq} where {line - 2} follows"
-                  if entry.seq != line - 2 else
+    for index, entry in enumerate(entries[:first]):
+        line = entry.line
+        reason = (f"sequence number {entry.seq} where {index} follows"
+                  if entry.seq != index else
                   f"state digest before is {previous}, journal says {entry.before}"
                   if entry.before != previous else
                   f"the snapshot's state digest is {digest}, journal says {entry.after}"
-                  if line - 2 == first - 1 and entry.after != digest else "")
+                  if index == first - 1 and entry.after != digest else "")
         if reason:
             yield entry, state, Departure(entry.seq, line, reason)
             return
         previous = entry.after
-    for line, entry in enumerate(entries[first:], start=first + 2):
-        before = digest
+    for index, entry in enumerate(entries[first:], start=first):
+        line, before = entry.line, digest
         if entry.before != before:
             yield entry, state, Departure(entry.seq, line, f"state digest before is {before}, "
                                           f"journal says {entry.before}")
             return
-        if entry.seq != line - 2:
+        if entry.seq != index:
             yield entry, state, Departure(entry.seq, line, f"sequence number {entry.seq} where "
-                                          f"{line - 2} follows")
+                                          f"{index} follows")
             return
         if entry.event is None:
             yield entry, state, Departure(entry.seq, line, "its event was not read (it lies "
@@ -519,7 +607,7 @@ def rescore(config: RunConfig, entries: list[Entry],
     (`Entry.event`), and the frames of the snapshot a replay starts from (`start`)."""
     scored = failures = 0
     frames = [*(start.frames if start is not None else ()),
-              *((line, entry.event.completions) for line, entry in enumerate(entries, start=2)
+              *((entry.line, entry.event.completions) for entry in entries
                 if isinstance(entry.event, RequestsCompleted))]
     for line, completions in frames:
         for row, (batch, prompt, sample) in enumerate(completions.requests.tolist()):

@@ -1,15 +1,18 @@
-"""`task.name = "arithmetic"`: sums of two numbers asked as a chat question, checked by
-math-verify.
+"""`task.name = "arithmetic"`: sums of two numbers asked as a chat question, checked by the
+number the response states as its answer (`invar.runtime.answers`).
 
 Prompt: "What is A + B? Answer with the number only.", in the tokenizer's chat template, for
 A and B in 0..`operand_max`. Each pair (A, B) belongs to one split for good: it is held out
 when its hash falls in one bucket of `HELDOUT_BUCKETS`, so no held-out question is ever
-trained on; each split lists its pairs in the order of their hashes, and prompt `index` of a
-split is pair `index mod size` of that list.
+trained on; each split lists its pairs in the order of their hashes. Held-out prompt `index`
+is pair `index mod size` of its list; the training prompts are walked in a permutation of
+theirs drawn from (`order_seed`, pass), a new one each pass through the split.
 
-Verifier: math-verify (Hugging Face's answer checker, as used by TRL's and open-r1's
-accuracy rewards) parses the response, taking a `\\boxed{}` answer first, then an "answer
-is" statement, then the last number, and compares it with the sum: reward 1 or 0.
+Verifier: the response (up to its first EOS) is right when the number it states as its answer
+(`invar.runtime.answers.stated_answer`: a `\\boxed{}` answer, else an "answer is N", else its
+last number that is not an operand) equals A + B: reward 1 or 0. A restated question ("To add
+11 + 3, we") states no answer; math-verify, which read it as the expression 11 + 3 equal to 14,
+is no longer used (the reward hack of issue 40).
 `format_reward` (default 0: off) is added when the response is the number alone and ended
 (its EOS reached within `response_length`): a shaping term for short, final answers.
 
@@ -20,13 +23,16 @@ answer, the signal GRPO learns from (reports/real_model.md: the base model's fig
 
 from __future__ import annotations
 
+import functools
 import hashlib
-import logging
 import re
 from collections.abc import Callable, Sequence
 from typing import Any
 
+import numpy as np
+
 from invar.model.errors import ConfigError
+from invar.runtime.answers import is_right
 from invar.runtime.task import SPLITS
 from invar.runtime.tasks import chat_text, make_tokenizer
 
@@ -43,11 +49,19 @@ def _key(a: int, b: int) -> int:
     return int.from_bytes(digest, "little")
 
 
+@functools.lru_cache(maxsize=8)
+def _permutation(seed: int, passes: int, size: int) -> np.ndarray:
+    """The training order of one pass: numpy's PCG64 from (seed, pass), the same on every
+    process and machine."""
+    return np.random.Generator(np.random.PCG64([seed, passes])).permutation(size)
+
+
 class ArithmeticTask:
-    """Two-number sums as chat questions, the model's own tokens, math-verify as verifier."""
+    """Two-number sums as chat questions, the model's own tokens, the stated answer checked."""
 
     def __init__(self, tokenizer: Any, prompt_length: int, response_length: int,
-                 operand_max: int = 19, format_reward: float = 0.0) -> None:
+                 operand_max: int = 19, format_reward: float = 0.0,
+                 order_seed: int = 0) -> None:
         self.name = f"arithmetic:0..{operand_max}"
         self.tokenizer = tokenizer
         self.vocab_size = int(tokenizer.vocab_size)
@@ -55,6 +69,7 @@ class ArithmeticTask:
         self.response_length = response_length
         self.eos_token: int | None = tokenizer.eos_token_id
         self.format_reward = float(format_reward)
+        self.order_seed = int(order_seed)
         pairs = sorted(((a, b) for a in range(operand_max + 1) for b in range(operand_max + 1)),
                        key=lambda pair: _key(*pair))
         heldout = [_key(a, b) % HELDOUT_BUCKETS == 0 for a, b in pairs]
@@ -72,33 +87,50 @@ class ArithmeticTask:
     def split_size(self, split: str) -> int:
         return len(self._pairs[split])
 
+    def _position(self, index: int, split: str) -> int:
+        """Which pair of `split`'s list prompt `index` asks: held-out prompts in list order;
+        training prompts through a permutation per pass, drawn from (order_seed, pass)."""
+        size = len(self._pairs[split])
+        if split != SPLITS[0]:
+            return index % size
+        passes, within = divmod(index, size)
+        return int(_permutation(self.order_seed, passes, size)[within])
+
     def question(self, index: int, split: str = "train") -> tuple[int, int]:
         """The pair (A, B) prompt `index` of `split` asks for."""
-        pairs = self._pairs[split]
-        return pairs[index % len(pairs)]
+        return self._pairs[split][self._position(index, split)]
 
     def prompt(self, index: int, split: str = "train") -> list[int]:
-        rows = self._prompts[split]
-        return list(rows[index % len(rows)])
+        return list(self._prompts[split][self._position(index, split)])
 
     def score(self, split: str, index: int, response: Sequence[int]) -> float:
-        from math_verify import parse, verify
         a, b = self.question(index, split)
-        ended = bool(response) and int(response[-1]) == self.eos_token
-        text = self.tokenizer.decode([int(t) for t in response])
-        # Invar's verifier processes put their own time limit on a call: math-verify's
-        # signal-based one would fail outside a main thread (and says so once per process).
-        logging.getLogger("math_verify").setLevel(logging.ERROR)
-        answer = parse(text, parsing_timeout=None)
-        right = float(verify(parse(str(a + b), parsing_timeout=None), answer,
-                             timeout_seconds=None))
+        tokens = [int(t) for t in response]
+        eos = self.eos_token
+        ended = eos is not None and eos in tokens
+        if eos is not None and ended:  # the response ends at its first EOS: nothing after it
+            tokens = tokens[:tokens.index(eos) + 1]
+        text = self.tokenizer.decode(tokens)
+        right = float(is_right(text, a + b))
         formatted = ended and BARE_NUMBER.fullmatch(text) is not None
         return right + (self.format_reward if formatted else 0.0)
+
+    def answer_text(self, split: str, index: int) -> str:
+        """The expected answer to prompt `index` of `split`, as reports show it."""
+        a, b = self.question(index, split)
+        return str(a + b)
+
+    def question_text(self, split: str, index: int) -> str:
+        """The question prompt `index` of `split` asks, as reports show it."""
+        a, b = self.question(index, split)
+        return f"{a} + {b}"
 
 
 def from_settings(get: Callable[[str], Any]) -> ArithmeticTask:
     """The task of the configuration's `task` section (`get(key)` reads a key of it)."""
-    if get("operand_max") < 0:
-        raise ConfigError(("task.operand_max",), f"must be >= 0, got {get('operand_max')}")
+    for key in ("operand_max", "order_seed"):
+        if get(key) < 0:
+            raise ConfigError((f"task.{key}",), f"must be >= 0, got {get(key)}")
     return ArithmeticTask(make_tokenizer(get("tokenizer")), get("prompt_length"),
-                          get("response_length"), get("operand_max"), get("format_reward"))
+                          get("response_length"), get("operand_max"), get("format_reward"),
+                          get("order_seed"))

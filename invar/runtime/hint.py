@@ -57,19 +57,24 @@ def async_gain(rollout: float, learning: float) -> float:
 def measure(rows: Sequence[Mapping[str, Any]], samples_per_batch: int, workers: int = 1,
             skip: int = SKIP) -> PhaseTimes | None:
     """R and T from metrics rows (each with the `learner_seconds`, `rollout_seconds` and
-    `rollout_replies` the driver adds since the previous row), the first `skip` rows left out.
-    None when the rows after `skip` carry no timing.
+    `rollout_generated` the driver adds since the previous row), the first `skip` rows left
+    out. None when the rows after `skip` carry no timing, or no generation (a run of two
+    updates with S >= 1 generates both batches before its first row: R is not 0 but unknown).
 
-    R is per batch, not per row: with S >= 1 replies of a later batch can land in an earlier
-    update's row, so the generation seconds are divided by the batches whose replies arrived
-    (replies ÷ samples per batch), as benchmarks/bench_async.py's steady window does."""
+    R is the generation seconds per batch the workers generated: not per row (with S >= 1 a
+    later batch's samples can land in an earlier update's row), nor per batch of replies (a
+    re-sent request, or a duplicated frame, is answered again from the worker's cache at no
+    generation cost: counted as replies, it made R look several times shorter than
+    generation took). Rows without `rollout_generated` (older runs) count a batch each."""
     if samples_per_batch < 1 or workers < 1:
         raise ValueError("samples_per_batch and workers must be >= 1")
     used = [row for row in rows[skip:] if "learner_seconds" in row and "rollout_seconds" in row]
     if not used:
         return None
-    replies = sum(float(row.get("rollout_replies", 0)) for row in used)
-    batches = replies / samples_per_batch if replies else len(used)
+    batches = (sum(float(row["rollout_generated"]) for row in used) / samples_per_batch
+               if all("rollout_generated" in row for row in used) else len(used))
+    if not batches:
+        return None
     rollout = sum(float(row["rollout_seconds"]) for row in used) / batches / workers
     learning = sum(float(row["learner_seconds"]) for row in used) / len(used)
     if max(rollout, learning) <= 0:

@@ -3,8 +3,9 @@ says it.
 
 A run asked to stop (Ctrl-C on a terminal, `kill`, a batch scheduler's SIGTERM) ends its
 workers and verifier processes, syncs its journal and leaves the run directory as a crash
-would, resumable; `invar train` then prints one line naming the update it stopped at and the
-command that resumes it, and exits 128 + the signal's number (130, 143), the shell's
+would, resumable; `invar train` says so as the signal arrives, then prints one line naming the
+update it stopped at, the command that resumes it and the one that draws its report (report.md
+is written at a run's end), and exits 128 + the signal's number (130, 143), the shell's
 convention for a process ended by a signal.
 """
 
@@ -38,7 +39,9 @@ class Interrupted(Exception):
     def line(self) -> str:
         how = (f"resume with: invar train --resume {self.run_dir}" if self.resumable else
                "a serial run cannot be resumed: start it again with another output.run_dir")
-        return f"interrupted at update {self.committed} of {self.total}; {how}"
+        # A stopped run has no report.md (the end of a run writes it): say how to draw one.
+        return (f"interrupted at update {self.committed} of {self.total}; {how}; its report "
+                f"so far: invar report {self.run_dir}")
 
 
 class Signalled(BaseException):

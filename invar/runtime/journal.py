@@ -1,9 +1,12 @@
 """The driver's journal: every accepted event, as JSON lines, with the state digest around it.
 
-Line 1 is a header with the protocol configuration; then one line per accepted event:
+Line 1 is a header with the protocol configuration and what else the run is bound to (its
+other settings, the digests of its model and task files: `invar.runtime.binding`); then one
+line per accepted event:
 `{"seq": n, "before": digest, "after": digest, "event": <encoded event>, "chain": link}` (the
 link chains every line to the ones before it, keyed when the writer has a key:
-`invar.journal_format`). Lines are kept in
+`invar.journal_format`), and a line for each operational change a resume made
+(`record_settings`). Lines are kept in
 memory as they are appended and written out as text, with an fsync, by `sync`: when
 `shell.deliver` says the delivery is durable (before a Commit, Publish or ReleaseVersion goes
 out, and when a commit or a learner start is accepted) and at close. So after a crash the file
@@ -56,6 +59,7 @@ from invar.journal_format import (
     read_contents,
     read_key,
     replay,
+    settings_text,
     unlinked,
 )
 from invar.journal_format.payloads import (
@@ -105,16 +109,34 @@ __all__ = [
 ]
 
 
+JOURNAL = "journal.jsonl"
+"""The journal's name in a run directory."""
+
+
+def refuse_existing_run(run_dir: Path, serial: bool = False) -> None:
+    """FileExistsError saying how to go on when `run_dir` holds a run already (a journal with
+    lines): a new run needs its own directory. `serial`: the run to start is a serial one,
+    which cannot resume."""
+    path = Path(run_dir) / JOURNAL
+    if path.is_file() and path.stat().st_size:
+        go_on = ("a serial run needs a new one" if serial
+                 else f"continue it with `invar train --resume {run_dir}`, or start another")
+        raise FileExistsError(f"{run_dir} holds a run already ({JOURNAL}): {go_on} with "
+                              "--set output.run_dir=runs/NEW_NAME")
+
+
 class Journal:
     """Append-only writer: `append` from one thread, `sync` from another (one at a time).
 
     `key`: the chain's key (`read_key`), None for an unkeyed chain. A journal that exists is
     appended to, its chain going on from its last whole line (its caller has read it with the
     same key: `restore`); a new one starts with an empty `journal.d/`. `keep_updates`: 0 keeps
-    every payload; K >= 1 the last K committed updates' (module doc)."""
+    every payload; K >= 1 the last K committed updates' (module doc). `settings`, `files`:
+    what a new journal's header binds besides the protocol (`journal_format.Binding`)."""
 
     def __init__(self, path: Path, config: RunConfig, key: bytes | None = None,
-                 keep_updates: int = 0) -> None:
+                 keep_updates: int = 0, settings: dict[str, Any] | None = None,
+                 files: dict[str, Any] | None = None) -> None:
         self.path = path
         self._key = key
         self.synced_seq: int | None = None
@@ -154,7 +176,16 @@ class Journal:
         # The append handle lives as long as the writer (closed by close()).
         self._file = open(path, "a", encoding="utf-8")  # noqa: SIM115
         if fresh:
-            self._unwritten.append(header_text(config, keyed=key is not None))
+            self._unwritten.append(header_text(config, key is not None, settings, files))
+            self.sync()
+
+    def record_settings(self, changes: dict[str, Any]) -> None:
+        """A line recording `changes` (dotted key: new value) to the settings the journal
+        binds, made durable now (a resume's operational changes, before its config.json says
+        them)."""
+        if changes:
+            with self._taking:
+                self._unwritten.append(settings_text(changes))
             self.sync()
 
     def append(self, seq: int, event: Event, before: State | str, after: State | str,
@@ -304,10 +335,14 @@ def _bare(text: str) -> bool:
 
 
 def write_events(path: Path, config: RunConfig, events: list[Event],
-                 key: bytes | None = None, keep_updates: int = 0) -> Path:
+                 key: bytes | None = None, keep_updates: int = 0,
+                 settings: dict[str, Any] | None = None,
+                 files: dict[str, Any] | None = None) -> Path:
     """Journal `events` (all accepted, in order) as the driver would, digests included: how
-    tests and benchmarks make a journal from a run played in-process (e.g. `canonical_run`)."""
-    writer = Journal(path, config, key, keep_updates)
+    tests and benchmarks make a journal from a run played in-process (e.g. `canonical_run`).
+    `settings`, `files`: what its header binds besides the protocol (`Binding`; None: nothing,
+    so no reward can be re-scored from it)."""
+    writer = Journal(path, config, key, keep_updates, settings, files)
     state = initial_state(config)
     for seq, event in enumerate(events):
         delivery = deliver(state, event)

@@ -43,6 +43,7 @@ from invar.runtime.backend import LearnerBackend
 from invar.runtime.commits import commit_path
 from invar.runtime.metrics import MetricsLog
 from invar.runtime.padding import Prompts, Sequences, response_lengths
+from invar.runtime.responses import heldout_rows
 from invar.runtime.store import read_digest, write_with_digest
 from invar.runtime.tasks import Task, end_token
 from invar.runtime.verifier import FAILED, TIMEOUT, InlineVerifier, Job
@@ -197,8 +198,11 @@ class LearnerExecutor:
             self.rules = rules.committed(version, digest)
             return UpdateCommitted(command.update, digest)
         if isinstance(command, Evaluate):
-            return VersionEvaluated(command.version,
-                                    self.learner.evaluate_greedy(self.scoring, self.heldout))
+            reward = self.learner.evaluate_greedy(self.scoring, self.heldout)
+            if self.scoring.last is not None:
+                self.metrics.responses("heldout", command.version,
+                                       heldout_rows(self.task, *self.scoring.last))
+            return VersionEvaluated(command.version, reward)
         if isinstance(command, Checkpoint):
             return self._write_checkpoint(command.version, rules.weights)
         raise TypeError(f"not a learner command: {command!r}")  # pragma: no cover
@@ -232,6 +236,8 @@ class HeldoutScoring:
         self.eos_token = end_token(task)
         self.verifier = verifier
         self.metrics = metrics
+        self.last: tuple[list[tuple[int, ...]], list[float]] | None = None
+        """The last call's responses (each cut at its end) and rewards."""
 
     def rewards(self, prompts: Any, responses: np.ndarray) -> np.ndarray:
         """The rewards of `responses` (n, T), each read up to its first end token."""
@@ -243,7 +249,9 @@ class HeldoutScoring:
         for outcome in outcomes:
             if outcome.status in (FAILED, TIMEOUT):
                 self.metrics.count(f"heldout_verifier_{outcome.status}")
-        return np.array([outcome.reward for outcome in outcomes], dtype=np.float64)
+        rewards = [outcome.reward for outcome in outcomes]
+        self.last = ([job.response for job in jobs], rewards)
+        return np.array(rewards, dtype=np.float64)
 
 
 def response_matrix(inputs: Sequences | np.ndarray, values: np.ndarray | Matrix) -> Matrix:

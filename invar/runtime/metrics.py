@@ -69,6 +69,8 @@ class MetricsLog:
         self.counters: Counter[str] = Counter()
         self.updates: list[dict[str, Any]] = []
         self.evaluations: list[dict[str, Any]] = []
+        self.shown: dict[str, dict[int, list[dict[str, Any]]]] = {"heldout": {}, "train": {}}
+        """Shown responses (`invar.runtime.responses`): by split, then version or update."""
         self.started = time.perf_counter()
         self.earlier_seconds = 0.0
         """Seconds of earlier lives of this run (to their last kept row)."""
@@ -114,6 +116,8 @@ class MetricsLog:
                     updates[int(row["update"])] = row
                 elif kind == "evaluation":
                     evaluations[int(row["version"])] = row
+                elif kind == "responses":
+                    self.shown[str(row["split"])][int(row["step"])] = list(row["rows"])
                 elif kind == "life":
                     lives = max(lives, int(row["life"]))
                     self.life_walls[int(row["life"])] = float(row.get("wall", 0.0))
@@ -224,8 +228,9 @@ class MetricsLog:
                timing: dict[str, float] | None = None, entropy: float | None = None) -> None:
         """`verifier`: the counts of the update's samples whose verifier failed or timed out
         (`verifier_failures`, `verifier_timeouts`); `timing`: seconds of learner work, worker
-        generation and core + driver, and the count of rollout replies, since the previous
-        row (JSONL only; for benchmarks); `entropy`: `sampled_entropy` of the update's batch."""
+        generation and core + driver, and the counts of rollout replies and of the samples
+        generated for them, since the previous row (JSONL only; for the hint and benchmarks);
+        `entropy`: `sampled_entropy` of the update's batch."""
         self.open()
         earlier = self._earlier_totals
         row = {"update": update, "reward": reward, "staleness": staleness, **terms,
@@ -282,6 +287,23 @@ class MetricsLog:
 
         self._emit(write)
 
+    def responses(self, split: str, step: int, rows: list[dict[str, Any]]) -> None:
+        """Shown responses (`invar.runtime.responses`) of evaluated version `step` ("heldout")
+        or update `step` ("train"): to metrics.jsonl, report.md and the trackers."""
+        self.open()
+        self.shown[split][step] = rows
+        key = f"responses/{split}"
+
+        def write() -> None:
+            if self._trackers is not None:
+                self._trackers.log_responses(key, step, rows)
+            self._write("responses", {"split": split, "step": step, "rows": rows})
+            if self._tb is not None:
+                from invar.runtime.responses import markdown_table
+                self._tb.add_text(key, "\n".join(markdown_table(rows)), step)
+
+        self._emit(write)
+
     def _emit(self, write: Callable[[], None]) -> None:
         """Write a row now, or keep it for `write_out` when the log is `deferred`."""
         if not self.deferred:
@@ -335,7 +357,7 @@ class MetricsLog:
                         now - shown[0] >= PROGRESS_EVERY_SECONDS:
                     shown[0] = now
                     print(f"update {done}/{total}  reward {reward:.3f}  staleness {staleness}  "
-                          f"{pace.rate:.2f} upd/s  elapsed {_clock(now - pace.began)}  "
+                          f"{pace_text(pace.rate)}  elapsed {_clock(now - pace.began)}  "
                           f"ETA {pace.eta()}", flush=True)
 
             yield line
@@ -348,18 +370,19 @@ class MetricsLog:
             TimeElapsedColumn,
         )
         bar = Progress(TextColumn("[bold]train"), BarColumn(), MofNCompleteColumn(),
-                       TextColumn("reward {task.fields[reward]:.3f}"),
+                       TextColumn("reward {task.fields[reward]}"),
                        TextColumn("staleness {task.fields[staleness]}"),
-                       TextColumn("{task.fields[rate]:.2f} upd/s"), TimeElapsedColumn(),
+                       TextColumn("{task.fields[pace]}"), TimeElapsedColumn(),
                        TextColumn("ETA {task.fields[eta]}"))
         with bar:
-            task = bar.add_task("train", total=total, reward=0.0, staleness=0, rate=0.0,
-                                eta="-")
+            # Before this session's first update: a resumed run's earlier ones, no reward yet.
+            task = bar.add_task("train", total=total, completed=len(self.updates),
+                                reward="-", staleness="-", pace=pace_text(0.0), eta="-")
 
             def advance(done: int, reward: float, staleness: int) -> None:
                 pace.advance(done, time.perf_counter())
-                bar.update(task, completed=done, reward=reward, staleness=staleness,
-                           rate=pace.rate, eta=pace.eta())
+                bar.update(task, completed=done, reward=f"{reward:.3f}", staleness=staleness,
+                           pace=pace_text(pace.rate), eta=pace.eta())
 
             yield advance
 
@@ -406,6 +429,7 @@ class MetricsLog:
             "rollout_compute_seconds": getattr(stats, "rollout_seconds", 0.0),
             "rollout_load_seconds": getattr(stats, "load_seconds", 0.0),
             "rollout_replies": getattr(stats, "rollout_replies", 0),
+            "rollout_generated": getattr(stats, "rollout_generated", 0),
             "counters": dict(self._earlier_totals["counters"] + self.counters),
             "session_counters": dict(self.counters),
         }
@@ -414,7 +438,7 @@ class MetricsLog:
         if self.lives > 1:
             resumes.append(self.earlier_seconds)
         write_report(self.run_dir, self.config, self.updates, self.evaluations, summary,
-                     resumes)
+                     resumes, self.shown)
         return summary
 
     def close(self, complete: bool = False) -> None:
@@ -467,6 +491,16 @@ class _Pace:
         return "0:00:00" if left <= 0 else _clock(left / self.rate) if self.rate else "-"
 
 
+def pace_text(updates_per_second: float) -> str:
+    """A run's pace as it reads best: updates/s when one takes under a second, else seconds
+    per update (a slow run's "0.00 upd/s" says nothing); "- upd/s" before any update."""
+    if not updates_per_second > 0:
+        return "- upd/s"
+    if updates_per_second >= 1:
+        return f"{updates_per_second:.2f} upd/s"
+    return f"{1 / updates_per_second:.1f} s/upd"
+
+
 def _clock(seconds: float) -> str:
     """H:MM:SS."""
     whole = int(round(seconds))
@@ -493,10 +527,13 @@ def describe_policy(policy: Any) -> str:
 
 def write_report(run_dir: Path, config: Any, updates: list[dict[str, Any]],
                  evaluations: list[dict[str, Any]], summary: dict[str, Any],
-                 resumes: list[float] | None = None) -> None:
+                 resumes: list[float] | None = None,
+                 shown: dict[str, dict[int, list[dict[str, Any]]]] | None = None) -> None:
     """report.md and its plots (`invar.runtime.plots`), next to the run's files; `resumes`:
-    the run wall seconds where each life after the first began."""
+    the run wall seconds where each life after the first began; `shown`: the run's shown
+    responses (`MetricsLog.shown`)."""
     from invar.runtime.plots import TITLES, Curves, write_plots
+    from invar.runtime.responses import report_lines
     run = Curves(run_dir.name, updates, evaluations, list(resumes or ()))
     plots = write_plots(run_dir, [run], reward_name=REWARD_PLOT) if updates else []
     titles = {**TITLES, REWARD_PLOT: TITLES["reward_vs_updates.png"]}
@@ -525,8 +562,8 @@ def write_report(run_dir: Path, config: Any, updates: list[dict[str, Any]],
         + (f" over {summary['lives']} lives (this one: {summary['session_updates']} updates "
            f"in {summary['session_wall_seconds']:.1f} s)" if summary.get('lives', 1) > 1
            else "") + " |",
-        f"| updates / s | {summary['updates_per_second']:.2f} |",
-        f"| samples / s | {summary['samples_per_second']:.0f} |",
+        f"| pace | {pace_text(summary['updates_per_second'])} |",
+        f"| samples / s | {summary['samples_per_second']:.1f} |",
         f"| learner busy | {100 * summary['learner_busy_share']:.1f} % of wall |",
         f"| core + driver | {100 * summary['core_and_driver_share']:.2f} % of wall "
         f"({100 * summary.get('core_and_driver_cpu_share', 0.0):.2f} % as its own CPU time) |",
@@ -535,5 +572,6 @@ def write_report(run_dir: Path, config: Any, updates: list[dict[str, Any]],
         f"| malformed frames / worker deaths | {summary['malformed_frames']} / "
         f"{summary['worker_deaths']} |",
         "",
+        *report_lines(shown or {}),
     ]
     (run_dir / "report.md").write_text("\n".join(lines))

@@ -43,6 +43,8 @@ class Curves:
     evaluations: list[dict[str, Any]]
     resumes: list[float] = field(default_factory=list)
     """Run wall seconds where each life after the first began (a crash or stop, resumed)."""
+    shown: dict[str, dict[int, list[dict[str, Any]]]] = field(default_factory=dict)
+    """Its shown responses (`MetricsLog.shown`), for the report's tables."""
 
     def resumed_at_updates(self) -> list[int]:
         """The update count at each resume: the updates recorded before it."""
@@ -64,17 +66,27 @@ def _mark_resumes(axis: Any, points: list[float], run: Curves, color: str | None
                      label=label if index == 0 else None)
 
 
-def legend_below(figure: Any, axes: list[Any], rows_of_panels: int = 1) -> None:
-    """One legend for the figure, below every axis (entries shared by name)."""
+def legend_below(figure: Any, axes: list[Any]) -> None:
+    """One legend for the figure, below every axis (entries shared by name), in as many
+    columns (at most 3) as fit the figure's width; the figure grows by the legend's height
+    (and, for a label wider than the figure, to its width), so nothing is cut off."""
     handles: dict[str, Any] = {}
     for axis in axes:
         for handle, label in zip(*axis.get_legend_handles_labels(), strict=True):
             handles.setdefault(label, handle)
-    columns = min(3, max(len(handles), 1))
-    figure.legend(list(handles.values()), list(handles), loc="lower center", ncol=columns,
-                  frameon=False, fontsize=8)
-    rows = math.ceil(len(handles) / columns)
-    figure.tight_layout(rect=(0, min(0.5, (0.05 + 0.045 * rows) / rows_of_panels ** 0.5), 1, 1))
+    renderer = figure.canvas.get_renderer()
+    margin = 0.1  # inches of the figure's width and height left around the legend
+    for columns in range(min(3, max(len(handles), 1)), 0, -1):
+        legend = figure.legend(list(handles.values()), list(handles), loc="lower center",
+                               ncol=columns, frameon=False, fontsize=8)
+        box = legend.get_window_extent(renderer)
+        width, height = box.width / figure.dpi + margin, box.height / figure.dpi + margin
+        if width <= figure.get_figwidth() or columns == 1:
+            break
+        legend.remove()
+    figure.set_figwidth(max(figure.get_figwidth(), width))
+    figure.set_figheight(figure.get_figheight() + height)
+    figure.tight_layout(rect=(0, height / figure.get_figheight(), 1, 1))
 
 
 def reward_figure(runs: list[Curves], against: str = "update",
@@ -170,7 +182,7 @@ def learner_figure(runs: list[Curves]) -> tuple[Any, list[Any]] | None:
         axis.grid(alpha=0.3)
     for axis in axes[len(panels):]:
         axis.set_visible(False)
-    legend_below(figure, axes[:len(panels)], rows_of_panels=rows)
+    legend_below(figure, axes[:len(panels)])
     return figure, axes[:len(panels)]
 
 

@@ -19,7 +19,9 @@ from typing import Any
 
 from invar.model.messages import parse_json
 from invar.runtime.hint import measure
+from invar.runtime.metrics import pace_text
 from invar.runtime.plots import THROUGHPUT_WINDOW, TITLES, Curves
+from invar.runtime.responses import latest_lines
 from invar.runtime.tasks import describe
 
 DEFAULT_THRESHOLD = 0.8
@@ -103,7 +105,7 @@ def load_run(path: Path, argument: str) -> tuple[dict[str, Any], Curves, dict[st
         except (OSError, UnicodeDecodeError, ValueError) as error:
             raise ReportError(argument, f"summary.json is not readable JSON ({error})") from None
     resumes = [wall for life, wall in sorted(log.life_walls.items()) if life >= 2]
-    return config, Curves(path.name, log.updates, log.evaluations, resumes), summary
+    return config, Curves(path.name, log.updates, log.evaluations, resumes, log.shown), summary
 
 
 def figures(run: str, config: dict[str, Any], updates: list[dict[str, Any]],
@@ -171,10 +173,10 @@ def markdown(runs: list[RunFigures], threshold: float, plotted: list[str] | None
           f"{_f(r.best_heldout)} | {_f(r.threshold_seconds, '.1f')} | "
           f"{_f(r.threshold_updates, 'd')} |" for r in runs),
         "", "## Throughput", "",
-        "| run | wall s | updates/s | samples/s | R s/batch | T s/update | (R+T)/max(R,T) |",
+        "| run | wall s | pace | samples/s | R s/batch | T s/update | (R+T)/max(R,T) |",
         "|---|---|---|---|---|---|---|",
-        *(f"| {r.label} | {_f(r.wall_seconds, '.1f')} | {_f(r.updates_per_second, '.2f')} | "
-          f"{_f(r.samples_per_second, '.0f')} | {_f(r.rollout_seconds)} | "
+        *(f"| {r.label} | {_f(r.wall_seconds, '.1f')} | {pace_text(r.updates_per_second)} | "
+          f"{_f(r.samples_per_second, '.1f')} | {_f(r.rollout_seconds)} | "
           f"{_f(r.learning_seconds)} | {_f(r.overlap_bound, '.2f')} |" for r in runs),
         "", "## Resource cost", "",
         "| run | busy s/update | learner busy | rollout busy | core + driver |",
@@ -274,7 +276,9 @@ def report(run_dirs: list[str], out: Path, threshold: float) -> list[RunFigures]
             r.label = r.run
     out.mkdir(parents=True, exist_ok=True)
     written = plots(out, runs, curves, threshold)
-    (out / "report.md").write_text(markdown(runs, threshold, written))
+    (out / "report.md").write_text("\n".join([
+        markdown(runs, threshold, written),
+        *(line for r in runs for line in latest_lines(r.label, curves[r.run].shown))]))
     (out / "report.json").write_text(json.dumps(
         {"threshold": threshold, "runs": [asdict(r) for r in runs]}, indent=2))
     return runs

@@ -1,4 +1,4 @@
-"""The task's verifier, built from a run's config.json, for `invar-check --trace --rescore`.
+"""The task's verifier, built from what a run's journal binds, for `invar-check --trace`.
 
 A reward in the journal is whatever the worker reported: the digests and the chain prove that
 the journal is the one written, not that a reward is the verifier's verdict on its tokens.
@@ -8,6 +8,9 @@ a resume re-scores those of the batches not yet trained on (`invar.runtime.cli`)
 Why this module: the verifier is the task's, a plug-in that the runtime builds from the `task`
 section; the checker, which imports no runtime shell, imports this module only. It imports the
 configuration, the tasks and the verifier runner: no driver, transport, learner or framework.
+The task's settings and the failure reward are those the journal's header binds
+(`invar.runtime.binding`), never config.json's: a file beside the journal that whoever
+rewrites it can edit as well.
 """
 
 from __future__ import annotations
@@ -16,15 +19,17 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import NamedTuple
 
-from invar.model.errors import ConfigError
-from invar.model.messages import parse_json
-from invar.runtime.config import TrainConfig, load_config, task_section
+from invar.journal_format import Contents
+from invar.runtime.binding import bound_config, check_files, pruning_problem
+from invar.runtime.config import TrainConfig, task_section
 from invar.runtime.tasks import build_task
 from invar.runtime.verifier import Job, verify
 
+__all__ = ["BUILT_IN", "Score", "Verifier", "pruning_problem", "task_verifier", "verifier"]
+
 BUILT_IN = ("reverse", "jsonl", "arithmetic")
-"""Tasks whose verifier is the package's own, at most about a millisecond a response (math-verify
-for "arithmetic"): re-scored by default.
+"""Tasks whose verifier is the package's own, at most about a millisecond a response (the stated
+answer's regular expressions for "arithmetic"): re-scored by default.
 A "module" task's verifier is user code of unknown cost (it may run tests, call a solver):
 re-scored when asked (`--rescore`)."""
 
@@ -41,16 +46,12 @@ class Verifier(NamedTuple):
     failure_reward: float
 
 
-def verifier(run_dir: Path, any_task: bool = True) -> Verifier:
-    """`task_verifier` of the run in `run_dir` as its config.json configures it. Raises
-    ConfigError naming the file when there is no configuration to build it from."""
-    path = Path(run_dir) / "config.json"
-    try:
-        saved = parse_json(path.read_text(encoding="utf-8"))
-        config = load_config(None, base=saved)
-    except (OSError, ValueError) as error:
-        raise ConfigError((str(path),), f"cannot build the task's verifier from it: "
-                                        f"{error}") from None
+def verifier(contents: Contents, run_dir: Path, any_task: bool = True) -> Verifier:
+    """`task_verifier` of the run in `run_dir` as its journal, read as `contents`, binds it,
+    the files it reads the ones the journal binds. Raises ConfigError naming what is missing:
+    a journal that binds no configuration, a file the run read that is gone or other."""
+    config = bound_config(contents, run_dir)
+    check_files(contents.binding, config)
     return task_verifier(config, any_task)
 
 

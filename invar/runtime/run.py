@@ -18,6 +18,7 @@ import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
+from invar.journal_format import Binding, leaves
 from invar.model import schedule
 from invar.model.messages import (
     Event,
@@ -29,19 +30,19 @@ from invar.model.messages import (
 from invar.model.state import State, completions_of
 from invar.runtime import journal as journal_io
 from invar.runtime.backend import LearnerBackend
+from invar.runtime.binding import bound_files, bound_settings
 from invar.runtime.config import TrainConfig, task_section, to_dict
 from invar.runtime.files import atomic_write
 from invar.runtime.learner_executor import LearnerExecutor
 from invar.runtime.metrics import MetricsLog, response_terms, sampled_entropy
+from invar.runtime.responses import training_rows
 from invar.runtime.run_stats import Stats, VerifierFailures
 from invar.runtime.store import WeightsStore
-from invar.runtime.tasks import build_task, heldout_count, prompt_rows
+from invar.runtime.tasks import build_task, end_token, heldout_count, prompt_rows
 from invar.runtime.verifier import make_verifier
 
-JOURNAL = "journal.jsonl"
-"""A run's journal, in its directory."""
 TIMING = ("learner_seconds", "learner_training_seconds", "rollout_seconds", "core_seconds",
-          "rollout_replies")
+          "rollout_replies", "rollout_generated")
 """The per-update timing of a `timing` run's rows (`MetricsLog.update`)."""
 
 
@@ -74,9 +75,10 @@ class Run:
         self._terms: dict[int, list[dict[str, float]]] = {}
         """The loss terms of each update's optimizer steps, until its row is written."""
         self._update_started = time.perf_counter()
-        # The `TIMING` counts at the last update row (None: not a `timing` run); replies are
-        # counted in ints, so that the rows write them as ints.
-        self._timing_marks: tuple[float, ...] | None = (0.0, 0.0, 0.0, 0.0, 0) if timing else None
+        # The `TIMING` counts at the last update row (None: not a `timing` run); replies and
+        # samples are counted in ints, so that the rows write them as ints.
+        self._timing_marks: tuple[float, ...] | None = ((0.0, 0.0, 0.0, 0.0, 0, 0) if timing
+                                                        else None)
         self._progress: Callable[[int, float, int], None] = _no_progress
 
     def write_config(self) -> None:
@@ -84,10 +86,25 @@ class Run:
                      json.dumps(to_dict(self.config), indent=2).encode())
 
     def open_files(self, journal_key: bytes | None) -> None:
-        """The journal (`journal_key`: its chain's key; None: unkeyed) and the weights store."""
-        self.journal = journal_io.Journal(self.run_dir / JOURNAL, self.config.protocol,
-                                          journal_key, self.config.output.journal_keep_updates)
+        """The journal (`journal_key`: its chain's key; None: unkeyed; a new one binds the
+        configuration and the files it names: `invar.runtime.binding`) and the weights
+        store."""
+        path = self.run_dir / journal_io.JOURNAL
+        fresh = not path.is_file() or path.stat().st_size == 0
+        self.journal = journal_io.Journal(
+            path, self.config.protocol, journal_key, self.config.output.journal_keep_updates,
+            bound_settings(self.config), bound_files(self.config) if fresh else None)
         self.store = WeightsStore(self.run_dir / "store")
+
+    def record_settings(self, binding: Binding | None) -> None:
+        """Journal how this run's settings differ from those its journal binds (`binding`,
+        as read when the run resumed): the operational changes a resume made."""
+        if binding is None or not binding.history():
+            return
+        bound = binding.history()[-1]
+        self.journal.record_settings({key: value for key, value in
+                                      leaves(bound_settings(self.config)).items()
+                                      if bound.get(key) != value})
 
     @contextlib.contextmanager
     def showing_progress(self) -> Iterator[None]:
@@ -123,7 +140,9 @@ class Run:
             staleness=staleness,
             terms={**{k: statistics.fmean([t[k] for t in terms])
                       for k in (terms[0] if terms else {})},
-                   **response_terms(completions.tokens, self.task.response_length)},
+                   # Without an end token every response has response_length tokens.
+                   **(response_terms(completions.tokens, self.task.response_length)
+                      if end_token(self.task) is not None else {})},
             seconds=now - self._update_started,
             refused=self.stats.refused,
             noops=self.stats.noops,
@@ -132,6 +151,9 @@ class Run:
             entropy=sampled_entropy(completions),
         )
         self._update_started = now
+        self.metrics.responses("train", update, training_rows(
+            self.task, completions, schedule.batch_prompt_indices(self.config.protocol, update),
+            self.config.protocol.group_size))
         self._progress(update + 1, reward, staleness)
 
     def _timing(self) -> dict[str, float] | None:
@@ -139,7 +161,8 @@ class Run:
         if self._timing_marks is None:
             return None
         marks = (self.executor.busy_seconds, self.executor.training_seconds,
-                 self.stats.rollout_seconds, self.stats.core_seconds, self.stats.rollout_replies)
+                 self.stats.rollout_seconds, self.stats.core_seconds, self.stats.rollout_replies,
+                 self.stats.rollout_generated)
         timing = {name: now - then for name, now, then in zip(TIMING, marks, self._timing_marks)}
         self._timing_marks = marks
         return timing

@@ -33,7 +33,11 @@ class Stats:
     load_seconds: float = 0.0
     """Weight-loading seconds the workers reported (measurement only)."""
     rollout_replies: int = 0
-    """Replies received in frames that reported generation seconds (measurement only)."""
+    """Replies received in frames that reported generation seconds (measurement only): more
+    than the samples when requests were re-sent or frames duplicated."""
+    rollout_generated: int = 0
+    """Samples the workers reported generating, not answering again from their reply cache
+    (measurement only): `rollout_seconds` went into these, so re-sends do not change R."""
     started: float = field(default_factory=time.perf_counter)
     completed_by: dict[str, int] = field(default_factory=dict)
     """Requests each worker (any incarnation) reported completed."""

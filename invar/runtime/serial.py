@@ -26,8 +26,9 @@ from invar.model.state import State, initial_state
 from invar.runtime.backend import LearnerBackend
 from invar.runtime.config import TrainConfig, worker_names
 from invar.runtime.interrupts import Interrupted, Signalled
+from invar.runtime.journal import refuse_existing_run
 from invar.runtime.learner_executor import learner_inputs
-from invar.runtime.run import JOURNAL, Run
+from invar.runtime.run import Run
 from invar.runtime.store import publish
 from invar.runtime.worker import RolloutWorker, WorkerArgs
 from invar.runtime.worker_args import worker_args
@@ -43,10 +44,7 @@ def run_serial(config: TrainConfig, learner: LearnerBackend,
     run whole). `journal_key`: the key of the journal's chain (None: unkeyed). Under
     `signals_raise`, a SIGINT or SIGTERM closes it and raises `Interrupted`."""
     run_dir = Path(config.output.run_dir)
-    journal_path = run_dir / JOURNAL
-    if journal_path.exists() and journal_path.stat().st_size:
-        raise FileExistsError(f"{run_dir} holds a run already ({journal_path.name}): a serial "
-                              "run needs a new one: --set output.run_dir=runs/NEW_NAME")
+    refuse_existing_run(run_dir, serial=True)
     run = Run(config, learner, tensorboard=False, trackers=(), timing=False)
     run.write_config()
     run.open_files(journal_key)

@@ -32,10 +32,17 @@ import os
 from pathlib import Path
 from typing import Any
 
-import asyncssh
-
 from invar.runtime.config import SshConfig, TrainConfig, worker_names
-from invar.runtime.sshspec import HostSpec, parse_host, probe_command, remote_command
+from invar.runtime.sshspec import (
+    HostSpec,
+    asyncssh_importing,
+    parse_host,
+    probe_command,
+    remote_command,
+)
+
+with asyncssh_importing():
+    import asyncssh
 from invar.runtime.transport import (
     CLOSE_GRACE_SECONDS,
     ConnectionLost,

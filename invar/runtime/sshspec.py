@@ -11,11 +11,14 @@ named instead of being sent: nothing from the configuration reaches a shell unqu
 
 from __future__ import annotations
 
+import contextlib
 import ipaddress
 import json
 import os
 import re
 import shlex
+import warnings
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -77,6 +80,15 @@ def parse_host(text: str) -> HostSpec:
     return HostSpec(user, host, port)
 
 
+@contextlib.contextmanager
+def asyncssh_importing() -> Iterator[None]:
+    """Around `import asyncssh`: its import makes `cryptography` warn about DSA (ten lines
+    of CryptographyDeprecationWarning that would come before any message of ours)."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", module=r"asyncssh\.")
+        yield
+
+
 def check_settings(config: Any) -> None:
     """The SSH transport's settings of `config` (a `TrainConfig`, not imported: the
     configuration imports this module) can work: every host well formed, asyncssh installed,
@@ -89,7 +101,8 @@ def check_settings(config: Any) -> None:
         except ValueError as error:
             raise ConfigError((f"rollout.hosts[{index}]",), str(error)) from None
     try:
-        import asyncssh  # noqa: F401
+        with asyncssh_importing():
+            import asyncssh  # noqa: F401
     except ImportError:
         raise ConfigError(("rollout.transport",),
                           "\"ssh\" needs asyncssh: pip install -e '.[ssh]' in the Invar "

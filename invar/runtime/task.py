@@ -115,6 +115,10 @@ class DigitReversal:
         """The correct response to `prompt`."""
         return self.digits(prompt)[::-1]
 
+    def answer_text(self, split: str, index: int) -> str:
+        """The correct response to prompt `index` of `split`, as reports show it."""
+        return " ".join(map(str, self.answer(self.prompt(index, split))))
+
     def reward(self, prompt: Sequence[int], response_tokens: Sequence[int]) -> float:
         """Fraction of response positions holding the correct digit, in [0, 1]."""
         response = [int(token) for token in response_tokens]

@@ -9,8 +9,9 @@ the identical-weights guarantee rests on): prompts are left-padded to `prompt_le
 padding masked (`invar.runtime.padding`), and a response has `response_length` tokens, or
 fewer when the task names an end token (`eos_token`): it ends at its first one.
 
-Three kinds, by `task.name`: "reverse" (`invar.runtime.task.DigitReversal`), "jsonl"
-(`JsonlTask`: a file of `{"prompt": ..., "answer": ...}` lines) and "module" (a factory named
+Four kinds, by `task.name`: "reverse" (`invar.runtime.task.DigitReversal`), "arithmetic"
+(`invar.runtime.arithmetic`: sums asked in a chat model's own tokens), "jsonl" (`JsonlTask`:
+a file of `{"prompt": ..., "answer": ...}` lines) and "module" (a factory named
 `package.module:factory` or `path/to/file.py:factory`, called with `task.options`). Nothing
 here imports torch (transformers only for a Hugging Face tokenizer): the verifier processes
 build the task from the same configuration.
@@ -49,7 +50,11 @@ class Task(Protocol):
     """What the runtime needs of a task. Every method must be a pure function of its
     arguments (the same on every call, process and machine): a request re-issued after a
     worker's death must get the same prompt, and the same response the same reward, or an
-    asynchronous run would not compute what the serial one does."""
+    asynchronous run would not compute what the serial one does.
+
+    Optional attributes: `eos_token` (int or None: the token that ends a response), and
+    `question_text(split, index)` / `answer_text(split, index)` (str: how reports show a
+    prompt and its expected answer beside the decoded response; `invar.runtime.responses`)."""
 
     # Read-only (plain attributes satisfy them too).
     @property
@@ -315,6 +320,11 @@ class JsonlTask:
         rows = self._prompts[split]
         return list(rows[index % len(rows)])
 
+    def answer_text(self, split: str, index: int) -> str:
+        """The expected answer to prompt `index` of `split`, as reports show it."""
+        answers = self._answers[split]
+        return answers[index % len(answers)]
+
     def response_text(self, response: Sequence[int]) -> str:
         """The response up to its first EOS or PAD, as text."""
         ends = (self.tokenizer.eos_token_id, self.tokenizer.pad_token_id)
@@ -326,8 +336,7 @@ class JsonlTask:
         return self.tokenizer.decode(kept)
 
     def score(self, split: str, index: int, response: Sequence[int]) -> float:
-        answers = self._answers[split]
-        answer = answers[index % len(answers)]
+        answer = self.answer_text(split, index)
         text = self.response_text(response)
         if self.verifier == "exact":
             return float(text.strip() == answer.strip())
@@ -458,5 +467,6 @@ def describe(config: Any) -> str:
     if kind == "jsonl":
         return f"{Path(setting(config, 'path')).name} ({setting(config, 'verifier')} match)"
     if kind == "arithmetic":
-        return f"sums of two numbers in 0..{setting(config, 'operand_max')} (math-verify)"
+        return (f"sums of two numbers in 0..{setting(config, 'operand_max')} "
+                "(the stated answer checked)")
     return f"plug-in {setting(config, 'module')}"

@@ -38,6 +38,10 @@ class Tracker(Protocol):
         """The steps at which `key` is already recorded, as far as the tracker can tell."""
         ...
 
+    def log_responses(self, key: str, step: int, rows: list[dict[str, Any]]) -> None:
+        """Record shown responses (`invar.runtime.responses`) as a table named `key`."""
+        ...
+
     def close(self, finished: bool) -> None:
         """End this life's connection; `finished`: the run is complete."""
         ...
@@ -62,6 +66,14 @@ class WandbTracker:
     def logged_steps(self, key: str) -> set[int]:
         """W&B drops a step below the run's current one: those before it count as logged."""
         return set(range(int(self.run.step)))
+
+    def log_responses(self, key: str, step: int, rows: list[dict[str, Any]]) -> None:
+        import wandb
+
+        from invar.runtime.responses import COLUMNS
+        table = wandb.Table(columns=list(COLUMNS),
+                            data=[[row.get(column) for column in COLUMNS] for row in rows])
+        self.run.log({key: table}, step=step)
 
     def close(self, finished: bool) -> None:
         self.run.finish(exit_code=0 if finished else 1)
@@ -110,6 +122,11 @@ class MlflowTracker:
     def logged_steps(self, key: str) -> set[int]:
         return {metric.step for metric in self.client.get_metric_history(self.run_id, key)}
 
+    def log_responses(self, key: str, step: int, rows: list[dict[str, Any]]) -> None:
+        from invar.runtime.responses import markdown_table
+        self.client.log_text(self.run_id, "\n".join(markdown_table(rows)),
+                             f"{key}/{step:06d}.md")
+
     def close(self, finished: bool) -> None:
         self.client.set_terminated(self.run_id, status="FINISHED" if finished else "KILLED")
 
@@ -146,6 +163,12 @@ class TrackerSet:
             if step not in self.skip[name][kind]:
                 tracker.log(step, metrics)
                 self.skip[name][kind].add(step)
+
+    def log_responses(self, key: str, step: int, rows: list[dict[str, Any]]) -> None:
+        """Shown responses at `step` as table `key`, to every tracker (a table repeated after
+        a resume is harmless: it shows the same responses)."""
+        for tracker in self.trackers.values():
+            tracker.log_responses(key, step, rows)
 
     def close(self, finished: bool) -> None:
         for tracker in self.trackers.values():

@@ -11,7 +11,10 @@ A frame is the transport's `header | blob` (`invar.runtime.transport`). A worker
   JSON text they cost the driver a base64 and JSON pass over ~250 KB each on its event path,
   and the worker as much to write; as bytes, decoding is a view;
 - any other event (a finished load) as an `event` frame: its compact JSON text as the blob,
-  journalled as received.
+  journalled as received;
+- while it holds launches or a load it has not answered, a `working` frame naming them (their
+  requests as `[batch, prompt, sample]`, their load serials), every few seconds: no event, a
+  sign of life the driver's retry timer reads (`invar.runtime.retry`).
 
 Measurements (seconds computing, verifier failures) ride in the header beside the event: they
 are never part of an event, so neither the core nor the journal sees them.
@@ -34,8 +37,8 @@ from invar.model.messages import (
 )
 from invar.runtime.transport import FrameError
 
-FRAMES_VERSION = 2
-"""The layout of a worker's frames (2: completions as binary columns)."""
+FRAMES_VERSION = 3
+"""The layout of a worker's frames (2: completions as binary columns; 3: `working` frames)."""
 
 _COMPLETIONS_HEADER = ("worker", "incarnation", "n")
 
@@ -65,6 +68,23 @@ def event_frame(event: Event, **measurements: Any) -> tuple[dict[str, Any], byte
                  "incarnation": event.incarnation, "n": len(event.completions),
                  **measurements}, completions_to_bytes(event.completions))
     return {"kind": "event", **measurements}, dumps(event).encode()
+
+
+def working_frame(requests: list[tuple[int, ...]], loads: list[int]) -> dict[str, Any]:
+    """The header of a worker's `working` frame (the blob is empty)."""
+    return {"kind": "working", "requests": [list(r) for r in requests], "loads": loads}
+
+
+def read_working_frame(header: dict[str, Any]) -> tuple[list[tuple[int, ...]], list[int]]:
+    """The requests and load serials a `working` frame names; `FrameError` if it is malformed."""
+    requests, loads = header.get("requests"), header.get("loads")
+    if not (isinstance(requests, list) and all(
+            isinstance(r, list) and len(r) == 3 and all(type(x) is int for x in r)
+            for r in requests)):
+        raise FrameError("working frame: 'requests' is not a list of [batch, prompt, sample]")
+    if not (isinstance(loads, list) and all(type(x) is int for x in loads)):
+        raise FrameError("working frame: 'loads' is not a list of load serials")
+    return [tuple(r) for r in requests], loads
 
 
 def read_event_frame(header: dict[str, Any], blob: bytes) -> tuple[Event, str | None]:

@@ -19,7 +19,7 @@ import queue
 import sys
 import threading
 import time
-from collections import OrderedDict
+from collections import Counter, OrderedDict
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -29,7 +29,6 @@ import torch
 from invar.model.messages import (
     ENCODING_VERSION,
     Completions,
-    Event,
     LaunchRequest,
     LoadWeights,
     RequestsCompleted,
@@ -38,8 +37,10 @@ from invar.model.messages import (
     unpack_launches,
 )
 from invar.model.ragged import Ragged
+from invar.runtime import retry
 from invar.runtime.allocator import limit_fragmentation
 from invar.runtime.backend import Sampler
+from invar.runtime.config import OutputConfig
 from invar.runtime.padding import Prompts, response_lengths
 from invar.runtime.registry import LEARNERS, resolve
 from invar.runtime.tasks import build_task, end_token
@@ -51,7 +52,7 @@ from invar.runtime.transport import (
 )
 from invar.runtime.verifier import FAILED, OK, TIMEOUT, Job, Pending, make_verifier
 from invar.runtime.weights import state_dict_from_bytes, weights_digest
-from invar.runtime.wire import event_frame, hello
+from invar.runtime.wire import event_frame, hello, working_frame
 
 REPLY_CACHE = 8192
 """Replies kept to answer a re-sent launch without sampling again."""
@@ -79,9 +80,12 @@ class WorkerArgs:
     model: dict[str, Any] | None = None
     """For a transformers policy: its resolved `hf_policy.ModelSpec` (config and token map),
     so the worker builds the same architecture without reading `policy.path`."""
+    heartbeat_seconds: float = retry.heartbeat_seconds(OutputConfig.retry_seconds)
+    """How often the worker names what it holds unanswered (`invar.runtime.retry`)."""
     faults: tuple[str, ...] = ()
     """Test-only misbehaviour: "wrong_version_once", "garbage_frame_once", "exit_after:N"
-    (exit after exactly N replies, dropping the rest of the batch it was working on)."""
+    (exit after exactly N replies, dropping the rest of the batch it was working on),
+    "slow:SECONDS" (each generation call takes SECONDS longer)."""
 
 
 class RolloutWorker:
@@ -104,7 +108,11 @@ class RolloutWorker:
         self.verifier_status: dict[tuple[int, ...], str] = {}
         """FAILED or TIMEOUT, for each request in `replies` whose verifier did not succeed."""
         self.faults = set(args.faults)
+        self.slow_seconds = next((float(f.split(":")[1]) for f in args.faults
+                                  if f.startswith("slow:")), 0.0)
         self.sent = 0
+        self.generated = 0
+        """Requests sampled so far (not answered again from `replies`)."""
         self._prompts: dict[int, list[int]] = {}
 
     def load(self, command: LoadWeights, blob: bytes, params_digest: str
@@ -145,6 +153,7 @@ class RolloutWorker:
             # A launch for another version predates our last load: its request is done.
         sampled = [self._sample_chunk(chunk, group)
                    for (batch, chunk), group in sorted(fresh.items())]
+        self.generated += len({tuple(c.request) for group in fresh.values() for c in group})
         for group, rows_of_group, generated, pending in sampled:
             completed = self._complete(group, rows_of_group, *generated, pending)
             frames.extend([completed] * len(completed))
@@ -196,6 +205,7 @@ class RolloutWorker:
         prompts = Prompts.of(prompt_of_row, self.task.prompt_length)
         eos = end_token(self.task)
         tokens, logprobs = self.sampler.generate(prompts, self.task.response_length, seeds, eos)
+        time.sleep(self.slow_seconds)
         lengths = response_lengths(tokens, eos)
         rows_of_group = [(command.request.prompt - first_prompt) * g + command.request.sample
                          for command in group]
@@ -261,86 +271,157 @@ def main(argv: list[str]) -> int:
 
 
 def serve(worker: RolloutWorker, args: WorkerArgs) -> int:
-    """Answer frames on stdin until it closes; the exit status."""
+    """Answer frames on stdin until it closes; the exit status. While it holds launches or a
+    load not yet answered, a thread names them in a `working` frame every
+    `args.heartbeat_seconds` (`invar.runtime.retry`: the driver does not re-send them)."""
     stdin, stdout = sys.stdin.buffer, sys.stdout.buffer
-    inbox: queue.Queue[tuple[dict[str, Any], bytes] | None] = queue.Queue()
+    inbox: queue.Queue[tuple[dict[str, Any], bytes, Any] | None] = queue.Queue()
+    held = Held()
+    writing = threading.Lock()
+    stopped = threading.Event()
+
+    def write(header: dict[str, Any], blob: bytes = b"") -> None:
+        with writing:  # a frame is written whole, whichever thread writes it
+            write_frame_blocking(stdout, header, blob)
 
     def read() -> None:  # frames are drained by a thread so launches can be batched
         try:
             while True:
-                inbox.put(read_frame_blocking(stdin))
+                header, blob = read_frame_blocking(stdin)
+                inbox.put((header, blob, held.receive(header)))
         except (ConnectionLost, FrameError, OSError):
             inbox.put(None)
+
+    def beat() -> None:
+        try:
+            while not stopped.wait(args.heartbeat_seconds):
+                requests, loads = held.named()
+                if requests or loads:
+                    write(working_frame(requests, loads))
+        except (ConnectionLost, OSError):
+            pass  # the driver is gone: the main loop sees its stdin close
 
     threading.Thread(target=read, daemon=True).start()
     exit_after = next((int(f.split(":")[1]) for f in args.faults if f.startswith("exit_after:")),
                       None)
-    write_frame_blocking(stdout, hello(args.name))
+    write(hello(args.name))
+    threading.Thread(target=beat, daemon=True).start()
 
-    def launch(launches: list[LaunchRequest]) -> tuple[RequestsCompleted | None, float]:
-        """The reply frame to these launches and the seconds spent computing it (measurement
-        only: reported in the frame's header, never part of any event)."""
-        began = time.perf_counter()
+    def launch(launches: list[LaunchRequest]) -> tuple[RequestsCompleted | None, float, int]:
+        """The reply frame to these launches, the seconds spent computing it and the samples
+        generated for it (measurement only: reported in the frame's header, never part of any
+        event)."""
+        began, generated = time.perf_counter(), worker.generated
         completions = worker.launch(launches)
         frame = None
         if len(completions):
             frame = RequestsCompleted(launches[0].worker, launches[0].incarnation, completions)
-        return frame, time.perf_counter() - began
+        return frame, time.perf_counter() - began, worker.generated - generated
 
-    def reply(frame: RequestsCompleted | None, seconds: float) -> bool:
+    def reply(frame: RequestsCompleted | None, seconds: float, generated: int) -> bool:
         """Send the frame (cut after exit_after completions); True when it is time to crash."""
         if frame is not None and exit_after is not None:
             frame = replace(frame, completions=frame.completions[:max(exit_after - worker.sent,
                                                                       0)])
         if frame is not None and len(frame.completions):
-            # `compute_seconds` (generation time, for benchmarks) and the requests whose
-            # verifier failed ride in the header beside the event, so the event and the
-            # journal are unchanged.
-            send_event(stdout, frame, compute_seconds=seconds,
-                       **worker.verifier_failures(frame.completions))
+            # `compute_seconds` (generation time) with the samples it `generated` (the rest
+            # answered from the cache), and the requests whose verifier failed ride in the
+            # header beside the event, so the event and the journal are unchanged.
+            write(*event_frame(frame, compute_seconds=seconds, generated=generated,
+                               **worker.verifier_failures(frame.completions)))
             worker.sent += len(frame.completions)
         return exit_after is not None and worker.sent >= exit_after
 
-    while True:
-        items = [inbox.get()]
-        while not inbox.empty():
-            items.append(inbox.get_nowait())
-        launches: list[LaunchRequest] = []
-        for item in items:
-            if item is None:
-                return 0
-            header, blob = item
-            kind = header.get("kind")
-            if kind == "launches":
-                launches.extend(unpack_launches(header["launches"]))
-                continue
-            if kind != "command" or "message" not in header:
-                raise SystemExit(f"worker {args.name}: a frame of kind {kind!r} from the driver "
-                                 f"(expected 'launches' or 'command'): the driver runs another "
-                                 f"invar version (this worker's message encoding: "
-                                 f"{ENCODING_VERSION})")
-            message = decode(header["message"])
-            if isinstance(message, LoadWeights):
-                # Requests asked before the load are answered first, in order.
-                if reply(*launch(launches)):
-                    return 3  # simulated crash, for tests
-                launches = []
-                began = time.perf_counter()
-                loaded = worker.load(message, blob, header["params_digest"])
-                if loaded is not None:
-                    send_event(stdout, loaded, load_seconds=time.perf_counter() - began)
-        frame, seconds = launch(launches)
+    def answer(launches: list[LaunchRequest]) -> bool:
+        """Launch, reply, and let go of the launches; True when it is time to crash."""
+        frame, seconds, generated = launch(launches)
         if "garbage_frame_once" in worker.faults and frame is not None:
             worker.faults.discard("garbage_frame_once")
-            write_frame_blocking(stdout, {"kind": "event"}, b'{"type":"Nonsense"}')
-        if reply(frame, seconds):
-            return 3  # simulated crash, for tests: the rest of this batch is lost
+            write({"kind": "event"}, b'{"type":"Nonsense"}')
+        crash = reply(frame, seconds, generated)
+        held.answered(launches)
+        return crash
+
+    try:
+        while True:
+            items = [inbox.get()]
+            while not inbox.empty():
+                items.append(inbox.get_nowait())
+            launches: list[LaunchRequest] = []
+            for item in items:
+                if item is None:
+                    return 0
+                header, blob, content = item
+                if isinstance(content, Exception):
+                    raise content
+                if content is None:
+                    raise SystemExit(
+                        f"worker {args.name}: a frame of kind {header.get('kind')!r} from the "
+                        f"driver (expected 'launches' or 'command'): the driver runs another "
+                        f"invar version (this worker's message encoding: {ENCODING_VERSION})")
+                if header["kind"] == "launches":
+                    launches.extend(content)
+                    continue
+                if isinstance(content, LoadWeights):
+                    # Requests asked before the load are answered first, in order.
+                    if answer(launches):
+                        return 3  # simulated crash, for tests
+                    launches = []
+                    began = time.perf_counter()
+                    loaded = worker.load(content, blob, header["params_digest"])
+                    if loaded is not None:
+                        write(*event_frame(loaded, load_seconds=time.perf_counter() - began))
+                    held.loaded(content)
+            if answer(launches):
+                return 3  # simulated crash, for tests: the rest of this batch is lost
+    finally:
+        stopped.set()
 
 
-def send_event(stdout: Any, event: Event, **measurements: Any) -> None:
-    """One frame (`wire.event_frame`); measurements (seconds computing, for benchmarks;
-    verifier failures) ride in its header."""
-    write_frame_blocking(stdout, *event_frame(event, **measurements))
+class Held:
+    """What a worker has received and not yet answered, which its `working` frames name: the
+    reader thread adds, the main loop lets go, the heartbeat thread reads (under a lock).
+    Counted: a request received twice is held until both are answered."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._requests: Counter[tuple[int, ...]] = Counter()
+        self._loads: Counter[int] = Counter()
+
+    def receive(self, header: dict[str, Any]) -> Any:
+        """A frame from the driver, read: its launches, its command, None for a frame of
+        another kind, or the error reading it (which the main loop raises)."""
+        try:
+            kind = header.get("kind")
+            if kind == "launches":
+                launches = unpack_launches(header["launches"])
+                with self._lock:
+                    self._requests.update(tuple(c.request) for c in launches)
+                return launches
+            if kind != "command" or "message" not in header:
+                return None
+            message = decode(header["message"])
+            if isinstance(message, LoadWeights):
+                with self._lock:
+                    self._loads[message.load] += 1
+            return message
+        except Exception as error:  # noqa: BLE001 (raised by the main loop, as if read there)
+            return error
+
+    def answered(self, launches: list[LaunchRequest]) -> None:
+        with self._lock:
+            self._requests.subtract(tuple(c.request) for c in launches)
+            self._requests = +self._requests
+
+    def loaded(self, load: LoadWeights) -> None:
+        with self._lock:
+            self._loads[load.load] -= 1
+            self._loads = +self._loads
+
+    def named(self) -> tuple[list[tuple[int, ...]], list[int]]:
+        """The requests and load serials held now."""
+        with self._lock:
+            return list(self._requests), list(self._loads)
 
 
 if __name__ == "__main__":

@@ -7,6 +7,7 @@ from __future__ import annotations
 from typing import Any
 
 from invar.runtime.config import TrainConfig, split_fault, task_section, task_vocabulary
+from invar.runtime.retry import heartbeat_seconds
 
 
 def worker_args(config: TrainConfig, name: str, incarnation: int = 0) -> dict[str, Any]:
@@ -24,7 +25,8 @@ def worker_args(config: TrainConfig, name: str, incarnation: int = 0) -> dict[st
                 prompts_per_batch=c.protocol.prompts_per_batch, group_size=c.protocol.group_size,
                 chunk_prompts=c.rollout.chunk_prompts, temperature=c.sampling.temperature,
                 top_k=c.sampling.top_k, top_p=c.sampling.top_p, threads=c.rollout.threads,
-                backend=c.learner.backend, faults=faults, model=_model_spec(c))
+                backend=c.learner.backend, faults=faults, model=_model_spec(c),
+                heartbeat_seconds=heartbeat_seconds(c.output.retry_seconds))
 
 
 def _model_spec(config: TrainConfig) -> dict[str, Any] | None:

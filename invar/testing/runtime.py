@@ -179,12 +179,16 @@ class MemoryWorkers:
     A worker carries out loads in serial order, holds the one version it loaded last and
     answers the launches of each frame with one `invar.model.world.sample_reply` frame.
     Faults: `duplicate` sends every reply frame twice; `die_after[name] = n` closes the first
-    incarnation's connection after n completions (the driver sees the worker lost).
+    incarnation's connection after n completions (the driver sees the worker lost);
+    `reply_seconds` delays every reply that long, with no sign of life meanwhile (these
+    workers send no `working` frames), so the driver's retry timer re-sends what they hold.
     """
 
-    def __init__(self, duplicate: bool = False, die_after: dict[str, int] | None = None) -> None:
+    def __init__(self, duplicate: bool = False, die_after: dict[str, int] | None = None,
+                 reply_seconds: float = 0.0) -> None:
         self.duplicate = duplicate
         self.die_after = dict(die_after or {})
+        self.reply_seconds = reply_seconds
         self.spawned: list[tuple[str, int]] = []
         self._tasks: set[asyncio.Task] = set()
 
@@ -200,6 +204,7 @@ class MemoryWorkers:
     async def _serve(self, transport: MemoryTransport, limit: int | None) -> None:
         async def reply(event: Event) -> None:
             """As the worker process sends an event (`wire.event_frame`)."""
+            await asyncio.sleep(self.reply_seconds)
             for _ in range(2 if self.duplicate else 1):
                 await transport.to_driver.put(event_frame(event))
 

@@ -41,8 +41,8 @@ CHECKER_MAY_IMPORT_FROM_INVAR = ("invar.model", "invar.journal_format", "invar.t
 
 RESCORING = ("checker.cli", "invar.runtime.rescore")
 """The one import of the runtime by the checker: `invar-check --trace` re-scores rewards with
-the task's verifier, a plug-in the runtime builds from a run's config.json (the module imports
-the configuration, the tasks and the verifier runner: no shell, no framework)."""
+the task's verifier, a plug-in the runtime builds from what a run's journal binds (the module
+imports the configuration, the tasks and the verifier runner: no shell, no framework)."""
 RUNTIME_SHELL = ("invar.runtime.driver", "invar.runtime.supervisor", "invar.runtime.run",
                  "invar.runtime.serial", "invar.runtime.transport", "invar.runtime.ssh",
                  "invar.runtime.worker", "invar.runtime.learner_executor",

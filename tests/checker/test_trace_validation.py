@@ -4,7 +4,9 @@ invariants the validation uses (the same verdicts as `violations`, linear time).
 
 Exit statuses (checker/cli.py `_trace`): 0 complete and valid, 3 a valid prefix of an
 incomplete run (says where it ends; a torn last line is such an end), 1 a departure (a
-sequence number out of order, a chain link included), 2 not a journal this version reads.
+sequence number out of order, a chain link included), 2 not a journal this version reads, 4
+valid but not re-scored. The canonical run's rewards are the fakes', not a task's: its
+journals are checked with --no-rescore, unless a test binds a task.
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from checker.cli import main as invar_check
-from helpers.journals import small_config, write_journal
+from helpers.journals import settings, small_config, write_journal
 from invar.model.config import RunConfig
 from invar.model.invariants import violations
 from invar.model.state import Assigned
@@ -43,8 +45,8 @@ def complete(tmp_path: Path) -> Path:
     return write_journal(tmp_path / "journal.jsonl", small_config())
 
 
-def check(path: Path, capsys) -> tuple[int, str]:
-    code = invar_check(["--trace", str(path)])
+def check(path: Path, capsys, options: tuple[str, ...] = ("--no-rescore",)) -> tuple[int, str]:
+    code = invar_check(["--trace", str(path), *options])
     captured = capsys.readouterr()
     return code, " ".join((captured.out + captured.err).split())
 
@@ -152,7 +154,7 @@ def test_a_keyed_journal_passes_with_its_key_only(tmp_path, key_file, capsys):
 
 
 def check_keyed(path: Path, key_file: Path, capsys) -> tuple[int, str]:
-    code = invar_check(["--trace", str(path), "--key", str(key_file)])
+    code = invar_check(["--trace", str(path), "--key", str(key_file), "--no-rescore"])
     captured = capsys.readouterr()
     return code, " ".join((captured.out + captured.err).split())
 
@@ -321,26 +323,27 @@ def test_protocol_lists_exactly_the_fields_the_state_digests_do_not_cover(comple
     assert uncovered == listed
 
 
-def test_a_verifier_that_cannot_be_built_is_said_and_refused_when_asked_for(complete, capsys):
+def test_a_verifier_that_cannot_be_built_is_said_and_refused_when_asked_for(tmp_path, capsys):
     """By default a task whose verifier cannot be built here (its file elsewhere) leaves the
-    rewards unchecked and says so; --rescore insists: bad input."""
-    (complete.parent / "config.json").write_text(json.dumps(
-        {"task": {"name": "jsonl", "path": str(complete.parent / "elsewhere.jsonl")}}))
-    code, out = check(complete, capsys)
-    assert code == 0 and "rewards not re-scored (the task's verifier cannot be built" in out, out
-    code = invar_check(["--trace", str(complete), "--rescore"])
+    rewards unchecked, says so and exits 4; --rescore insists: bad input."""
+    path = write_journal(tmp_path / "journal.jsonl", small_config(), settings(
+        'task.name="jsonl"', f"task.path={json.dumps(str(tmp_path / 'elsewhere.jsonl'))}"))
+    code, out = check(path, capsys, options=())
+    assert code == 4 and "rewards NOT re-scored: the task's verifier cannot be built" in out, out
+    code = invar_check(["--trace", str(path), "--rescore"])
     out = " ".join(capsys.readouterr().err.split())
     assert code == 2 and "--rescore:" in out and "elsewhere.jsonl" in out, out
 
 
-def test_a_plug_in_task_is_rescored_when_asked_for(complete, capsys):
-    """A "module" task's verifier is user code of unknown cost: re-scored with --rescore only
-    (the canonical run's rewards are the fakes', not parity's: the first differs)."""
+def test_a_plug_in_task_is_rescored_when_asked_for(tmp_path, capsys):
+    """A "module" task's verifier is user code of unknown cost: re-scored with --rescore only,
+    and without it the rewards are said unchecked, exit 4 (the canonical run's rewards are
+    the fakes', not parity's: the first differs)."""
     example = Path(__file__).resolve().parents[2] / "examples" / "parity_task.py"
-    (complete.parent / "config.json").write_text(json.dumps(
-        {"task": {"name": "module", "module": f"{example}:make_task"}}))
-    code, out = check(complete, capsys)
-    assert code == 0 and "rewards not re-scored (task 'module'" in out, out
-    code = invar_check(["--trace", str(complete), "--rescore"])
+    path = write_journal(tmp_path / "journal.jsonl", small_config(), settings(
+        'task.name="module"', f"task.module={json.dumps(f'{example}:make_task')}"))
+    code, out = check(path, capsys, options=())
+    assert code == 4 and "rewards NOT re-scored (task 'module'" in out, out
+    code = invar_check(["--trace", str(path), "--rescore"])
     out = " ".join(capsys.readouterr().out.split())
     assert code == 1 and "the reward of sample (batch 0," in out, out

@@ -265,6 +265,16 @@ def test_trace_of_a_deeply_nested_journal_line_is_bad_input_not_a_departure(fini
         f"invar-check: {path}:3: nested too deeply to be read"
 
 
+def test_trace_of_a_path_that_is_not_there_says_so_in_one_line(tmp_path):
+    missing = tmp_path / "nonexistent"
+    done = subprocess.run([sys.executable, "-m", "checker.cli", "--trace", str(missing)],
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2 and done.stdout == "", (done.stdout, done.stderr)
+    assert done.stderr == (f"invar-check: {missing}: no such run directory or journal "
+                           "(--trace takes a run directory of `invar train` or its "
+                           "journal.jsonl)\n")
+
+
 def test_trace_of_a_run_directory_validates_its_journal(finished, tmp_path):
     done = subprocess.run([sys.executable, "-m", "checker.cli", "--trace", str(finished)],
                           capture_output=True, text=True, timeout=120)
@@ -298,10 +308,14 @@ def test_starting_a_run_where_one_is_says_how_to_go_on(finished, capsys, rt):
         status = cli.main(["train", *(a for item in rt.tiny_overrides(finished)
                                       for a in ("--set", item))])
     err = capsys.readouterr().err.strip()
-    assert status == 1, err
+    assert status == 2, err
     assert err == (f"invar: cannot start: {finished} holds a run already (journal.jsonl): "
                    f"continue it with `invar train --resume {finished}`, or start another "
                    "with --set output.run_dir=runs/NEW_NAME")
+    assert cli.main(["train", "--serial", "--set", f"output.run_dir={str(finished)!r}"]) == 2
+    assert capsys.readouterr().err == (f"invar: cannot start: {finished} holds a run already "
+                                       "(journal.jsonl): a serial run needs a new one with "
+                                       "--set output.run_dir=runs/NEW_NAME\n")
     assert _tree(finished) == before
 
 

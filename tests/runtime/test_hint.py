@@ -25,13 +25,16 @@ def test_impossible_times_are_refused(rollout, learning):
         async_gain(rollout, learning)
 
 
-def row(learner: float, rollout: float, replies: int) -> dict[str, float]:
-    return {"learner_seconds": learner, "rollout_seconds": rollout, "rollout_replies": replies}
+def row(learner: float, rollout: float, generated: int, replies: int | None = None
+        ) -> dict[str, float]:
+    return {"learner_seconds": learner, "rollout_seconds": rollout,
+            "rollout_generated": generated,
+            "rollout_replies": generated if replies is None else replies}
 
 
-def test_R_is_per_batch_of_replies_and_T_per_update_after_the_skipped_first_row():
+def test_R_is_per_batch_generated_and_T_per_update_after_the_skipped_first_row():
     # First row: start-up, wildly slow, must not count. Then 4 rows; 16 samples per batch;
-    # replies of 3 batches arrived over those rows (S >= 1 shifts them between rows).
+    # samples of 3 batches generated over those rows (S >= 1 shifts them between rows).
     rows = [row(9.0, 9.0, 16), row(0.2, 0.3, 16), row(0.2, 0.0, 0), row(0.4, 0.3, 16),
             row(0.2, 0.3, 16)]
     times = measure(rows, samples_per_batch=16)
@@ -41,9 +44,26 @@ def test_R_is_per_batch_of_replies_and_T_per_update_after_the_skipped_first_row(
     assert two_workers.rollout == pytest.approx(0.15)
 
 
+def test_R_is_the_time_generation_took_whatever_re_sends_were_answered_from_the_cache():
+    """The real model's example with a 20 s timer: ~120 s of generation per batch of 64,
+    each request answered about five times (issue 40): R stays 120 s, not 24."""
+    rows = [row(60.0, 120.0, 64, replies=64 * 5) for _ in range(6)]
+    assert measure(rows, samples_per_batch=64).rollout == pytest.approx(120.0)
+
+
+def test_rows_of_runs_before_the_generated_count_take_a_batch_each():
+    rows = [{"learner_seconds": 0.2, "rollout_seconds": 0.3, "rollout_replies": 80}] * 3
+    assert measure(rows, samples_per_batch=16).rollout == pytest.approx(0.3)
+
+
 def test_rows_without_timing_give_no_measurement():
     assert measure([{"update": 0}, {"update": 1}], samples_per_batch=8) is None
     assert measure([row(0.1, 0.1, 8)], samples_per_batch=8) is None  # only the skipped row
+
+
+def test_rows_without_generation_after_the_skipped_one_give_no_measurement():
+    """Two updates, S = 1: both batches generated before the first row."""
+    assert measure([row(260.0, 278.0, 128), row(111.0, 0.0, 0)], samples_per_batch=64) is None
 
 
 def test_the_line_names_R_T_and_the_gain_and_says_when_it_was_measured_overlapped():
@@ -73,7 +93,8 @@ def test_the_metrics_log_prints_the_hint_once(tmp_path, rt, capsys):
     for update in range(HINT_AFTER + 3):
         log.update(update, 0.1, 0, {}, 0.5, 0, 0,
                    timing={"learner_seconds": 0.2, "rollout_seconds": 0.1,
-                           "core_seconds": 0.01, "rollout_replies": samples})
+                           "core_seconds": 0.01, "rollout_replies": samples * 3,
+                           "rollout_generated": samples})
     log.close()
     lines = [line for line in capsys.readouterr().err.splitlines() if line.startswith("hint:")]
     assert len(lines) == 1

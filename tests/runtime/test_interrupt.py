@@ -18,6 +18,8 @@ from invar.runtime import journal
 
 UPDATES = 40
 STOP_AFTER_COMMITS = 3
+STOPPING = ("invar: stopping: ending the update in progress and the workers (interrupt again "
+            "to stop at once; the run stays resumable)")
 NOISE = ("Traceback", "KeyboardInterrupt", "CancelledError", "Exception ignored")
 
 
@@ -58,7 +60,8 @@ def _stopped_line(text: str, run_dir: Path) -> int:
     lines = [line for line in text.splitlines() if "interrupted at update" in line]
     assert len(lines) == 1, text
     found = re.fullmatch(rf"invar: interrupted at update (\d+) of {UPDATES}; resume with: "
-                         rf"invar train --resume {re.escape(str(run_dir))}", lines[0].strip())
+                         rf"invar train --resume {re.escape(str(run_dir))}; its report so "
+                         rf"far: invar report {re.escape(str(run_dir))}", lines[0].strip())
     assert found, lines[0]
     return int(found.group(1))
 
@@ -117,7 +120,9 @@ def test_ctrl_c_on_a_terminal_stops_cleanly_and_the_run_resumes(tmp_path, rt):
     assert not [noise for noise in NOISE if noise in text], text
     stopped = _stopped_line(text, run_dir)
     assert STOP_AFTER_COMMITS <= stopped < UPDATES
-    assert re.search(r"upd/s \d:\d\d:\d\d ETA \d:\d\d:\d\d", text), text  # the bar
+    # Said as the signal arrives, before the wait for the update in progress and the workers.
+    assert STOPPING in " ".join(text.split("interrupted at update")[0].split()), text
+    assert re.search(r"(?:upd/s|s/upd) \d:\d\d:\d\d ETA \d:\d\d:\d\d", text), text  # the bar
     assert _journal_committed(run_dir) == stopped  # the journal was synced to that point
     _assert_all_gone(children)
     _resume_to_the_end(rt, run_dir)
@@ -147,9 +152,11 @@ def test_sigterm_stops_a_piped_run_cleanly(tmp_path, rt):
         rt, rt.cli("train", *(arg for item in overrides for arg in ("--set", item))), run_dir)
     assert status == 143, text
     assert _journal_committed(run_dir) == _stopped_line(text, run_dir)
+    assert STOPPING in " ".join(text.split("interrupted at update")[0].split()), text
     # Outside a terminal, plain progress lines (the first update's at least).
     progress = re.findall(rf"^update (\d+)/{UPDATES}  reward \d\.\d{{3}}  staleness [01]  "
-                          r"\d+\.\d\d upd/s  elapsed \d:\d\d:\d\d  ETA (?:\d:\d\d:\d\d|-)$",
+                          r"(?:\d+\.\d\d upd/s|\d+\.\d s/upd)  elapsed \d:\d\d:\d\d  "
+                          r"ETA (?:\d:\d\d:\d\d|-)$",
                           text, re.MULTILINE)
     assert progress and progress[0] == "1", text
     _assert_all_gone(children)

@@ -17,7 +17,9 @@ import numpy as np
 import pytest
 
 from checker.cli import main as invar_check
+from helpers.journals import rewrite
 from invar.model.completions import Completions
+from invar.model.errors import ConfigError
 from invar.model.messages import Event, RequestsCompleted
 from invar.runtime import journal
 
@@ -86,8 +88,7 @@ def test_a_reward_rewritten_and_digested_again_fails_rescoring(run, tmp_path, ca
     run_dir = copy_of(run, tmp_path / "run")
     config, entries = journal.read(run_dir / "journal.jsonl")
     events, (batch, prompt, sample) = forged([entry.event for entry in entries])
-    (run_dir / "journal.jsonl").unlink()
-    journal.write_events(run_dir / "journal.jsonl", config, events)
+    rewrite(run_dir / "journal.jsonl", config, events)
     code, out = check(capsys, str(run_dir), "--no-rescore")
     assert code == 0, out  # what `--trace` said of it before re-scoring
     for asked in ("--rescore", None):
@@ -106,12 +107,9 @@ def test_a_keyed_journal_rewritten_without_its_key_fails(run, tmp_path, key_file
     path = run_dir / "journal.jsonl"
     config, entries = journal.read(path)
     key = journal.read_key(key_file, run_dir)
-    path.unlink()
-    journal.write_events(path, config, [entry.event for entry in entries], key=key)
+    rewrite(path, config, [entry.event for entry in entries], key=key)
     assert check(capsys, str(run_dir), "--key", str(key_file))[0] == 0  # the run's, keyed
-    path.unlink()
-    journal.write_events(path, config, forged([entry.event for entry in entries])[0],
-                         key=rewrite_key)
+    rewrite(path, config, forged([entry.event for entry in entries])[0], key=rewrite_key)
     code, out = check(capsys, str(run_dir), "--key", str(key_file))
     assert code == 1 and f"departure at {path}:1:" in out, out
 
@@ -137,6 +135,19 @@ def test_a_keyed_run_is_resumed_with_its_key_only(tmp_path, key_file, rt):
         assert refused.returncode == 2, refused.stderr
         assert "resume refused" in refused.stderr and str(path) in refused.stderr
         assert path.read_bytes() == cut
+    # config.json edited by hand (the journal untouched): refused, naming the keys.
+    saved = (run_dir / "config.json").read_text()
+    edited = json.loads(saved)
+    edited["optim"]["lr"], edited["sampling"]["temperature"] = 0.5, 3.0
+    (run_dir / "config.json").write_text(json.dumps(edited))
+    refused = subprocess.run(rt.cli("train", "--resume", str(run_dir), "--journal-key",
+                                    str(key_file)), capture_output=True, text=True, timeout=180)
+    assert refused.returncode == 2, refused.stderr
+    assert refused.stderr.startswith("invar: resume refused: optim.lr, sampling.temperature: "
+                                     f"{run_dir / 'config.json'} says other values than the "
+                                     "configuration the journal binds"), refused.stderr
+    assert path.read_bytes() == cut
+    (run_dir / "config.json").write_text(saved)
     resumed = subprocess.run(rt.cli("train", "--resume", str(run_dir), "--journal-key",
                                     str(key_file)), capture_output=True, text=True, timeout=180)
     assert resumed.returncode == 0, resumed.stderr
@@ -176,8 +187,7 @@ def test_a_resume_refuses_a_rewritten_reward_not_yet_trained_on(run, tmp_path, r
     _, state, _ = journal.restore(path)
     events, (batch, prompt, sample) = forged([entry.event for entry in entries])
     assert batch >= state.committed  # not yet trained on
-    path.unlink()
-    journal.write_events(path, config, events)
+    rewrite(path, config, events)
     forgery = path.read_bytes()
     done = subprocess.run(rt.cli("train", "--resume", str(run_dir)), capture_output=True,
                           text=True, timeout=180)
@@ -198,8 +208,7 @@ def test_a_reward_of_the_failure_value_is_counted_apart(run, tmp_path, capsys):
                       for i, event in enumerate(events) if isinstance(event, RequestsCompleted)
                       and event.completions.rewards.any())
     events = with_reward(events, index, row, 0.0)  # task.failure_reward's default
-    path.unlink()
-    journal.write_events(path, config, events)
+    rewrite(path, config, events)
     code, out = check(capsys, str(run_dir))
     assert code == 0 and "1 task.failure_reward = 0.0 where it now gives another" in out, out
 
@@ -250,3 +259,41 @@ def _linked(key: Path, inside: Path) -> Path:
 def _fifo(path: Path) -> Path:
     os.mkfifo(path, 0o600)
     return path
+
+
+def test_the_failure_reward_and_the_task_are_the_journal_s_not_config_json_s(run, tmp_path,
+                                                                            capsys):
+    """A reward forged to 5.0 with `task.failure_reward = 5.0` written into config.json, or
+    with config.json gone: re-scoring reads the task and the failure reward the journal
+    binds, and names the forgery either way."""
+    run_dir = copy_of(run, tmp_path / "run")
+    path = run_dir / "journal.jsonl"
+    config, entries = journal.read(path)
+    events = [entry.event for entry in entries]
+    index = next(i for i, event in enumerate(events) if isinstance(event, RequestsCompleted))
+    batch, prompt, sample = events[index].completions.requests[0].tolist()
+    rewrite(path, config, with_reward(events, index, 0, 5.0))
+    saved = json.loads((run_dir / "config.json").read_text())
+    saved["task"]["failure_reward"] = 5.0
+    (run_dir / "config.json").write_text(json.dumps(saved))
+    forgery = f"the reward of sample (batch {batch}, prompt {prompt}, sample {sample}) is 5.0"
+    code, out = check(capsys, str(run_dir))
+    assert code == 1 and forgery in out, out
+    (run_dir / "config.json").unlink()
+    code, out = check(capsys, str(run_dir))
+    assert code == 1 and forgery in out, out
+
+
+def test_a_journal_that_binds_no_task_is_not_said_rescored(run, tmp_path, capsys):
+    """A journal rewritten without what it bound (its header's settings dropped): nothing to
+    re-score by, which `--trace` says with exit 4, not 0; and no resume."""
+    from invar.runtime.cli import resume_config
+    run_dir = copy_of(run, tmp_path / "run")
+    path = run_dir / "journal.jsonl"
+    config, entries = journal.read(path)
+    path.unlink()
+    journal.write_events(path, config, [entry.event for entry in entries])
+    code, out = check(capsys, str(run_dir))
+    assert code == 4 and "rewards NOT re-scored" in out and "binds no configuration" in out, out
+    with pytest.raises(ConfigError, match="binds no configuration"):
+        resume_config(str(run_dir), None, [])

@@ -26,6 +26,7 @@ from invar.journal_format.payloads import Segments, payload_bytes, record_of, sc
 from invar.model.completions import Completion, Completions
 from invar.model.config import RunConfig
 from invar.model.core import logical_projection, run_complete
+from invar.model.errors import ConfigError
 from invar.model.ragged import Ragged
 from invar.model.schedule import RequestId
 from invar.runtime import journal
@@ -222,7 +223,7 @@ def _unknown_phase(document: dict) -> None:
 def test_a_changed_snapshot_is_refused_naming_it(killed, tmp_path, rt, tamper, why):
     run_dir = _copy(killed, tmp_path / "run")
     newest, oldest = _snapshots(run_dir)[-1], _snapshots(run_dir)[0]
-    for path in {newest, oldest}:  # a resume reads the newest, a validation the oldest
+    for path in {newest, oldest}:  # a resume replays from the newest, a validation the oldest
         document = json.loads(path.read_bytes())
         tamper(document)
         path.write_text(json.dumps(document))
@@ -233,10 +234,10 @@ def test_a_changed_snapshot_is_refused_naming_it(killed, tmp_path, rt, tamper, w
     line = _one_line(checked.stdout + checked.stderr)
     assert line.startswith(f"departure at {oldest}: ") and why in line, line
 
-    done = _resume(rt, run_dir)
+    done = _resume(rt, run_dir)  # both check every snapshot kept, the oldest first
     assert done.returncode == 2
     line = _one_line(done.stderr)
-    assert line.startswith("invar: resume refused: ") and str(newest) in line and why in line
+    assert line.startswith("invar: resume refused: ") and str(oldest) in line and why in line
     assert (run_dir / "journal.jsonl").read_bytes() == before
 
 
@@ -306,6 +307,53 @@ def test_a_line_before_the_snapshot_edited_and_linked_again_is_a_departure(tmp_p
                                                         start=contents.start)]
     assert len(outcomes) == 1 and isinstance(outcomes[0], journal.Departure)
     assert outcomes[0].line == 5 and "state digest before" in outcomes[0].reason
+
+
+@pytest.mark.parametrize("which", [0, -1])
+@pytest.mark.parametrize("damage", [
+    lambda path: path.write_bytes(path.read_bytes()[:40]),
+    lambda path: path.write_text(path.read_text().replace('"admitted":', '"admitted":1+', 1)),
+])
+def test_a_damaged_snapshot_is_refused_by_a_resume_and_a_validation_alike(tmp_path, capsys,
+                                                                        damage, which):
+    """A resume replays from the newest snapshot, a validation from the oldest, but a resume's
+    writer prunes by the older ones: a snapshot damaged, the oldest or the newest, is refused
+    by both when they read the journal, naming the same file (not accepted by a resume, to
+    crash the run at its next update boundary; not passed by a validation as a valid prefix
+    where a resume refuses)."""
+    config = _small_config()
+    path = journal.write_events(tmp_path / "journal.jsonl", config, canonical_run(config).events,
+                                keep_updates=2)
+    assert len(_snapshots(tmp_path)) > 1
+    damaged = _snapshots(tmp_path)[which]
+    damage(damaged)
+    with pytest.raises(journal.SnapshotError, match=f"^{damaged}: "):
+        journal.restore(path)
+    lines = path.read_text().splitlines(keepends=True)
+    path.write_text("".join(lines[:-1]))  # an incomplete run, as a resume finds it
+    assert invar_check(["--trace", str(path), "--no-rescore"]) == 1
+    captured = capsys.readouterr()
+    assert _one_line(captured.out + captured.err).startswith(f"departure at {damaged}: ")
+
+
+def test_a_pruned_journal_whose_settings_never_pruned_is_refused(tmp_path, capsys):
+    """A journal read from a snapshot although the settings it binds kept every payload
+    (`output.journal_keep_updates = 0`): its early payloads removed and a snapshot put in
+    their place (a forger's way past re-scoring them) is a departure, and no resume."""
+    from helpers.journals import settings
+    from invar.runtime.cli import resume_config
+    config = _small_config()
+    path = journal.write_events(tmp_path / "journal.jsonl", config, canonical_run(config).events,
+                                keep_updates=2, settings=settings())
+    assert invar_check(["--trace", str(path), "--no-rescore"]) == 1
+    captured = capsys.readouterr()
+    line = _one_line(captured.out + captured.err)
+    assert line.startswith(f"departure at {_snapshots(tmp_path)[0]}: ") and \
+        "settings never let it prune payloads" in line, line
+    (tmp_path / "config.json").write_text(json.dumps(
+        {**settings(), "protocol": journal.protocol_to_dict(config)}))
+    with pytest.raises(ConfigError, match="settings never let it prune payloads"):
+        resume_config(str(tmp_path), None, [])
 
 
 def test_a_sample_moved_within_a_snapshot_is_refused(tmp_path):

@@ -48,6 +48,23 @@ def _assert_legend_clear(figure, axes) -> None:  # noqa: ANN001
         assert not legend.overlaps(axis.get_window_extent(renderer))
 
 
+def test_three_runs_legends_fit_inside_their_figures():
+    """Long labels, several runs: the legend takes fewer columns, and is never cut off."""
+    from invar.runtime.plots import reward_figure
+    evaluations = [{"version": v, "heldout_reward": 0.1, "wall": 0.5 * v} for v in (0, 5, 10)]
+    runs = [Curves(f"smollm2-{name}-seed0", _rows(12, response_truncated_share=0.5),
+                   evaluations, resumes=[2.0]) for name in ("S0", "S1", "trl")]
+    reward, axis = reward_figure(runs, "update", threshold=0.8)
+    learner, axes = learner_figure(runs)
+    for figure, shown in ((reward, [axis]), (learner, axes)):
+        figure.canvas.draw()
+        inside = figure.legends[0].get_window_extent(figure.canvas.get_renderer())
+        assert inside.x0 >= 0 and inside.x1 <= figure.bbox.width, (inside, figure.bbox)
+        assert inside.y0 >= 0
+        _assert_legend_clear(figure, shown)
+    assert len(reward.legends[0].get_texts()) == 10  # 3 x (train, held-out, resumed) + 1
+
+
 def test_the_throughput_plot_marks_resumes_and_its_legend_covers_no_curve():
     figure, axis = throughput_figure([Curves("a", _rows(30), [], resumes=[6.0]),
                                       Curves("b", _rows(20, period=1.0), [])])

@@ -36,6 +36,40 @@ def test_the_defaults_read_back_to_the_defaults(tmp_path, capsys):
     assert load_config(saved) == load_config(None)
 
 
+def _printed(capsys, *overrides: str) -> dict:
+    assert main(["train", "--print-config", *(a for o in overrides for a in ("--set", o))]) == 0
+    printed = capsys.readouterr().out
+    assert tomllib.loads(printed) == cli.read_keys(load_config(None, list(overrides)))
+    return tomllib.loads(printed)
+
+
+def test_only_the_keys_the_configuration_reads_are_printed(tmp_path, capsys):
+    """The arithmetic task reads no verifier nor file; the built-in policy no path."""
+    overrides = ['task.name="arithmetic"', "policy.vocab_size=258", "policy.max_len=96"]
+    printed = _printed(capsys, *overrides)
+    assert "verifier" not in printed["task"] and "path" not in printed["task"]
+    assert "module" not in printed["task"] and printed["task"]["operand_max"] == 19
+    assert "path" not in printed["policy"] and printed["policy"]["vocab_size"] == 258
+    saved = tmp_path / "printed.toml"
+    saved.write_text(config_toml(printed))
+    assert load_config(saved) == load_config(None, overrides)
+
+
+def test_a_transformers_policy_is_printed_without_the_built_in_policy_s_shape(tmp_path,
+                                                                               capsys):
+    pytest.importorskip("transformers")
+    overrides = ['policy.kind="transformers"',
+                 'policy.config={model_type = "gpt2", n_embd = 32, n_layer = 1, n_head = 2, '
+                 'n_positions = 32}']
+    printed = _printed(capsys, *overrides)
+    assert not {"vocab_size", "layers", "width", "heads", "mlp_ratio", "max_len",
+                "tie_head"} & set(printed["policy"])
+    assert printed["policy"]["config"]["n_layer"] == 1 and printed["task"]["length"] == 8
+    saved = tmp_path / "printed.toml"
+    saved.write_text(config_toml(printed))
+    assert load_config(saved) == load_config(None, overrides)
+
+
 def test_every_value_kind_survives_toml():
     data = {
         "section": {"text": 'quotes " and \\ and\nnew line, tab\t, DEL \x7f, é, ∑',

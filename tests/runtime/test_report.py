@@ -14,10 +14,12 @@ from invar.runtime.report import report
 
 def make_run(directory: Path, rt, *, staleness: int = 0, evaluations=((0, 0.1, 0.5),
              (5, 0.5, 5.0), (10, 0.85, 10.0), (15, 0.7, 15.0)), updates: int = 16,
-             period: float = 1.0, finished: bool = True, pinned: bool = False) -> Path:
+             period: float = 1.0, finished: bool = True, pinned: bool = False,
+             replies_per_sample: int = 1) -> Path:
     """A run directory with the files `invar train` writes: config.json, metrics.jsonl (one
     update row per `period` seconds with the driver's timing, evaluations (version, reward,
-    wall)) and, when finished, summary.json. 4 prompts x 4 samples per batch (tiny)."""
+    wall)) and, when finished, summary.json. 4 prompts x 4 samples per batch (tiny), each
+    answered `replies_per_sample` times (re-sent requests answered again from the cache)."""
     from invar.runtime.config import to_dict
     extra = [f"protocol.max_staleness={staleness}",
              f"protocol.max_inflight_batches={staleness + 1}"]
@@ -28,7 +30,8 @@ def make_run(directory: Path, rt, *, staleness: int = 0, evaluations=((0, 0.1, 0
     (directory / "config.json").write_text(json.dumps(to_dict(config)))
     rows = [{"kind": "update", "update": u, "reward": 0.1, "staleness": 0,
              "wall": period * (u + 1), "learner_seconds": 0.3, "rollout_seconds": 0.2,
-             "core_seconds": 0.05, "rollout_replies": 16} for u in range(updates)]
+             "core_seconds": 0.05, "rollout_replies": 16 * replies_per_sample,
+             "rollout_generated": 16} for u in range(updates)]
     rows += [{"kind": "evaluation", "version": v, "heldout_reward": r, "wall": w}
              for v, r, w in evaluations]
     rows.sort(key=lambda r: r["wall"])
@@ -67,6 +70,13 @@ def test_quality_throughput_and_cost_come_from_the_rows(tmp_path, rt):
     for plot in ("reward_vs_updates.png", "reward_vs_time.png", "throughput.png",
                  "throughput_cost.png"):
         assert (tmp_path / "out" / plot).read_bytes().startswith(b"\x89PNG")
+
+
+def test_R_is_the_time_generation_took_when_requests_were_answered_several_times(tmp_path, rt):
+    (run,) = report([str(make_run(tmp_path / "a", rt, replies_per_sample=5))], tmp_path / "out",
+                    threshold=0.8)
+    assert run.rollout_seconds == pytest.approx(0.2)
+    assert run.overlap_bound == pytest.approx(0.5 / 0.3)
 
 
 def test_a_lower_threshold_is_reached_sooner(tmp_path, rt):

@@ -11,6 +11,7 @@ import os
 import shutil
 import signal
 import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -144,6 +145,17 @@ def test_operational_settings_change_on_resume_and_are_recorded(
     rt.assert_same_weights(rt.final_weights(run_dir), rt.final_weights(reference))
     saved = json.loads((run_dir / "config.json").read_text())
     assert saved["rollout"]["workers"] == 1 and saved["output"]["retry_seconds"] == 5.0
+    # In the journal too, as the changes they are, under its chain (config.json is a copy).
+    contents = journal.read_contents(run_dir / "journal.jsonl")
+    assert [changes for _, changes in contents.binding.changes] == [
+        {"rollout.workers": 1, "output.retry_seconds": 5.0}]
+    checked = subprocess.run([sys.executable, "-m", "checker.cli", "--trace", str(run_dir)],
+                             capture_output=True, text=True, timeout=180)
+    assert checked.returncode == 0, checked.stdout + checked.stderr
+    # A hand edit of an operational setting in config.json is no change a resume makes.
+    saved["output"]["retry_seconds"] = 7.0
+    (run_dir / "config.json").write_text(json.dumps(saved))
+    _assert_refused(_resume(rt, run_dir), "output.retry_seconds")
 
 
 def test_a_thread_count_change_is_accepted_with_a_note(killed, reference, tmp_path, rt):

@@ -4,6 +4,7 @@ messages that are not wrapped at 80 columns when piped."""
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 
@@ -37,6 +38,12 @@ def test_serial_runs_like_any_run(tmp_path, rt):
     _, state, _ = journal.restore(tmp_path / "journal.jsonl")
     assert run_complete(state)
     assert rt.summary(tmp_path)["updates"] == 3
+    # The reversal task has no end token: no response-length figures (constant, all "cut").
+    rows = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    updates = [row for row in rows if row["kind"] == "update"]
+    assert len(updates) == 3 and "loss" in updates[0]
+    assert not [row for row in updates if "response_truncated_share" in row
+                or "response_length_mean" in row]
     checked = subprocess.run([sys.executable, "-m", "checker.cli", "--trace",
                               str(tmp_path / "journal.jsonl")], capture_output=True, text=True)
     assert checked.returncode == 0, checked.stdout + checked.stderr
@@ -66,8 +73,40 @@ def test_piped_messages_are_not_wrapped(tmp_path):
     path = write_journal(tmp_path / ("a-long-directory-name-" * 3) / "journal.jsonl"
                          if (tmp_path / ("a-long-directory-name-" * 3)).mkdir() is None
                          else tmp_path, small_config())
-    checked = subprocess.run([sys.executable, "-m", "checker.cli", "--trace", str(path)],
-                             capture_output=True, text=True)
+    checked = subprocess.run([sys.executable, "-m", "checker.cli", "--trace", str(path),
+                              "--no-rescore"], capture_output=True, text=True)
     assert checked.returncode == 0, checked.stdout
     lines = checked.stdout.splitlines()
     assert len(lines) == 1 and "every recorded digest agrees" in lines[0], lines
+
+
+def test_a_run_shows_the_responses_behind_its_rewards(tmp_path, rt):
+    """report.md holds, per evaluated version, the greedy responses to the same held-out
+    prompts, and per update sampled training responses with their rewards, each reward the
+    task's score of the response shown (what a reader checks before trusting a curve)."""
+    import json
+
+    from invar.runtime.responses import SHOWN_HELDOUT, SHOWN_TRAINING
+    from invar.runtime.tasks import build_task
+    config = rt.tiny_config(tmp_path, "protocol.eval_every=1")
+    rt.run_driver(config)
+    rows = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    shown = [row for row in rows if row["kind"] == "responses"]
+    heldout = {row["step"]: row["rows"] for row in shown if row["split"] == "heldout"}
+    training = {row["step"]: row["rows"] for row in shown if row["split"] == "train"}
+    updates = config.protocol.total_updates
+    assert sorted(heldout) == list(range(updates + 1))
+    assert sorted(training) == list(range(updates))
+    task = build_task(config.task)
+    prompts = [row["prompt"] for row in heldout[0]]
+    assert len(prompts) == SHOWN_HELDOUT
+    for version, table in heldout.items():
+        assert [row["prompt"] for row in table] == prompts  # the same questions every version
+        for index, row in enumerate(table):
+            assert row["answer"] == task.answer_text("heldout", index)
+            response = [int(t) for t in row["response"].split()]
+            assert row["reward"] == task.score("heldout", index, response), (version, row)
+    assert all(len(table) == SHOWN_TRAINING for table in training.values())
+    report = (tmp_path / "report.md").read_text()
+    assert "## Responses" in report and f"Held-out, version {updates}:" in report
+    assert f"`{heldout[updates][0]['response']}`" in report

@@ -349,6 +349,7 @@ def test_an_unreachable_host_stops_the_run_before_it_starts(server, tmp_path, rt
     assert result.returncode == 1, result.stderr
     assert f"invar: cannot start: ssh 127.0.0.1:{closed}: unreachable" in result.stderr
     assert "nothing was trained" in result.stderr
+    assert "Warning" not in result.stderr  # asyncssh's import warns about DSA: not shown
     assert not (run_dir / "journal.jsonl").exists()  # no local worker trained in its place
 
 

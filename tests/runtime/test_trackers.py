@@ -31,6 +31,10 @@ def _record(**fields):
     with open(os.environ["FAKE_WANDB_LOG"], "a") as file:
         file.write(json.dumps(fields) + "\\n")
 
+class Table:
+    def __init__(self, columns, data):
+        self.columns, self.data = columns, data
+
 class Run:
     def __init__(self, id):
         self.id, self.step = id, 0
@@ -177,4 +181,9 @@ def test_a_run_killed_and_resumed_continues_both_tracker_runs_step_by_step(tmp_p
     evaluated = [c["step"] for c in calls if c["call"] == "log" and
                  c["keys"] == ["eval/heldout_reward"]]
     assert evaluated == [0, 2, 4]
+    tables = {key: {c["step"] for c in calls if c["call"] == "log" and c["keys"] == [key]}
+              for key in ("responses/heldout", "responses/train")}
+    assert tables == {"responses/heldout": {0, 2, 4}, "responses/train": set(range(UPDATES))}
+    shown = sorted(p.name for p in (run_dir / "mlruns").rglob("responses/heldout/*.md"))
+    assert shown == ["000000.md", "000002.md", "000004.md"]
     assert calls[-1] == {"call": "finish", "id": calls[0]["id"], "exit_code": 0}
