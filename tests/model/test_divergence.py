@@ -219,3 +219,16 @@ def test_the_behaviour_weights_of_issue_41_have_a_finite_mean():
     (first, *_) = commands_of(d.commands, ApplyCotangent)
     assert first.terms.mean_behavior_weight == pytest.approx(1e308, rel=1e-12)
     assert np.isfinite(first.cotangent.values).all()
+
+
+def test_rewards_near_the_float_maximum_give_finite_advantages():
+    """Their sums overflowed: NaN advantages, and a forward refused as if the policy had
+    diverged. The advantages are the same math over the rewards scaled by the largest."""
+    from invar.model.objective import group_advantages
+    normalised = group_advantages(np.array([1e308, -1e308, 1e308, -1e308, 1.0, 3.0]), 2, True)
+    assert np.allclose(normalised, [1.0, -1.0, 1.0, -1.0, -1.0, 1.0], atol=1e-6)
+    centred = group_advantages(np.array([1e308, 1e308, 0.0, 0.0]), 4, False)
+    assert np.allclose(centred, [5e307, 5e307, -5e307, -5e307])
+    # Past the float maximum the centred advantage is infinite; the core refuses that forward.
+    past = group_advantages(np.array([1.7e308, 1.7e308, 1.7e308, -1.7e308]), 4, False)
+    assert np.allclose(past[:3], 0.85e308) and past[3] == -np.inf  # -2.55e308
