@@ -36,6 +36,8 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import os
+import stat
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -54,7 +56,14 @@ from invar.model.completions import Completions
 from invar.model.config import RunConfig
 from invar.model.errors import ConfigError
 from invar.model.invariants import IncrementalInvariants, transition_violations
-from invar.model.messages import DecodeError, Event, RequestsCompleted, decode_with, packed_fields
+from invar.model.messages import (
+    DecodeError,
+    Event,
+    RequestsCompleted,
+    decode_with,
+    packed_fields,
+    parse_json,
+)
 from invar.model.objective import ObjectiveConfig
 from invar.model.schedule import prompt_index
 from invar.model.shell import Verdict, deliver
@@ -119,13 +128,26 @@ def unlinked(line: str) -> tuple[str, str] | None:
 def read_key(path: Path, run_dir: Path) -> bytes:
     """The chain key that key file `path` holds (a hash of its bytes: any file of at least
     KEY_MIN_BYTES random bytes is a key). Refused, naming the file, if it cannot be read, is
-    too short, or lies inside the run directory `run_dir` (a key beside the journal protects
-    nothing: whoever can rewrite the journal can read it)."""
+    not a regular file, is too short, can be read by others than its owner, or lies inside
+    the run directory `run_dir` by its path, a symbolic link or a hard link (a key beside the
+    journal protects nothing: whoever can rewrite the journal can read it)."""
+    inside = f"{path}: the journal key lies inside the run directory {run_dir}"
     if Path(path).resolve().is_relative_to(Path(run_dir).resolve()):
-        raise JournalError(f"{path}: the journal key lies inside the run directory {run_dir}; "
-                           f"keep it where whoever can write the run cannot read it")
+        raise JournalError(f"{inside}; keep it where whoever can write the run cannot read it")
     try:
-        material = Path(path).read_bytes()
+        # Non-blocking: opening a FIFO would wait for a writer (a file's reads never block).
+        with open(os.open(path, os.O_RDONLY | os.O_NONBLOCK), "rb") as file:
+            status = os.fstat(file.fileno())
+            if not stat.S_ISREG(status.st_mode):
+                raise JournalError(f"{path}: a journal key is a regular file")
+            if status.st_mode & 0o077:
+                raise JournalError(f"{path}: others than its owner can read or write the "
+                                   f"journal key (mode {stat.S_IMODE(status.st_mode):04o}): "
+                                   f"chmod 600 {path}")
+            if status.st_nlink > 1 and _linked_inside(status, Path(run_dir)):
+                raise JournalError(f"{inside} (a hard link to it); keep it where whoever can "
+                                   "write the run cannot read it")
+            material = file.read()
     except OSError as error:
         raise JournalError(f"{path}: cannot read the journal key: "
                            f"{error.strerror or error}") from None
@@ -133,6 +155,19 @@ def read_key(path: Path, run_dir: Path) -> bytes:
         raise JournalError(f"{path}: a journal key holds at least {KEY_MIN_BYTES} bytes, this "
                            f"file {len(material)} (make one with `head -c 32 /dev/urandom`)")
     return hashlib.blake2b(material, digest_size=32, person=b"invar-journalkey").digest()
+
+
+def _linked_inside(status: os.stat_result, run_dir: Path) -> bool:
+    """Whether a file in `run_dir` (symbolic links not followed) is the file `status` is of."""
+    for folder, _, names in os.walk(run_dir):
+        for name in names:
+            try:
+                other = os.lstat(os.path.join(folder, name))
+            except FileNotFoundError:  # removed since it was listed
+                continue
+            if (other.st_dev, other.st_ino) == (status.st_dev, status.st_ino):
+                return True
+    return False
 
 
 def header_text(config: RunConfig, keyed: bool, settings: dict[str, Any] | None = None,
@@ -275,7 +310,7 @@ def read_contents(path: Path, key: bytes | None = None, start: StartAt = "first"
     if not lines:
         raise JournalError(f"{path}: empty journal")
     try:
-        header = json.loads(lines[0])
+        header = parse_json(lines[0])
         version = header["journal"]
         if version != JOURNAL_FORMAT:
             raise JournalError(f"{path}:1: journal format {version!r}; this version of invar "
@@ -301,7 +336,7 @@ def read_contents(path: Path, key: bytes | None = None, start: StartAt = "first"
     changes: list[tuple[int, dict[str, Any]]] = []
     for number, line in enumerate(lines[1:], start=2):
         try:
-            record = json.loads(line)
+            record = parse_json(line)
             if SETTINGS_CHANGED in record:
                 changed = record[SETTINGS_CHANGED]
                 if not isinstance(changed, dict) or not changed or settings is None:
@@ -370,7 +405,7 @@ def _start(path: Path, config: RunConfig, entries: list[Entry], segments: Segmen
     checked = []
     for _, candidate in snapshots:
         try:
-            document = json.loads(candidate.read_bytes())
+            document = parse_json(candidate.read_bytes())
         except (OSError, ValueError) as error:
             raise SnapshotError(f"{candidate}: cannot be read as a snapshot: {error}") from None
         seq = document.get("seq") if isinstance(document, dict) else None

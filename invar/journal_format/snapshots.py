@@ -26,6 +26,7 @@ from invar.journal_format.errors import SnapshotError
 from invar.model.completions import Completions
 from invar.model.config import RunConfig
 from invar.model.core import sample_digests
+from invar.model.messages import parse_json
 from invar.model.state import (
     AppliedStep,
     Assigned,
@@ -145,7 +146,7 @@ def ledger_line(record: Consumption) -> str:
 def ledger_record(text: str, where: str) -> Consumption:
     """`ledger_line`'s record back; a SnapshotError names `where`."""
     try:
-        data = json.loads(text)
+        data = parse_json(text)
     except ValueError as error:
         raise SnapshotError(f"{where}: not a ledger record: {error}") from None
     fields = _Fields(data, where)

@@ -13,6 +13,10 @@ from invar.model.errors import ConfigError
 from invar.model.memo import cached_repr
 from invar.model.objective import ObjectiveConfig
 
+MAX_SEED = 2 ** 63 - 1
+"""The largest root seed: the width of every seed derived from it (`schedule.derive_seed`),
+which a signed 64-bit integer holds (torch's generators take no wider one)."""
+
 
 @cached_repr
 @dataclass(frozen=True)
@@ -70,6 +74,10 @@ class RunConfig:
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 0:
                 raise ConfigError((name,), f"must be an integer >= 0, got {value!r}")
+        if self.seed > MAX_SEED:
+            raise ConfigError(("seed",), f"must be at most 2**63 - 1 = {MAX_SEED}, got "
+                                         f"{self.seed}: the random generators it seeds take a "
+                                         "64-bit integer")
         if self.sync_period > self.max_staleness + 1:
             raise ConfigError(
                 ("sync_period", "max_staleness"),

@@ -452,9 +452,18 @@ def logprob_matrix(values: np.ndarray) -> Matrix:
     return Ragged.from_table(table)
 
 
+def parse_json(text: str | bytes) -> Any:
+    """`json.loads`, with a document nested too deeply for the parser (a RecursionError, which
+    is no ValueError) refused as a malformed one is: a ValueError."""
+    try:
+        return json.loads(text)
+    except RecursionError:
+        raise ValueError("nested too deeply to be read") from None
+
+
 def loads(text: str | bytes) -> Any:
     try:
-        data = json.loads(text)
+        data = parse_json(text)
     except ValueError as exc:
         raise DecodeError(f"not JSON: {exc}") from None
     return decode(data)

@@ -186,19 +186,39 @@ def group_advantages(
     if not _is_real(eps) or not 0.0 <= eps < math.inf:
         raise ValueError(f"eps: must be a finite number >= 0, got {eps!r}")
 
-    # Sums along each group, as `mean` and `std` compute them (without their Python wrappers).
     groups = rewards.reshape(-1, group_size)
-    group_mean = np.add.reduce(groups, axis=1, keepdims=True) / group_size
-    centred = groups - group_mean
-    if normalize:
-        # The population std (ddof=0): sqrt(mean((R_i - mean(R_g))^2)).
-        group_std = np.sqrt(np.add.reduce(np.square(centred), axis=1, keepdims=True)
-                            / group_size)
-        centred = centred / (group_std + eps)
+    if not np.abs(groups).max(initial=0.0) > math.sqrt(_FLOAT_MAX / (4 * group_size)):
+        centred = _centred(groups, normalize, eps)
+    else:
+        # Rewards this large can overflow the sums (of G squares of differences up to twice
+        # the largest): the same advantages from the rewards over their group's largest
+        # magnitude (a normalised advantage does not change with the scale; a centred one is
+        # scaled back, infinite only where its true value is past the float maximum).
+        scale = np.max(np.abs(groups), axis=1, keepdims=True)
+        scale = np.where(scale > 0.0, scale, 1.0)
+        centred = _centred(groups / scale, normalize, eps / scale)
+        if not normalize:
+            with np.errstate(over="ignore"):
+                centred = centred * scale
     # Exact zeros for constant groups: the float mean of equal values need not equal them.
     constant = np.logical_and.reduce(groups == groups[:, :1], axis=1, keepdims=True)
     advantages = np.where(constant, 0.0, centred)
     return advantages.reshape(-1)
+
+
+_FLOAT_MAX = float(np.finfo(np.float64).max)
+
+
+def _centred(groups: np.ndarray, normalize: bool, eps: float | np.ndarray) -> np.ndarray:
+    """R_i - mean(R_g), over std(R_g) + eps when `normalize`, of each group (a row)."""
+    # Sums along each group, as `mean` and `std` compute them (without their Python wrappers).
+    size = groups.shape[1]
+    centred: np.ndarray = groups - np.add.reduce(groups, axis=1, keepdims=True) / size
+    if normalize:
+        # The population std (ddof=0): sqrt(mean((R_i - mean(R_g))^2)).
+        group_std = np.sqrt(np.add.reduce(np.square(centred), axis=1, keepdims=True) / size)
+        centred = centred / (group_std + eps)
+    return centred
 
 
 # ---------------------------------------------------------------------------------------------
@@ -474,7 +494,16 @@ def _tokens_and_mean_weight(weight: np.ndarray | None, mask: np.ndarray | None,
     """The valid tokens (all `size` of them, when there is no mask) and the mean behaviour
     weight over them."""
     tokens = size if mask is None else int(np.count_nonzero(mask))
-    mean_weight = 1.0 if weight is None else float(np.add.reduce(weight, axis=None) / tokens)
+    if weight is None:
+        return tokens, 1.0
+    with np.errstate(over="ignore"):
+        mean_weight = float(np.add.reduce(weight, axis=None) / tokens)
+    if not math.isfinite(mean_weight):
+        # Weights near the float maximum (a cap as large) overflow their sum: the mean of the
+        # weights over the largest, times it, is at most the largest, as a mean is.
+        largest = float(weight.max())
+        mean_weight = min(largest * float(np.add.reduce(weight / largest, axis=None) / tokens),
+                          largest)
     return tokens, mean_weight
 
 

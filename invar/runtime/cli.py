@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import dataclasses
 import json
 import logging
@@ -17,19 +18,23 @@ from pathlib import Path
 from typing import Any
 
 from invar.model.errors import ConfigError
+from invar.model.messages import parse_json
 from invar.model.schedule import report
 from invar.runtime.allocator import limit_fragmentation
 from invar.runtime.backend import LearnerBackend
 from invar.runtime.config import (
+    CONFIG_MAX_BYTES,
     KIND_KEYS,
     OPERATIONAL,
     ROUNDING,
     TrainConfig,
     changed_keys,
+    check_nesting,
     describe_bad_byte,
     load_config,
     to_dict,
 )
+from invar.runtime.files import TooLarge, directory_lock, read_at_most
 from invar.runtime.policy_config import SHAPE_FIELDS
 from invar.runtime.registry import LEARNERS, resolve
 
@@ -60,6 +65,12 @@ def train(config: TrainConfig, resume: bool = False, serial: bool = False,
 
 
 def main(argv: list[str] | None = None) -> int:
+    # The run directory's lock (`_hold_run_directory`) is held until the command ends.
+    with contextlib.ExitStack() as held:
+        return _main(argv, held)
+
+
+def _main(argv: list[str] | None, held: contextlib.ExitStack) -> int:
     limit_fragmentation()  # before the first tensor: the driver's threads each allocate
     parser = argparse.ArgumentParser(prog="invar", description=__doc__)
     commands = parser.add_subparsers(dest="command", required=True)
@@ -110,12 +121,17 @@ def main(argv: list[str] | None = None) -> int:
         # Checking the configuration may take a while (a task module, a tokenizer to load).
         with signals_raise():
             if args.resume:
+                if not args.print_config:
+                    # Before the journal is read: a driver that holds the run may extend it.
+                    _hold_run_directory(held, Path(args.resume))
                 journal_key = _journal_key(args.journal_key, args.resume)
                 config, restored, binding = resume_config(args.resume, args.config, args.set,
                                                           journal_key)
             else:
                 config = load_config(args.config, args.set)
                 journal_key = _journal_key(args.journal_key, config.output.run_dir)
+                if not args.print_config:
+                    _claim_new_run_directory(held, config.output.run_dir)
     except ConfigError as error:
         what = "resume refused" if args.resume else "configuration refused"
         print(f"invar: {what}: {error}", file=sys.stderr)
@@ -262,6 +278,12 @@ def resume_config(run_dir: str, config_path: str | None, overrides: list[str],
     journal_path = directory / "journal.jsonl"
     contents = _read_journal(journal_path, journal_key)
     check_saved(started, contents, saved_path)
+    from invar.runtime.store import not_a_file
+    stray = not_a_file(directory / "store")
+    if stray is not None:
+        raise ConfigError((str(stray),), "is not a file: the weights store holds files only "
+                                         "(remove it: the store is published again from the "
+                                         "commits)")
     try:
         bound = bound_config(contents, run_dir)
     except ConfigError as error:
@@ -290,15 +312,52 @@ def resume_config(run_dir: str, config_path: str | None, overrides: list[str],
     return config, restored, contents.binding
 
 
+def _hold_run_directory(held: contextlib.ExitStack, run_dir: Path) -> None:
+    """Lock `run_dir` for this command (`files.directory_lock`): one driver per run. Refused,
+    naming the directory, while another holds it; a directory that is not there is left to
+    the checks that name it. A file system that cannot lock a directory (NFS's emulation of
+    flock wants a file open for writing) gets a note, and the run goes on unlocked."""
+    if not run_dir.is_dir():
+        return
+    try:
+        held.enter_context(directory_lock(run_dir))
+    except BlockingIOError:
+        raise ConfigError((str(run_dir),), "another invar driver holds this run directory: one "
+                                           "run, one driver (let it end, or stop it first)"
+                          ) from None
+    except OSError as error:
+        print(f"note: {run_dir} cannot be locked ({error.strerror or error}): make sure no "
+              "other invar driver runs in it", file=sys.stderr)
+
+
+def _claim_new_run_directory(held: contextlib.ExitStack, run_dir: str) -> None:
+    """The directory of a new run, made and locked before anything is written in it; refused
+    when it is the current directory or one above it (the run's files among others)."""
+    here = Path.cwd().resolve()
+    where = Path(run_dir).resolve()
+    if where == here or where in here.parents:
+        raise ConfigError(("output.run_dir",), f"{run_dir!r} is the current directory or one "
+                                               "above it: a run needs a directory of its own, "
+                                               "e.g. runs/NAME")
+    try:
+        where.mkdir(parents=True, exist_ok=True)
+    except OSError as error:
+        raise ConfigError(("output.run_dir",), f"cannot make {run_dir!r}: "
+                                               f"{error.strerror or error}") from None
+    _hold_run_directory(held, where)
+
+
 def _read_json_table(path: Path) -> dict[str, Any]:
     try:
-        raw = path.read_bytes()
+        raw = read_at_most(path, CONFIG_MAX_BYTES)
+    except TooLarge as error:
+        raise ConfigError((str(path),), f"not a configuration: {error}") from None
     except FileNotFoundError:
         raise ConfigError((str(path),), "not found: not a run directory") from None
     except OSError as error:
         raise ConfigError((str(path),), f"cannot read: {error.strerror or error}") from None
     try:
-        data = json.loads(raw.decode("utf-8"))
+        data = parse_json(raw.decode("utf-8"))
     except UnicodeDecodeError as error:
         raise ConfigError((str(path),), f"not UTF-8 text: {describe_bad_byte(raw, error)}"
                           ) from None
@@ -307,6 +366,7 @@ def _read_json_table(path: Path) -> dict[str, Any]:
     if not isinstance(data, dict):
         raise ConfigError((str(path),), f"must hold a JSON object (a configuration), not a "
                                         f"{type(data).__name__}")
+    check_nesting(data, str(path))
     return data
 
 

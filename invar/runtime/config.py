@@ -18,10 +18,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Union
 
+import numpy as np
+
 from invar.journal_format import leaves
 from invar.model.config import RunConfig
 from invar.model.errors import ConfigError
 from invar.model.objective import ObjectiveConfig
+from invar.runtime.files import TooLarge, read_at_most
 from invar.runtime.gguf import is_gguf
 from invar.runtime.policy_config import PolicyConfig
 from invar.runtime.registry import LEARNERS, TRANSPORTS, one_of, resolve
@@ -327,8 +330,7 @@ class TrainConfig:
                 raise ConfigError((f"output.trackers[{index}]",), problem)
         if len(set(self.output.trackers)) != len(self.output.trackers):
             raise ConfigError(("output.trackers",), "names a tracker twice")
-        if not self.output.retry_seconds > 0:
-            raise ConfigError(("output.retry_seconds",), "must be > 0")
+        check_timer("output.retry_seconds", self.output.retry_seconds)
         if self.output.journal_keep_updates < 0:
             raise ConfigError(("output.journal_keep_updates",),
                               "must be >= 0 (0 keeps every update's payloads)")
@@ -343,9 +345,7 @@ class TrainConfig:
                 raise ConfigError((f"task.{name}",), "must be >= 1")
         if task.verifier_processes < 0:
             raise ConfigError(("task.verifier_processes",), "must be >= 0")
-        if not (math.isfinite(task.verifier_timeout_s) and task.verifier_timeout_s > 0):
-            raise ConfigError(("task.verifier_timeout_s",),
-                              f"must be a finite number > 0, got {task.verifier_timeout_s}")
+        check_timer("task.verifier_timeout_s", task.verifier_timeout_s)
         if not math.isfinite(task.failure_reward):
             raise ConfigError(("task.failure_reward",), "must be a finite number")
         if not math.isfinite(task.format_reward):
@@ -422,8 +422,10 @@ class TrainConfig:
 
     def _validate_optim(self) -> None:
         optim = self.optim
-        if not (math.isfinite(optim.lr) and optim.lr > 0):
-            raise ConfigError(("optim.lr",), f"must be a finite number > 0, got {optim.lr}")
+        if not (math.isfinite(optim.lr) and 0 < optim.lr <= LARGEST_WEIGHT):
+            raise ConfigError(("optim.lr",), f"must be a number in (0, {LARGEST_WEIGHT:.7g}], "
+                                             f"got {optim.lr}: an AdamW step moves a weight by "
+                                             "up to lr, and the weights are float32")
         for index, beta in enumerate(optim.betas):
             if not 0 <= beta < 1:
                 raise ConfigError((f"optim.betas[{index}]",), f"must be in [0, 1), got {beta}")
@@ -506,6 +508,31 @@ class TrainConfig:
                 raise ConfigError((key,), f"CPU(s) {', '.join(map(str, missing))} not available "
                                           f"to this process; available: "
                                           f"{', '.join(map(str, sorted(available)))}")
+
+
+SHORTEST_TIMER_S = 0.01
+"""The shortest retry period or verifier time limit: one scheduler tick of a HZ=100 kernel, how
+long a busy machine can keep a ready process or thread from running. A shorter timer fires
+before the peer it waits for can answer: every verifier call a timeout (and a new process),
+every command re-sent again and again, and the run makes no progress."""
+
+LARGEST_WEIGHT = float(np.finfo(np.float32).max)
+"""The largest float32: the learners' weights are float32 (a larger lr overflows a weight at
+the first AdamW step; smaller ones that still diverge stop the run, resumable)."""
+
+
+LONGEST_TIMER_S = float(2 ** 63 // 10 ** 9)
+"""The longest retry period or verifier time limit: Python's clocks count nanoseconds in a
+signed 64-bit integer (about 292 years); a longer wait overflows `select` (OverflowError)."""
+
+
+def check_timer(key: str, seconds: float) -> None:
+    """A timer's period in seconds lies in [`SHORTEST_TIMER_S`, `LONGEST_TIMER_S`]."""
+    if not SHORTEST_TIMER_S <= seconds <= LONGEST_TIMER_S:  # False for a NaN
+        raise ConfigError((key,), f"must be a number of seconds in [{SHORTEST_TIMER_S}, "
+                                  f"{LONGEST_TIMER_S:.4g}] (a shorter timer fires before what "
+                                  f"it waits for can answer, a longer one overflows the "
+                                  f"clock), got {seconds}")
 
 
 OPERATIONAL = (
@@ -618,7 +645,9 @@ def tracker_problem(tracker: str) -> str:
 def read_toml(path: str | Path) -> dict[str, Any]:
     """A TOML file's tables; an unreadable, non-UTF-8 or malformed file is refused, named."""
     try:
-        raw = Path(path).read_bytes()
+        raw = read_at_most(path, CONFIG_MAX_BYTES)
+    except TooLarge as error:
+        raise ConfigError((str(path),), f"cannot read config: {error}") from None
     except OSError as error:
         raise ConfigError((str(path),), f"cannot read config: {error.strerror or error}") from None
     try:
@@ -627,9 +656,36 @@ def read_toml(path: str | Path) -> dict[str, Any]:
         raise ConfigError((str(path),), f"not UTF-8 text: {describe_bad_byte(raw, error)}"
                           ) from None
     try:
-        return tomllib.loads(text)
+        data = tomllib.loads(text)
     except tomllib.TOMLDecodeError as error:
         raise ConfigError((str(path),), f"cannot read config: {error}") from None
+    except RecursionError:
+        raise ConfigError((str(path),), f"cannot read config: {TOO_DEEP}") from None
+    check_nesting(data, str(path))
+    return data
+
+
+CONFIG_MAX_BYTES = 1 << 20
+"""The longest configuration file read (1 MiB; the resolved defaults are 5 KB): reading stops
+there, so a device (/dev/zero) or a runaway file is refused, not read until memory runs out."""
+
+MAX_NESTING = 32
+"""The deepest tables and lists may nest in a configuration (its own keys are 3 deep; the
+rest is for a plug-in's `task.options`). Deeper ones are refused: reading them would recurse
+past Python's stack."""
+
+TOO_DEEP = f"tables or lists nested more than {MAX_NESTING} deep"
+
+
+def check_nesting(data: Any, where: str) -> None:
+    """Refuse `data` (a configuration's tables) nested deeper than `MAX_NESTING`, naming
+    `where`; looked at level by level, without recursion."""
+    level = [data]
+    for _ in range(MAX_NESTING):
+        level = [child for node in level if isinstance(node, (dict, list))
+                 for child in (node.values() if isinstance(node, dict) else node)]
+    if any(isinstance(node, (dict, list)) for node in level):
+        raise ConfigError((where,), TOO_DEEP)
 
 
 def describe_bad_byte(raw: bytes, error: UnicodeDecodeError) -> str:
@@ -642,6 +698,8 @@ def load_config(path: str | Path | None = None, overrides: list[str] | tuple[str
                 base: dict[str, Any] | None = None, validate: bool = True) -> TrainConfig:
     """Defaults, then `base` (a saved configuration), then the TOML file's keys, then each
     `key.path=value` override; validated unless `validate` is false."""
+    if base is not None:
+        check_nesting(base, "the saved configuration")
     data: dict[str, Any] = copy.deepcopy(base) if base is not None else {}
     if path is not None:
         _merge(data, read_toml(path))
@@ -653,6 +711,9 @@ def load_config(path: str | Path | None = None, overrides: list[str] | tuple[str
             value = tomllib.loads(f"x = {text}")["x"]
         except tomllib.TOMLDecodeError:
             value = text  # a bare word: a string
+        except RecursionError:
+            raise ConfigError((key,), TOO_DEEP) from None
+        check_nesting(value, key)
         node = data
         parts = key.strip().split(".")
         for part in parts[:-1]:

@@ -41,8 +41,10 @@ from invar.model.messages import (
     Command,
     DecodeError,
     Event,
+    ForwardObserved,
     LaunchRequests,
     LoadWeights,
+    ProbabilitiesReported,
     Publish,
     ReleaseVersion,
     RequestsCompleted,
@@ -349,10 +351,12 @@ class Driver(Run):
                 self.stats.refused += 1
                 self.metrics.count(f"refused_{delivery.error.reason.value}")
                 log.warning("%s", delivery.error)
-                if delivery.error.reason is Reason.DIVERGED:
+                if _repeats(event, delivery.error.reason):
                     # Re-sending the forward would bring the same log-probs back: a stall.
+                    detail = delivery.error.detail if delivery.error.reason is Reason.DIVERGED \
+                        else f"the learner's log-probs are refused ({delivery.error.detail})"
                     raise RunStopped(
-                        f"the policy diverged: {delivery.error.detail}; the run stops at update "
+                        f"the policy diverged: {detail}; the run stops at update "
                         f"{self.state.committed} of {self.config.protocol.total_updates} and "
                         f"can be resumed from its last commit (version {self.state.committed}) "
                         f"with `invar train --resume {self.run_dir}`")
@@ -660,6 +664,15 @@ def launch_frames(launches: list[LaunchRequests]) -> dict[tuple[str, int], dict[
 
 class ResumeError(RuntimeError):
     """The run directory's commits and journal disagree: the run cannot continue from them."""
+
+
+def _repeats(event: Event, reason: Reason) -> bool:
+    """True when the learner would answer a re-sent command with the same refused event: its
+    objective overflowed, or its log-probs are no log-probabilities (weights no longer finite:
+    the learner runs in this process, so nothing on the way damaged them)."""
+    return reason is Reason.DIVERGED or (
+        reason is Reason.MALFORMED_PAYLOAD
+        and isinstance(event, (ForwardObserved, ProbabilitiesReported)))
 
 
 class RunStopped(RuntimeError):

@@ -1,10 +1,13 @@
-"""Atomic file writes (no framework: the journal, the metrics and the store use them)."""
+"""Atomic file writes, bounded reads and the run directory's lock (no framework: the
+journal, the metrics, the store and the command line use them)."""
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import os
 import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, BinaryIO
 
@@ -48,3 +51,30 @@ def atomic_write_with(path: str | os.PathLike[str], write: Callable[[BinaryIO], 
 def atomic_write_leftovers(directory: str | os.PathLike[str], name_prefix: str) -> list[Path]:
     """Temporary files that interrupted `atomic_write`s of `name_prefix*` files left behind."""
     return sorted(Path(directory).glob(f".{name_prefix}*.tmp"))
+
+
+class TooLarge(ValueError):
+    """A file longer than its reader's limit (`read_at_most`)."""
+
+
+def read_at_most(path: str | os.PathLike[str], limit: int) -> bytes:
+    """The bytes of `path`, reading at most `limit` + 1 of them: a longer file (or an endless
+    one: /dev/zero) raises TooLarge instead of filling the memory."""
+    with open(path, "rb") as file:
+        data = file.read(limit + 1)
+    if len(data) > limit:
+        raise TooLarge(f"longer than {limit} bytes")
+    return data
+
+
+@contextlib.contextmanager
+def directory_lock(path: str | os.PathLike[str]) -> Iterator[None]:
+    """An exclusive lock on the directory `path` for as long as the context lasts: `flock` on
+    the directory itself, so taking it writes nothing there, and the kernel drops it when the
+    process ends however it ends. Raises BlockingIOError while another process holds it."""
+    descriptor = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        fcntl.flock(descriptor, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        yield
+    finally:
+        os.close(descriptor)

@@ -18,6 +18,7 @@ from typing import Any
 
 import numpy as np
 
+from invar.model.messages import parse_json
 from invar.model.ragged import Ragged
 from invar.runtime.files import atomic_write
 from invar.runtime.hint import HINT_AFTER
@@ -109,7 +110,7 @@ class MetricsLog:
         lives = 1
         for line in path.read_text(encoding="utf-8", errors="replace").splitlines():
             try:
-                row = json.loads(line)
+                row = parse_json(line)
                 kind = row.pop("kind", None)
                 if kind == "update":
                     updates[int(row["update"])] = row

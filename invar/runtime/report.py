@@ -17,6 +17,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from invar.model.messages import parse_json
 from invar.runtime.hint import measure
 from invar.runtime.metrics import pace_text
 from invar.runtime.plots import THROUGHPUT_WINDOW, TITLES, Curves
@@ -86,7 +87,7 @@ def load_run(path: Path, argument: str) -> tuple[dict[str, Any], Curves, dict[st
         raise ReportError(argument, f"has no {missing}: not a run directory of `invar train` "
                                     "(or one that has not written its first update yet)")
     try:
-        config = json.loads(config_path.read_text(encoding="utf-8"))
+        config = parse_json(config_path.read_text(encoding="utf-8"))
         config["protocol"]["prompts_per_batch"]  # noqa: B018 (the shape is checked here)
     except (OSError, UnicodeDecodeError, ValueError, KeyError, TypeError) as error:
         raise ReportError(argument, f"config.json is not a configuration of `invar train` "
@@ -100,7 +101,7 @@ def load_run(path: Path, argument: str) -> tuple[dict[str, Any], Curves, dict[st
     summary = None
     if (path / "summary.json").is_file():
         try:
-            summary = json.loads((path / "summary.json").read_text(encoding="utf-8"))
+            summary = parse_json((path / "summary.json").read_text(encoding="utf-8"))
         except (OSError, UnicodeDecodeError, ValueError) as error:
             raise ReportError(argument, f"summary.json is not readable JSON ({error})") from None
     resumes = [wall for life, wall in sorted(log.life_walls.items()) if life >= 2]

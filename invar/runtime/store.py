@@ -18,7 +18,7 @@ from pathlib import Path
 
 from invar.runtime.backend import LearnerBackend
 from invar.runtime.commits import CommitError
-from invar.runtime.files import atomic_write
+from invar.runtime.files import atomic_write, atomic_write_leftovers
 
 log = logging.getLogger("invar.store")
 
@@ -53,12 +53,16 @@ class WeightsStore:
     def __init__(self, directory: Path) -> None:
         self.directory = Path(directory)
         self.directory.mkdir(parents=True, exist_ok=True)
+        for leftover in atomic_write_leftovers(self.directory, STORED_PREFIX):
+            # A publication a crash interrupted (a whole copy of the weights): the file it was
+            # to replace is intact, or published again.
+            leftover.unlink()
         # (version, blob, params digest); replaced whole, so a reader on another thread sees
         # the old entry or the new, never a mix.
         self._newest: tuple[int, bytes, str] | None = None
 
     def path(self, version: int) -> Path:
-        return self.directory / f"weights-{version:06d}.bin"
+        return self.directory / f"{STORED_PREFIX}{version:06d}.bin"
 
     def write(self, version: int, blob: bytes, params_digest: str) -> None:
         write_with_digest(self.path(version), blob, params_digest)
@@ -88,6 +92,17 @@ class WeightsStore:
         path = self.path(version)
         path.unlink(missing_ok=True)
         digest_path(path).unlink(missing_ok=True)
+
+
+STORED_PREFIX = "weights-"
+"""The names of the store's files (with their digests beside them)."""
+
+
+def not_a_file(directory: Path) -> Path | None:
+    """A path of the store in `directory` that is not a regular file (a directory, a link, a
+    FIFO where a weights file or its digest belongs): neither readable nor replaceable."""
+    return next((path for path in sorted(Path(directory).glob(f"{STORED_PREFIX}*"))
+                 if path.is_symlink() or not path.is_file()), None)
 
 
 def publish(learner: LearnerBackend, store: WeightsStore, version: int) -> str:

@@ -128,6 +128,7 @@ def key_file(tmp_path_factory) -> Path:
     """A key outside every run directory of the test."""
     path = tmp_path_factory.mktemp("keys") / "journal.key"
     path.write_bytes(bytes(range(32)))
+    path.chmod(0o600)  # a key others can read is refused
     return path
 
 
@@ -147,6 +148,7 @@ def test_a_keyed_journal_passes_with_its_key_only(tmp_path, key_file, capsys):
     assert code == 2 and "keyed" in out and "key" in out, out
     other = key_file.parent / "other.key"
     other.write_bytes(bytes(range(1, 33)))
+    other.chmod(0o600)
     code, out = check_keyed(path, other, capsys)
     assert code == 1 and f"departure at {path}:1:" in out and "another key" in out, out
 

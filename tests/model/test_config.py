@@ -37,6 +37,8 @@ BAD_CONFIGS = [
     ("negative eval_every", dict(eval_every=-1), {"eval_every"}),
     ("negative checkpoint_every", dict(checkpoint_every=-2), {"checkpoint_every"}),
     ("negative seed", dict(seed=-1), {"seed"}),
+    ("seed wider than 63 bits", dict(seed=2 ** 63), {"seed"}),
+    ("seed of issue 41", dict(seed=10 ** 26), {"seed"}),
     ("bool is not an int", dict(optimizer_steps=True), {"optimizer_steps"}),
     ("float is not an int", dict(max_staleness=1.0), {"max_staleness"}),
     ("clip_low 0", dict(objective=ObjectiveConfig(clip_low=0.0)), {"objective.clip_low"}),
@@ -120,6 +122,47 @@ def test_gen_version_properties(config):
     for v in pub:
         assert list(schedule.batches_of_version(config, v)) == \
             [b for b in range(n) if versions[b] == v]
+
+
+@settings(max_examples=150, deadline=None)
+@given(config=valid_configs())
+def test_gen_version_is_its_definition(config):
+    """gen_version(b) = max(min{v ∈ Pub : v ≥ b − S}, last hard boundary ≤ b), written out."""
+    pub = published_versions(config)
+    for b in range(config.total_updates):
+        oldest_allowed = min(v for v in pub if v >= b - config.max_staleness)
+        last = max(v for v in hard_boundaries(config) if v <= b)
+        assert gen_version(config, b) == max(oldest_allowed, last)
+
+
+def _schedule_lines(total_updates: int) -> int:
+    """Python lines `schedule.report` runs in invar/model/schedule.py for a run of
+    `total_updates` with a boundary at every version (a fresh seed: nothing cached)."""
+    import sys
+    config = RunConfig(total_updates=total_updates, eval_every=1, sync_period=1,
+                       max_staleness=1, seed=total_updates).validate()
+    lines = 0
+
+    def count(frame, event, arg):
+        nonlocal lines
+        if frame.f_code.co_filename == schedule.__file__:
+            lines += event == "line"
+            return count
+        return None
+
+    sys.settrace(count)
+    try:
+        report(config)
+    finally:
+        sys.settrace(None)
+    return lines
+
+
+def test_the_schedule_report_grows_linearly_with_the_run():
+    """Issue 41: `report` scanned every published version and every boundary for each batch,
+    quadratic in total_updates (100k updates: 67 s before a run wrote anything). Counted in
+    lines run, not seconds: doubling the run at most about doubles them."""
+    assert _schedule_lines(1600) <= 2.2 * _schedule_lines(800)
 
 
 @settings(max_examples=80, deadline=None)

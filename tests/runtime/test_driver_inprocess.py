@@ -409,3 +409,32 @@ def test_a_diverged_policy_stops_the_run_which_resumes_from_its_last_commit(
     monkeypatch.undo()
     _, state = run(config, resume=True)
     assert_canonical(config, state)
+
+
+def test_a_learner_whose_log_probs_are_not_finite_stops_the_run(tmp_path, rt):
+    """Issue 41: with `optim.lr = 1e308` the weights became infinite and every forward's
+    log-probs NaN; the core refused each ForwardObserved (malformed) and the retry timer asked
+    again, every 20 s, forever. The learner runs in the driver's process and would send the
+    same again: the run stops with one line, resumable."""
+    import numpy as np
+
+    from invar.model.ragged import Ragged
+    from invar.runtime.driver import RunStopped
+
+    class DivergingLearner(FakeLearner):
+        def forward(self, update, step, observation, rows, start):
+            digest, current = super().forward(update, step, observation, rows, start)
+            if update == 1:
+                current = Ragged(np.full_like(current.values, np.nan), current.lengths)
+            return digest, current
+
+    config = config_for(rt, tmp_path, "output.retry_seconds=0.05")
+    learner = DivergingLearner(tmp_path / "commits", config.protocol.optimizer_steps)
+    driver = Driver(config, learner, spawn_worker=MemoryWorkers(), learner_inputs=request_rows)
+    with pytest.raises(RunStopped) as stopped:
+        asyncio.run(asyncio.wait_for(driver.run(), 30))
+    message = str(stopped.value)
+    assert message.startswith("the policy diverged: the learner's log-probs are refused "
+                              "(current_logprobs[0]: every value must be a finite "
+                              "log-probability"), message
+    assert "stops at update 1 of" in message and "--resume" in message

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -35,6 +36,7 @@ def run(tmp_path_factory, rt) -> Path:
 def key_file(tmp_path_factory) -> Path:
     path = tmp_path_factory.mktemp("keys") / "journal.key"
     path.write_bytes(bytes(range(100, 132)))
+    path.chmod(0o600)  # a key others can read is refused
     return path
 
 
@@ -126,6 +128,7 @@ def test_a_keyed_run_is_resumed_with_its_key_only(tmp_path, key_file, rt):
     cut = path.read_bytes()
     other = key_file.parent / "other.key"
     other.write_bytes(bytes(32))
+    other.chmod(0o600)
     for key in ((), ("--journal-key", str(other))):
         refused = subprocess.run(rt.cli("train", "--resume", str(run_dir), *key),
                                  capture_output=True, text=True, timeout=180)
@@ -215,7 +218,16 @@ def test_a_reward_of_the_failure_value_is_counted_apart(run, tmp_path, capsys):
     (lambda key, run_dir: _written(key.parent / "short.key", b"secret"), "at least 16 bytes"),
     (lambda key, run_dir: _written(run_dir / "journal.key", bytes(32)), "inside the run "
                                                                         "directory"),
-])
+    # Issue 41: accepted without a word.
+    (lambda key, run_dir: _written(key.parent / "open.key", bytes(32), 0o644),
+     "others than its owner can read or write the journal key (mode 0644): chmod 600"),
+    (lambda key, run_dir: _written(key.parent / "group.key", bytes(32), 0o640),
+     "(mode 0640)"),
+    (lambda key, run_dir: _linked(key, run_dir / "notes" / "kept.bin"),
+     "inside the run directory"),
+    (lambda key, run_dir: _fifo(key.parent / "fifo.key"), "a journal key is a regular file"),
+], ids=["missing", "short", "inside", "world_readable", "group_readable", "hard_link", "fifo"])
+@pytest.mark.timeout(60)  # a FIFO key waited for a writer forever
 def test_a_bad_journal_key_is_refused_before_anything_starts(tmp_path, key_file, capsys, make,
                                                               why):
     from invar.runtime.cli import main as invar
@@ -226,12 +238,26 @@ def test_a_bad_journal_key_is_refused_before_anything_starts(tmp_path, key_file,
                   "--journal-key", str(key)])
     err = " ".join(capsys.readouterr().err.split())
     assert code == 2 and f"configuration refused: --journal-key, {key}: " in err and why in err
-    assert sorted(p.name for p in run_dir.iterdir()) == sorted(
-        [key.name] if key.parent == run_dir else [])
+    # Nothing written: the run directory holds what the test put there, if anything.
+    assert sorted(p.name for p in run_dir.iterdir()) in ([], [key.name], ["notes"])
 
 
-def _written(path: Path, data: bytes) -> Path:
+def _written(path: Path, data: bytes, mode: int = 0o600) -> Path:
     path.write_bytes(data)
+    path.chmod(mode)
+    return path
+
+
+def _linked(key: Path, inside: Path) -> Path:
+    """A key outside the run directory that a hard link inside it shares."""
+    outside = _written(key.parent / "linked.key", bytes(range(32)))
+    inside.parent.mkdir()
+    os.link(outside, inside)
+    return outside
+
+
+def _fifo(path: Path) -> Path:
+    os.mkfifo(path, 0o600)
     return path
 
 

@@ -103,3 +103,19 @@ def test_heal_publishes_again_what_its_commit_gives_and_leaves_the_rest(tmp_path
     assert store.path(1).read_bytes() == b"damaged, its commit pruned"
     _no_disk_reads(monkeypatch)  # an older version published again is not the newest
     assert store.read(4) == (b"weights of 4", "digest of b'weights of 4'")
+
+
+def test_temporaries_a_killed_publication_left_are_removed_on_start(tmp_path):
+    """Issue 41: `.weights-NNNNNN.bin.*.tmp` left by a kill -9 (a whole copy of the weights)
+    stayed for good."""
+    WeightsStore(tmp_path).write(5, b"weights of 5", "digest-5")
+    leftovers = [tmp_path / ".weights-000006.bin.k9x2.tmp",
+                 tmp_path / ".weights-000006.digest.a1.tmp"]
+    for leftover in leftovers:
+        leftover.write_bytes(b"half a publication")
+    (tmp_path / "notes.tmp").write_text("not the store's")
+    store = WeightsStore(tmp_path)
+    assert not any(leftover.exists() for leftover in leftovers)
+    assert sorted(p.name for p in tmp_path.iterdir()) == [
+        "notes.tmp", "weights-000005.bin", "weights-000005.digest"]
+    assert store.read(5) == (b"weights of 5", "digest-5")
