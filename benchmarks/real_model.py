@@ -1,6 +1,6 @@
 """A real pretrained model learning a real task: SmolLM2-135M-Instruct on two-number sums.
 
-    python benchmarks/real_model.py run --seed 0 [--updates 24] [--staleness 1]
+    python benchmarks/real_model.py run --seed 0 [--updates 24] [--staleness 0]
     python benchmarks/real_model.py report [--threshold 0.6]
 
 `run` trains `examples/smollm2_arithmetic.toml` (the GGUF file of the registry package
@@ -175,7 +175,8 @@ def _efficiency(runs: list[dict], threshold: float) -> list[str]:
         cells = ["-" if r is None else f"{r} ({r * mine['samples']})" for r in reached]
         rows.append(f"| {seed} | {cells[0]} | {cells[1]} | {means[0]:.3f} | {means[1]:.3f} |")
     return [
-        f"## Sample efficiency: Invar S = 0 against TRL, {len(seeds)} seeds", "",
+        f"## Sample efficiency: Invar S = 0 against TRL, {len(seeds)} "
+        f"seed{'s' if len(seeds) > 1 else ''}", "",
         "Both on-policy GRPO on the same questions in the same order (drawn from the seed), the "
         "same verifier and held-out set. Updates (samples) to a held-out greedy accuracy of "
         f"at least {threshold:g} (- : not within the run), and the mean held-out accuracy "
@@ -183,7 +184,8 @@ def _efficiency(runs: list[dict], threshold: float) -> list[str]:
         f"| seed | Invar updates to {threshold:g} | TRL updates to {threshold:g} | "
         "Invar mean held-out | TRL mean held-out |", "|---|---|---|---|---|", *rows, "",
         f"Invar − TRL, mean over seeds with a 95 % bootstrap interval: updates to "
-        f"{threshold:g}: {_interval(updates)} ({len(updates)} seeds where both reached it); "
+        f"{threshold:g}: {_interval(updates)} (of the {len(updates)} seed(s) where both reached "
+        f"it); "
         f"mean held-out accuracy: {_interval(accuracy)}.", ""]
 
 
@@ -277,7 +279,7 @@ def main() -> None:
     go = sub.add_parser("run")
     go.add_argument("--seed", type=int, default=0)
     go.add_argument("--updates", type=int, default=24)
-    go.add_argument("--staleness", type=int, default=1)
+    go.add_argument("--staleness", type=int, default=0)
     go.add_argument("--runs-dir", type=Path, default=ROOT / "runs" / "real_model")
     go.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                     help="a further setting, e.g. learner.threads=2 (repeatable)")

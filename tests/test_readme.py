@@ -169,3 +169,27 @@ def test_the_two_process_figures_are_the_report_s_and_the_bound_s_size_the_pinne
             f"from {one:.1f} to {two:.1f} s of wall time, the mean of two rounds") in said
     assert (f"the bound has {pinned['bounds']['driver']['distinct_states']:,} states "
             "since") in said
+
+
+def real_model_sentence(run: str) -> str:
+    """What README says to expect of the real-model example, from the recorded run `run` of
+    reports/real_model/ (its metrics.jsonl as `invar train` wrote it)."""
+    path = ROOT / "reports" / "real_model" / run / "metrics.jsonl"
+    rows = [json.loads(line) for line in path.read_text().splitlines()]
+    updates = [row for row in rows if row["kind"] == "update"]
+    evaluations = [row for row in rows if row["kind"] == "evaluation"]
+    best = max(evaluations, key=lambda e: (e["heldout_reward"], -e["version"]))
+    first, last = evaluations[0], evaluations[-1]
+    return (f"{len(updates)} updates in {updates[-1]['wall'] / 60:.0f} minutes; held-out "
+            f"greedy accuracy {first['heldout_reward']:.3f} at version 0, "
+            f"{best['heldout_reward']:.3f} at version {best['version']} (its best), "
+            f"{last['heldout_reward']:.3f} at version {last['version']}; the base model's "
+            f"sampled answers in the first update's batch were right "
+            f"{updates[0]['reward']:.0%} of the time.")
+
+
+def test_the_real_model_example_s_figures_are_its_report_s():
+    said = " ".join(README.split())
+    run = re.search(r"What to expect, from its run `([\w-]+)`", said)
+    assert run is not None, "README names the recorded run its figures come from"
+    assert real_model_sentence(run.group(1)) in said
