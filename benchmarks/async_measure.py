@@ -125,10 +125,12 @@ def steady(result: Result) -> dict[str, Any]:
         return {}
     inside = [rows[u] for u in range(first + 1, last + 1) if u in rows]
     period = (rows[last]["wall"] - rows[first]["wall"]) / n
-    # R per batch: generation seconds ÷ batches whose replies arrived in the window (with S > 0
-    # the worker finishes its last batches before the learner does, so not one per update).
-    replies = sum(r.get("rollout_replies", 0) for r in inside)
-    batches = replies / result.samples_per_batch if replies else n
+    # R per batch: generation seconds ÷ batches generated in the window (with S > 0 the worker
+    # finishes its last batches before the learner does, so not one per update). Samples the
+    # workers generated, not replies: a re-sent request is answered from the worker's cache
+    # at no generation cost. Rows recorded before workers reported it count their replies.
+    generated = sum(r.get("rollout_generated", r.get("rollout_replies", 0)) for r in inside)
+    batches = generated / result.samples_per_batch if generated else n
     R = sum(r.get("rollout_seconds", 0.0) for r in inside) / batches
     T = sum(r.get("learner_seconds", 0.0) for r in inside) / n
     C = sum(r.get("core_seconds", 0.0) for r in inside) / n
