@@ -82,5 +82,5 @@ def test_the_report_compares_updates_to_the_threshold_seed_by_seed(tmp_path, mon
     assert "| 0 | 6 (192) | 3 (96) | 0.600 | 0.700 |" in text
     assert "| 1 | 3 (96) | - | 0.600 | 0.450 |" in text
     # Updates: one seed reached it in both (6 - 3); accuracy: (-0.1 + 0.15) / 2.
-    assert "updates to 0.6: +3.000 (one seed: no interval) (1 seeds where both" in text
+    assert "updates to 0.6: +3.000 (one seed: no interval) (of the 1 seed(s) where both" in text
     assert "mean held-out accuracy: +0.025 [" in text
