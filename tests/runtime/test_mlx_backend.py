@@ -262,7 +262,6 @@ def test_mlx_with_staleness_is_refused_before_anything_runs(tmp_path, rt):
 
 def test_a_run_cannot_change_its_backend_on_resume(tmp_path, rt, capsys):
     from helpers.journals import write_journal
-
     from invar.runtime.binding import bound_settings
     from invar.runtime.cli import main
     from invar.runtime.config import to_dict
