@@ -190,25 +190,11 @@ def _efficiency(runs: list[dict], threshold: float) -> list[str]:
 
 
 def _responses(runs: list[dict]) -> list[str]:
-    """The decoded answers behind seed 0's curves: held-out at the first and last evaluated
-    version, and the last update's training samples."""
-    from invar.runtime.responses import markdown_table
-    lines = ["## Responses behind the curves", "",
-             "Greedy held-out answers (the same questions at every version) and sampled "
-             "training answers with their rewards, as each run recorded them: read them "
-             "before trusting a reward.", ""]
-    for run in runs:
-        if run["seed"] != 0:
-            continue
-        heldout, training = run["shown"]["heldout"], run["shown"]["train"]
-        for version in sorted({*sorted(heldout)[:1], *sorted(heldout)[-1:]}):
-            lines += [f"{run['name']} ({run['trainer']}), held-out, version {version}:", "",
-                      *markdown_table(heldout[version]), ""]
-        if training:
-            update = max(training)
-            lines += [f"{run['name']} ({run['trainer']}), training samples, update {update}:",
-                      "", *markdown_table(training[update]), ""]
-    return lines
+    """The decoded answers behind seed 0's curves (`invar.runtime.responses.latest_lines`:
+    held-out at the first and last evaluated version, the last update's training samples)."""
+    from invar.runtime.responses import latest_lines
+    return [line for run in runs if run["seed"] == 0
+            for line in latest_lines(f"{run['name']} ({run['trainer']})", run["shown"])]
 
 
 def report(threshold: float = 0.6) -> Path:

@@ -88,17 +88,29 @@ def markdown_table(rows: Sequence[dict[str, Any]]) -> list[str]:
             *(f"| {' | '.join(_cell(row.get(c)) for c in columns)} |" for row in rows)]
 
 
+def _tables(shown: dict[str, dict[int, list[dict[str, Any]]]], versions: list[int],
+            updates: list[int], prefix: str = "") -> list[str]:
+    """The held-out tables of `versions` and the training tables of `updates`, each under a
+    line naming it (`prefix` first: a run's label)."""
+    heldout, training = shown.get("heldout", {}), shown.get("train", {})
+
+    def named(what: str) -> str:
+        return prefix + what if prefix else what.capitalize()
+
+    return [*(line for version in versions for line in (
+                named(f"held-out, version {version}:"), "", *markdown_table(heldout[version]),
+                "")),
+            *(line for update in updates for line in (
+                named(f"training, update {update}:"), "", *markdown_table(training[update]),
+                ""))]
+
+
 def latest_lines(label: str, shown: dict[str, dict[int, list[dict[str, Any]]]]) -> list[str]:
     """`invar report`'s responses of one run: the held-out table of its first and last
     evaluated versions and the training samples of its last update."""
-    heldout, training = shown.get("heldout", {}), shown.get("train", {})
-    lines = []
-    for version in sorted({*sorted(heldout)[:1], *sorted(heldout)[-1:]}):
-        lines += [f"{label}, held-out, version {version}:", "",
-                  *markdown_table(heldout[version]), ""]
-    if training:
-        last = max(training)
-        lines += [f"{label}, training, update {last}:", "", *markdown_table(training[last]), ""]
+    versions = sorted(shown.get("heldout", {}))
+    updates = sorted(shown.get("train", {}))
+    lines = _tables(shown, sorted({*versions[:1], *versions[-1:]}), updates[-1:], f"{label}, ")
     return [f"## Responses of {label}", "", *lines] if lines else []
 
 
@@ -106,16 +118,12 @@ def report_lines(shown: dict[str, dict[int, list[dict[str, Any]]]],
                  last_updates: int = 3) -> list[str]:
     """report.md's section of responses: every evaluated version's held-out table, then the
     first update's and the last `last_updates` updates' training samples."""
-    heldout, training = shown.get("heldout", {}), shown.get("train", {})
-    if not heldout and not training:
+    versions = sorted(shown.get("heldout", {}))
+    updates = sorted(shown.get("train", {}))
+    if not versions and not updates:
         return []
-    lines = ["## Responses", "",
-             f"Greedy responses to the first {SHOWN_HELDOUT} held-out prompts at each "
-             "evaluated version, then sampled training responses with their rewards "
-             "(`invar.runtime.responses`): read them before trusting a reward.", ""]
-    for version in sorted(heldout):
-        lines += [f"Held-out, version {version}:", "", *markdown_table(heldout[version]), ""]
-    updates = sorted(training)
-    for update in sorted({*updates[:1], *updates[-last_updates:]}):
-        lines += [f"Training, update {update}:", "", *markdown_table(training[update]), ""]
-    return lines
+    return ["## Responses", "",
+            f"Greedy responses to the first {SHOWN_HELDOUT} held-out prompts at each "
+            "evaluated version, then sampled training responses with their rewards "
+            "(`invar.runtime.responses`): read them before trusting a reward.", "",
+            *_tables(shown, versions, sorted({*updates[:1], *updates[-last_updates:]}))]
